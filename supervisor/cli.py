@@ -1,0 +1,137 @@
+"""The ``steward`` command: run, check, demo."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from supervisor.config import Config, ConfigError, load_config
+from supervisor.engine import EngineSpec
+from supervisor.probes import ProbeUnavailable, open_probe
+from supervisor.tree import Steward, resolve_budget, run_steward
+from supervisor.units import format_size
+
+EXIT_CONFIG = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="steward", description="One OpenAI-compatible front door for your GPUs.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="run the gateway and its engines")
+    run.add_argument("config", help="path to the YAML config")
+    check = commands.add_parser("check", help="validate a config and print the resolved plan")
+    check.add_argument("config", help="path to the YAML config")
+    demo = commands.add_parser("demo", help="run on a simulated GPU with fake engines (no GPU, no config)")
+    demo.add_argument("--port", type=int, default=8080, help="port to listen on (0 picks a free one)")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        return _demo(args.port)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"steward: {args.config} is not a valid config:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "check":
+        return _check(config)
+    return _run(config, on_ready=None)
+
+
+def _check(config: Config) -> int:
+    try:
+        probe, note = open_probe(config.gpu)
+        readings = probe.read() if probe else []
+    except ProbeUnavailable as exc:
+        print(f"steward: gpu.probe: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    budget, source = resolve_budget(config, readings)
+    print(f"listen   {config.listen}")
+    print(f"probe    {note}")
+    print(f"budget   {format_size(budget)} ({budget} bytes) from {source}")
+    total = 0
+    problems = []
+    for name, model in config.models.items():
+        spec = EngineSpec.from_config(name, config)
+        aliases = [alias for alias, target in config.alias_table().items() if target == name and alias != name]
+        total += model.memory
+        tier = "pinned" if model.pinned else "on demand"
+        print(f"\nmodel {name}  ({model.runtime}, {tier})")
+        print(f"  command  {shlex.join(spec.command('<port>'))}")
+        print(f"  memory   {format_size(model.memory)} ({model.memory} bytes) reserved while loaded")
+        print(f"  slots    {spec.slots}")
+        if aliases:
+            print(f"  aliases  {', '.join(aliases)}")
+        if model.memory > budget:
+            problems.append(f"models.{name}.memory: {format_size(model.memory)} exceeds the budget "
+                            f"{format_size(budget)}; it could never load")
+    pinned = sum(m.memory for m in config.models.values() if m.pinned)
+    print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
+    if pinned > budget:
+        problems.append(f"models: pinned models need {format_size(pinned)}, more than the budget")
+    for problem in problems:
+        print(f"steward: {problem}", file=sys.stderr)
+    return EXIT_CONFIG if problems else 0
+
+
+def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
+    try:
+        trio.run(_serve_until_signalled, config, on_ready)
+    except ProbeUnavailable as exc:
+        print(f"steward: gpu.probe: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:
+        print(f"steward: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], None] | None) -> None:
+    shutdown = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, signals, shutdown, nursery.cancel_scope)
+            steward = await nursery.start(_run_then_stop, config, shutdown, nursery.cancel_scope)
+            if on_ready is not None:
+                on_ready(steward)
+
+
+async def _run_then_stop(config: Config, shutdown: trio.Event, everything: trio.CancelScope, *,
+                         task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
+    await run_steward(config, shutdown.wait, task_status=task_status)
+    everything.cancel(reason="steward stopped")
+
+
+async def _watch_signals(signals: AsyncIterator[int], shutdown: trio.Event, everything: trio.CancelScope) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if not shutdown.is_set():
+            print(f"steward: {name}: draining requests in flight, then stopping engines "
+                  f"(send it again to stop at once)", file=sys.stderr, flush=True)
+            shutdown.set()
+        else:
+            # A second signal: stop waiting for requests; engines are still stopped cleanly.
+            everything.cancel(reason=f"second {name}")
+            return
+
+
+def _demo(port: int) -> int:
+    from supervisor import demo
+
+    workdir = demo.make_workdir()
+    config = demo.demo_config(workdir, port)
+
+    def announce(steward: Steward) -> None:
+        print(demo.banner(steward.url, workdir), flush=True)
+
+    return _run(config, on_ready=announce)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

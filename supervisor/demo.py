@@ -1,0 +1,81 @@
+"""``steward demo``: the whole system on a simulated 16 GiB GPU with fake engines.
+
+Needs no GPU, no model files and no config: four fake llama-servers shaped like the
+GridCore article's models (research: seeds/gridcore-article.md) behind one gateway.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from fakes import simgpu
+from supervisor.config import Config, parse_config
+
+GIB = 1024**3
+DEMO_GPU_BYTES = 16 * GIB
+
+# name: (memory, fake flags, extra config)
+DEMO_MODELS: dict[str, dict[str, object]] = {
+    "gemma4-12b": {"memory": "8.3GiB", "parallel": 2, "aliases": ["gpt-4o"],
+                   "fake": ["--load-time", "2s", "--tokens-per-second", "40", "--ctx-size", "8192"]},
+    "gemma4-e4b": {"memory": "4.0GiB", "parallel": 2, "aliases": ["gpt-4o-mini"],
+                   "fake": ["--load-time", "1s", "--tokens-per-second", "80", "--ctx-size", "8192"]},
+    "gemma4-e2b": {"memory": "2.8GiB", "parallel": 2,
+                   "fake": ["--load-time", "0.7s", "--tokens-per-second", "120", "--ctx-size", "8192"]},
+    "nomic-embed": {"memory": "0.4GiB", "parallel": 4, "pinned": True, "aliases": ["text-embedding-3-small"],
+                    "fake": ["--load-time", "0.3s", "--embeddings", "--embedding-dim", "64", "--ctx-size", "8192"]},
+}
+
+
+def demo_config(workdir: Path, port: int) -> Config:
+    gpu_dir = workdir / "gpu"
+    simgpu.create_device(gpu_dir, total_bytes=DEMO_GPU_BYTES, name="Simulated RTX 4060 Ti 16GB")
+    models = {}
+    for name, spec in DEMO_MODELS.items():
+        memory = str(spec["memory"])
+        models[name] = {
+            "command": [sys.executable, "-m", "fakes.llama_server"],
+            "model": f"/models/{name}.gguf",
+            "memory": memory,
+            "parallel": spec["parallel"],
+            "aliases": spec.get("aliases", []),
+            "pinned": spec.get("pinned", False),
+            "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), *spec["fake"]],  # type: ignore[misc]
+        }
+    return parse_config({
+        "listen": f"127.0.0.1:{port}",
+        "models": models,
+        "gpu": {"probe": "simulated", "simulated_dir": str(gpu_dir), "poll_interval": "1s"},
+        "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
+        "log": {"file": str(workdir / "events.jsonl")},
+    })
+
+
+def make_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="steward-demo-"))
+
+
+def banner(url: str, workdir: Path) -> str:
+    base = f"{url}/v1"
+    return f"""
+gpu-steward demo: a simulated 16 GiB GPU, four fake llama-servers, one front door.
+
+  OpenAI base URL   {base}
+  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
+
+Try:
+  curl -s {base}/models | python3 -m json.tool
+  curl -s {base}/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "gpt-4o", "messages": [{{"role": "user", "content": "hello"}}]}}'
+  curl -sN {base}/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "gemma4-e4b@background", "stream": true, "messages": [{{"role": "user", "content": "hi"}}]}}'
+  curl -s {base}/embeddings -H 'content-type: application/json' \\
+       -d '{{"model": "nomic-embed", "input": ["one", "two"]}}'
+  curl -s {url}/healthz | python3 -m json.tool
+
+  OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
+
+Ctrl-C stops it (requests in flight finish first).
+"""

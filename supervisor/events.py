@@ -1,0 +1,110 @@
+"""The event log: one JSON object per line in a file, a short human line on the terminal.
+
+One task owns the file (``serve_event_log``); everyone else calls ``EventLog.emit``,
+which never blocks, so a decision is never held up by a slow disk or terminal.
+The schema of every record is documented in docs/events.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import IO, Any
+
+import attrs
+import trio
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+
+@attrs.frozen
+class Event:
+    name: str
+    level: str
+    fields: dict[str, Any]
+    wall: float
+    mono: float
+
+    def to_json(self) -> str:
+        record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "event": self.name,
+                  "level": self.level, **self.fields}
+        return json.dumps(record, separators=(",", ":"), default=str)
+
+    def to_line(self) -> str:
+        clock = time.strftime("%H:%M:%S", time.localtime(self.wall))
+        details = " ".join(f"{key}={_short(value)}" for key, value in self.fields.items())
+        return f"{clock} {self.level.upper():<7} {self.name:<14} {details}".rstrip()
+
+
+@attrs.define(eq=False)
+class EventLog:
+    """The senders' side. ``emit`` is synchronous and never blocks."""
+
+    _send: trio.MemorySendChannel[Event]
+    terminal_level: int = LEVELS["info"]
+    # Handy in tests and for /healthz: the last few events, newest last.
+    recent: list[Event] = attrs.Factory(list)
+    recent_max: int = 200
+
+    def emit(self, name: str, level: str = "info", **fields: Any) -> None:
+        event = Event(name=name, level=level, fields=fields, wall=time.time(), mono=_now())
+        self.recent.append(event)
+        if len(self.recent) > self.recent_max:
+            del self.recent[: len(self.recent) - self.recent_max]
+        try:
+            self._send.send_nowait(event)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            # The writer has finished: shutdown's last words go to the terminal only.
+            print(event.to_line(), file=sys.stderr)
+
+    def close(self) -> None:
+        self._send.close()
+
+
+def _now() -> float:
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+async def serve_event_log(path: str | None, *, terminal_level: str = "info", terminal: IO[str] | None = None,
+                          task_status: trio.TaskStatus[EventLog] = trio.TASK_STATUS_IGNORED) -> None:
+    """Write events until the log is closed; everything sent before ``close`` is written."""
+    send, receive = trio.open_memory_channel[Event](math.inf)
+    log = EventLog(send, terminal_level=LEVELS[terminal_level])
+    terminal = terminal or sys.stderr
+    sink = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - closed below
+    try:
+        task_status.started(log)
+        with trio.CancelScope(shield=True):
+            # Shielded: the writer outlives the cancellation of its siblings, so their
+            # shutdown events still reach the file; it ends when the channel closes.
+            async for event in receive:
+                _write(event, sink, terminal, log.terminal_level)
+                while True:
+                    try:
+                        event = receive.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    _write(event, sink, terminal, log.terminal_level)
+                if sink:
+                    sink.flush()
+                terminal.flush()
+    finally:
+        if sink:
+            sink.close()
+
+
+def _write(event: Event, sink: IO[str] | None, terminal: IO[str], terminal_level: int) -> None:
+    if sink:
+        sink.write(event.to_json() + "\n")
+    if LEVELS[event.level] >= terminal_level:
+        terminal.write(event.to_line() + "\n")

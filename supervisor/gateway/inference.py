@@ -1,0 +1,209 @@
+"""The inference routes as a lean ASGI handler: validate, queue, proxy.
+
+This is the hot path of every request, so it speaks ASGI directly rather than going
+through Quart's request machinery (which costs ~0.7 ms a request on this class of
+machine, research/proxy_overhead.md); everything else stays in the Quart app.
+
+Per request: read the body (bounded), find the model (aliases) and the class, strip
+steward's own fields, wait for a grant from the scheduler, then stream the engine's
+answer through unbuffered over one fresh upstream connection. A client that goes
+away cancels all of it: the job leaves the queue, or the upstream request is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from supervisor.events import EventLog
+from supervisor.gateway.errors import error_body, error_headers, sse_error_event
+from supervisor.gateway.upstream import UpstreamError, open_upstream_request
+from supervisor.scheduler.actor import JobFailed, SchedulerClient
+from supervisor.scheduler.core import CLASSES
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+CLASS_HEADER = b"x-steward-class"
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+                         b"proxy-connection"})
+_FORWARDED_REQUEST_HEADERS = frozenset({b"accept", b"authorization", b"x-api-key"})
+
+
+class RequestError(Exception):
+    """A request steward refuses before queueing it; becomes an OpenAI error object."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+@attrs.frozen
+class RoutedRequest:
+    model: str
+    klass: str
+    stream: bool
+    body: bytes
+
+
+@attrs.define(eq=False)
+class InferenceHandler:
+    scheduler: SchedulerClient
+    events: EventLog
+    aliases: Mapping[str, str]  # every accepted name -> model
+    max_body_size: int
+    queue_timeout: float
+    _endpoints: dict[str, tuple[str, int]] = attrs.Factory(dict)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.monotonic()
+        try:
+            body = await _read_body(scope, receive, self.max_body_size)
+            if body is None:
+                return  # the client left while sending
+            routed = route_request(scope, body, self.aliases)
+        except RequestError as exc:
+            await _send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
+            return
+        status = 499  # stays so if the client goes away first
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            status = await self._serve(scope, routed, send)
+            nursery.cancel_scope.cancel(reason="request finished")
+        self.events.emit("request", "debug", path=scope["path"], model=routed.model, **{"class": routed.klass},
+                         stream=routed.stream, status=status, duration_s=round(time.monotonic() - started, 6))
+
+    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send) -> int:
+        try:
+            async with self.scheduler.open_grant(routed.model, routed.klass, self.queue_timeout) as grant:
+                host, port = self._endpoint(grant.endpoint)
+                return await _proxy(host, port, scope, routed, send, grant.engine)
+        except JobFailed as exc:
+            failure = exc.failure
+            status = failure.status
+            await _send_error(send, status, failure.message, code=failure.code, retry_after=failure.retry_after)
+            return status
+
+    def _endpoint(self, endpoint: str) -> tuple[str, int]:
+        cached = self._endpoints.get(endpoint)
+        if cached is None:
+            host, _, port = endpoint.removeprefix("http://").rpartition(":")
+            cached = self._endpoints[endpoint] = (host.strip("[]"), int(port))
+        return cached
+
+
+def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> RoutedRequest:
+    """Parse and validate; strip steward's own class field and model suffix. Pure."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise RequestError(400, "We could not parse the JSON body of your request. The body must be valid "
+                                "JSON.") from None
+    if not isinstance(payload, dict):
+        raise RequestError(400, "The request body must be a JSON object.")
+    name = payload.get("model")
+    if not isinstance(name, str) or not name:
+        raise RequestError(400, "You must provide a model parameter.", param="model")
+    changed = False
+    klass = _header(scope, CLASS_HEADER)
+    source = "header"
+    if "steward" in payload:
+        extra = payload.pop("steward")
+        changed = True
+        if not isinstance(extra, dict):
+            raise RequestError(400, "'steward' must be an object like {\"class\": \"background\"}.", param="steward")
+        if "class" in extra:
+            klass, source = extra["class"], "steward.class"
+    if "@" in name:
+        name, _, klass = name.rpartition("@")
+        source = "model"
+        payload["model"] = name
+        changed = True
+    if klass is None:
+        klass = "interactive"
+    if klass not in CLASSES:
+        param = {"header": "X-Steward-Class", "steward.class": "steward.class", "model": "model"}[source]
+        raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(CLASSES)}.", param=param,
+                           code="invalid_class")
+    model = aliases.get(name)
+    if model is None:
+        raise RequestError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
+    stream = payload.get("stream") is True
+    return RoutedRequest(model=model, klass=klass, stream=stream,
+                         body=json.dumps(payload).encode() if changed else body)
+
+
+async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, engine: str) -> int:
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
+    response_started = False
+    is_sse = False
+    try:
+        async with open_upstream_request(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                                         headers, routed.body) as upstream:
+            out_headers = [(k, v) for k, v in upstream.headers if k not in _HOP_BY_HOP]
+            is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in out_headers)
+            await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
+            response_started = True
+            async for chunk in upstream.iter_body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return upstream.status
+    except UpstreamError as exc:
+        message = f"engine {engine!r} failed during the request: {exc}"
+        if not response_started:
+            await _send_error(send, 502, message, code="engine_error")
+        elif is_sse:
+            await send({"type": "http.response.body", "body": sse_error_event(message, code="engine_error"),
+                        "more_body": False})
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 502
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"Request body of {declared} bytes is larger than the limit of {limit} bytes.",
+                           code="request_too_large")
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"Request body is larger than the limit of {limit} bytes.",
+                               code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    cancel_scope.cancel(reason="client disconnected")
+
+
+async def _send_error(send: Send, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                      retry_after: float | None = None) -> None:
+    body = error_body(status, message, param=param, code=code)
+    await send({"type": "http.response.start", "status": status, "headers": error_headers(body, retry_after)})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None

@@ -1,0 +1,175 @@
+"""The async shell around the decision core: one task owns all scheduling state.
+
+Handlers and engine supervisors only send messages (``SchedulerClient``); the
+actor applies each to the pure core and carries out the effects it returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import attrs
+import trio
+
+from supervisor.events import EventLog
+from supervisor.scheduler.core import Effect, Emit, Fail, Grant, Scheduler, SchedulerSnapshot, StartEngine, StopEngine
+
+
+class EngineControl(Protocol):
+    def start(self, generation: int) -> None: ...
+    def stop(self, generation: int) -> None: ...
+
+
+class JobFailed(Exception):
+    """The scheduler refused or gave up on a job; ``failure`` says why."""
+
+    def __init__(self, failure: Fail) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """The one-shot reply to a submitted job (written once by the actor)."""
+
+    job_id: int
+    done: trio.Event = attrs.Factory(trio.Event)
+    outcome: Grant | Fail | None = None
+
+
+@attrs.frozen
+class Submit:
+    ticket: Ticket
+    model: str
+    klass: str
+    timeout: float
+
+
+@attrs.frozen
+class Finish:
+    job_id: int
+
+
+@attrs.frozen
+class EngineReady:
+    engine: str
+    generation: int
+    endpoint: str
+
+
+@attrs.frozen
+class EngineExited:
+    engine: str
+    generation: int
+    detail: str
+
+
+Message = Submit | Finish | EngineReady | EngineExited
+
+
+@attrs.define(eq=False)
+class SchedulerClient:
+    """What handlers and engine supervisors hold: a mailbox, never the state."""
+
+    _send: trio.MemorySendChannel[Message]
+    _snapshot: Callable[[], SchedulerSnapshot]
+    _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
+
+    @asynccontextmanager
+    async def open_grant(self, model: str, klass: str, timeout: float) -> AsyncIterator[Grant]:
+        """Wait for a slot on *model*'s engine; hold it for the ``async with`` body.
+
+        Leaving early (the client went away) withdraws the job from the queue;
+        leaving after the grant frees the slot. Raises ``JobFailed`` on refusal.
+        """
+        ticket = Ticket(next(self._ids))
+        self._post(Submit(ticket, model, klass, timeout))
+        try:
+            await ticket.done.wait()
+            if isinstance(ticket.outcome, Fail):
+                raise JobFailed(ticket.outcome)
+            assert ticket.outcome is not None
+            yield ticket.outcome
+        finally:
+            if not isinstance(ticket.outcome, Fail):
+                self._post(Finish(ticket.job_id))
+
+    def report_ready(self, engine: str, generation: int, endpoint: str) -> None:
+        self._post(EngineReady(engine, generation, endpoint))
+
+    def report_exited(self, engine: str, generation: int, detail: str) -> None:
+        self._post(EngineExited(engine, generation, detail))
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return self._snapshot()
+
+    def _post(self, message: Message) -> None:
+        try:
+            self._send.send_nowait(message)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # the actor is gone: steward is shutting down
+
+
+def open_scheduler_mailbox(core: Scheduler) -> tuple[SchedulerClient, trio.MemoryReceiveChannel[Message]]:
+    """The actor's mailbox, made before the actor so engines can hold the client first."""
+    send, receive = trio.open_memory_channel[Message](math.inf)
+    return SchedulerClient(send, core.snapshot), receive
+
+
+async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Message],
+                          engines: Mapping[str, EngineControl], events: EventLog, *,
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Own the scheduler state: apply each message to the core and carry out its effects."""
+    receive = mailbox
+    tickets: dict[int, Ticket] = {}
+
+    def perform(effects: list[Effect]) -> None:
+        for effect in effects:
+            match effect:
+                case Emit(event, level, fields):
+                    events.emit(event, level, **fields)
+                case Grant(job_id) | Fail(job_id):
+                    ticket = tickets.pop(job_id, None)
+                    if ticket is not None:
+                        ticket.outcome = effect
+                        ticket.done.set()
+                case StartEngine(engine, generation):
+                    engines[engine].start(generation)
+                case StopEngine(engine, generation):
+                    engines[engine].stop(generation)
+
+    def apply(message: Message) -> list[Effect]:
+        now = trio.current_time()
+        match message:
+            case Submit(ticket, model, klass, timeout):
+                tickets[ticket.job_id] = ticket
+                return core.submit(ticket.job_id, model, klass, now, timeout)
+            case Finish(job_id):
+                tickets.pop(job_id, None)
+                return core.finish(job_id, now)
+            case EngineReady(engine, generation, endpoint):
+                return core.engine_ready(engine, generation, endpoint, now)
+            case EngineExited(engine, generation, detail):
+                return core.engine_exited(engine, generation, now, detail)
+        raise AssertionError(message)
+
+    task_status.started()
+    perform(core.start(trio.current_time()))
+    while True:
+        wakeup = core.next_wakeup()
+        with trio.move_on_at(math.inf if wakeup is None else wakeup):
+            message = await receive.receive()
+            perform(apply(message))
+            # Apply everything already waiting before the next checkpoint.
+            while True:
+                try:
+                    message = receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                perform(apply(message))
+        if wakeup is not None and trio.current_time() >= wakeup:
+            perform(core.tick(trio.current_time()))

@@ -1,0 +1,39 @@
+"""The memory ledger: who holds which bytes of the budget, pure bookkeeping.
+
+A reservation is taken the moment a load is decided (count first, load second) and
+given back only after the engine has drained and exited, so two decisions can never
+claim the same space.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+class LedgerError(Exception):
+    pass
+
+
+@attrs.define
+class Ledger:
+    budget: int
+    # engine name -> bytes reserved; sum never exceeds budget.
+    reservations: dict[str, int] = attrs.Factory(dict)
+
+    @property
+    def reserved(self) -> int:
+        return sum(self.reservations.values())
+
+    @property
+    def free(self) -> int:
+        return self.budget - self.reserved
+
+    def reserve(self, owner: str, nbytes: int) -> None:
+        if owner in self.reservations:
+            raise LedgerError(f"{owner} already holds a reservation")
+        if nbytes > self.free:
+            raise LedgerError(f"{owner} needs {nbytes} bytes, only {self.free} free")
+        self.reservations[owner] = nbytes
+
+    def release(self, owner: str) -> int:
+        return self.reservations.pop(owner, 0)

@@ -1,0 +1,140 @@
+"""The nursery tree of ``steward run`` (DESIGN.md, "The nursery tree").
+
+    steward run
+    └─ root nursery
+       ├─ event log writer          (owns the JSONL file; outlives everything else)
+       ├─ GPU probe                 (polls NVML or the simulated GPU)
+       ├─ ledger + scheduler actor  (owns all scheduling and memory state)
+       ├─ engine supervisors        (one task per engine)
+       └─ HTTP server               (Hypercorn serving the Quart-Trio app)
+
+Startup is a sequence of ``nursery.start`` calls. Shutdown: the HTTP server stops
+accepting and lets requests in flight finish (bounded by limits.shutdown_timeout),
+then everything else is cancelled; engine supervisors stop their processes on the
+way out; the event log is written to the last line.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+import attrs
+import httpx
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from supervisor.config import Config
+from supervisor.engine import EngineHandle, EngineSpec, serve_engine
+from supervisor.events import EventLog, serve_event_log
+from supervisor.gateway.app import create_app
+from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
+from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
+from supervisor.scheduler.core import BackoffPolicy, EngineProfile, Scheduler
+from supervisor.units import format_size
+
+
+@attrs.define(eq=False)
+class Steward:
+    """Handles to a running steward, for the CLI and for tests."""
+
+    urls: list[str]
+    events: EventLog
+    scheduler: SchedulerClient
+    engines: dict[str, EngineHandle]
+    probe: GpuProbe | None
+    readings: list[GpuReading]
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+
+def resolve_budget(config: Config, readings: list[GpuReading]) -> tuple[int, str]:
+    if config.gpu.budget is not None:
+        return config.gpu.budget, "gpu.budget"
+    if readings:
+        return readings[0].total_bytes, f"{readings[0].device} total ({readings[0].name})"
+    return host_memory_total(), "host memory total (no GPU probed; set gpu.budget to choose)"
+
+
+def build_scheduler(config: Config, specs: dict[str, EngineSpec], budget: int) -> Scheduler:
+    profiles = [EngineProfile(name, model.memory, specs[name].slots, model.pinned)
+                for name, model in config.models.items()]
+    backoff = BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max)
+    return Scheduler.create(budget, profiles, backoff)
+
+
+async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]], *,
+                      task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run until *shutdown* returns, then drain and stop everything."""
+    async with trio.open_nursery() as outer:
+        events = await outer.start(functools.partial(serve_event_log, config.log.file,
+                                                     terminal_level=config.log.terminal))
+        try:
+            await _run_tree(config, shutdown, events, task_status)
+        finally:
+            events.emit("shutdown_complete", "info")
+            events.close()
+
+
+async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], events: EventLog,
+                    task_status: trio.TaskStatus[Steward]) -> None:
+    probe, probe_note = open_probe(config.gpu)
+    readings = probe.read() if probe else []
+    budget, budget_source = resolve_budget(config, readings)
+    events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
+                budget=budget, budget_text=format_size(budget), budget_source=budget_source)
+    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
+    core = build_scheduler(config, specs, budget)
+    client, mailbox = open_scheduler_mailbox(core)
+    async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
+        engines: dict[str, EngineHandle] = {}
+        for name, spec in specs.items():
+            engines[name] = await root.start(serve_engine, spec, client, events, http)
+        await root.start(serve_scheduler, core, mailbox, engines, events)
+        steward = Steward([], events, client, engines, probe, readings)
+        if probe is not None:
+            await root.start(serve_probe, probe, config.gpu.poll_interval, steward)
+        app = create_app(config, client, events)
+
+        async def shutdown_trigger() -> None:
+            await shutdown()
+            events.emit("shutdown", "info", detail="no new connections; draining requests in flight",
+                        timeout_s=config.limits.shutdown_timeout)
+
+        urls = await root.start(_serve_gateway_then_stop, app, config, shutdown_trigger, root.cancel_scope)
+        steward.urls = urls
+        events.emit("listening", "info", urls=urls, models=list(config.models))
+        task_status.started(steward)
+
+
+async def _serve_gateway_then_stop(app: object, config: Config, shutdown: Callable[[], Awaitable[object]],
+                                   root: trio.CancelScope, *,
+                                   task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    await serve_gateway(app, config, shutdown, task_status=task_status)
+    # The gateway has drained: no request is in flight, so the engines may go.
+    root.cancel(reason="gateway drained")
+
+
+async def serve_gateway(app: object, config: Config, shutdown: Callable[[], Awaitable[object]], *,
+                        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    hc = hypercorn.config.Config()
+    hc.bind = [config.listen]
+    hc.graceful_timeout = config.limits.shutdown_timeout
+    hc.accesslog = None
+    hc.errorlog = None
+    hc.loglevel = "WARNING"
+    await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]
+
+
+async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, *,
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    while True:
+        await trio.sleep(interval)
+        try:
+            steward.readings = probe.read()
+        except Exception as exc:  # a flaky driver must not take steward down
+            steward.events.emit("probe_error", "warning", probe=probe.kind, detail=str(exc))
