@@ -10,8 +10,10 @@ the behaviour a proxy in front of llama-server has to cope with (see
 
 * the port is bound *before* the "model" loads; until then every route answers 503
   ``unavailable_error`` ("Loading model");
-* OpenAI chat/completions (stream and not), native ``/completion``, embeddings,
-  ``/v1/models``, ``/slots``, ``/props``, ``/metrics``, llama-server's error envelope;
+* OpenAI ``/v1/chat/completions`` (also ``/chat/completions``), ``/v1/completions`` and
+  ``/v1/embeddings``; like llama-server, ``/completion``, ``/completions``, ``/embedding``
+  and ``/embeddings`` are its *native* (non-OpenAI) shapes; ``/v1/models``, ``/slots``,
+  ``/props``, ``/metrics``, llama-server's error envelope;
 * a fixed number of slots with continuous batching; further requests wait, FIFO,
   inside the server ("deferred") instead of being rejected;
 * a context overflow is a plain 400 JSON even for ``stream: true``;
@@ -25,7 +27,15 @@ Deterministic "tokenizer": a prompt costs one token per whitespace-separated wor
 
 Test hooks in the prompt text: ``FAKE_ERROR_MIDSTREAM`` sends an error event after two
 tokens and ends the stream without ``[DONE]``; ``FAKE_CRASH`` aborts the process
-(exit status 134) after two tokens. ``GET /fake/stats`` reports request counters.
+(exit status 134) after two tokens.
+
+``GET /fake/stats`` -> ``{"started","completed","cancelled","active","deferred","connections"}``:
+requests that got a slot, that finished, that the client abandoned while generating,
+that generate now, that wait for a slot, and TCP connections accepted. A request failed
+by ``FAKE_ERROR_MIDSTREAM`` counts as started only.
+
+Startup and shutdown are logged to stderr like llama.cpp; one line per request only with
+``-v`` (a busy fake must not fill a stderr pipe nobody drains).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -443,7 +453,7 @@ class SlotPool:
     _free: deque[Slot]
     _sem: trio.Semaphore
     deferred: int = 0
-    _task_ids: Any = attrs.field(factory=itertools.count)
+    _task_ids: Iterator[int] = attrs.field(factory=itertools.count)
 
     @classmethod
     def create(cls, n: int, n_ctx: int) -> SlotPool:
@@ -978,17 +988,17 @@ class FakeLlamaServer:
         try:
             if job.stream:
                 await ex.start_stream()  # headers go out once a slot has the task
-            for i in range(n_target + 1):
-                if i == hook_at:
-                    return await self._inject_failure(ex, job)
-                if i == n_target:
-                    break
+            if hook_at == 0:
+                return await self._inject_failure(ex, job)
+            for i in range(n_target):
                 await self._wait_for_token(ex, job, start + (i + 1) * interval)
                 pieces.append(token_piece(i))
                 slot.n_decoded, slot.n_remain = i + 1, n_target - i - 1
                 if job.stream:
                     for event in fmt.token_events(pieces[-1], i + 1, slot.id):
                         await ex.send_event(event)
+                if i + 1 == hook_at:
+                    return await self._inject_failure(ex, job)
         except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
             self.stats.cancelled += 1  # the client left (or we are shutting down)
             raise

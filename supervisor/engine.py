@@ -22,7 +22,7 @@ import trio
 from adapters import ADAPTERS, RuntimeAdapter
 from supervisor.config import Config, ModelConfig
 from supervisor.events import EventLog
-from supervisor.process import describe_exit, open_child, pump_lines, stop_child
+from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, stop_child
 from supervisor.scheduler.actor import SchedulerClient
 
 
@@ -103,7 +103,7 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
     argv = spec.command(port)
     handle.output_tail.clear()
     try:
-        process = await open_child(argv, spec.model.env)
+        process = open_child(argv, spec.model.env)
     except OSError as exc:
         detail = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
         events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
@@ -137,9 +137,10 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
             events.emit("exit", "info" if stop_requested else "warning", engine=spec.name, pid=process.pid,
                         status=describe_exit(process.returncode), requested=stop_requested)
             handle.pid = handle.port = None
+            await process.output.aclose()
 
 
-async def _follow(spec: EngineSpec, generation: int, process: trio.Process, handle: EngineHandle,
+async def _follow(spec: EngineSpec, generation: int, process: ChildProcess, handle: EngineHandle,
                   receive: trio.MemoryReceiveChannel[_Command], events: EventLog, scheduler: SchedulerClient,
                   base_url: str) -> str:
     """Handle the engine's mailbox until its process is gone; returns why it ended."""
@@ -162,14 +163,14 @@ async def _follow(spec: EngineSpec, generation: int, process: trio.Process, hand
     raise AssertionError("the engine's mailbox closed while it ran")
 
 
-async def _pump_output(process: trio.Process, on_line: Callable[[str], None], done: trio.Event) -> None:
+async def _pump_output(process: ChildProcess, on_line: Callable[[str], None], done: trio.Event) -> None:
     try:
-        await pump_lines(process.stdout, on_line)
+        await pump_lines(process.output, on_line)
     finally:
         done.set()
 
 
-async def _notify_exit(process: trio.Process, output_done: trio.Event, send: trio.MemorySendChannel[_Command],
+async def _notify_exit(process: ChildProcess, output_done: trio.Event, send: trio.MemorySendChannel[_Command],
                        generation: int) -> None:
     await process.wait()
     # Let the last lines it printed (its reason for dying) reach the tail first.

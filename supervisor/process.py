@@ -14,6 +14,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+import attrs
 import trio
 
 _PR_SET_PDEATHSIG = 1
@@ -28,15 +29,53 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
-async def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> trio.Process:
-    """Spawn *argv* in a new session; its stdout and stderr arrive merged on ``stdout``."""
-    merged_env = {**os.environ, **(env or {})}
-    return await trio.lowlevel.open_process(
+@attrs.define(eq=False)
+class ChildProcess:
+    """A child process with its merged stdout/stderr as a trio stream."""
+
+    popen: subprocess.Popen[bytes]
+    output: trio.lowlevel.FdStream
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    async def wait(self) -> int:
+        """Wait for the exit; any number of tasks may wait at once."""
+        while self.popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.popen.pid)
+            except ProcessLookupError:
+                continue  # exited and not yet reaped by us: poll() reaps it
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        return self.popen.returncode
+
+
+def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
+    """Spawn *argv* in a new session; its stdout and stderr arrive merged on ``output``.
+
+    Deliberately synchronous, in the trio thread: PR_SET_PDEATHSIG fires when the
+    *thread* that forked the child exits, and trio.open_process forks in a worker
+    thread that exits after ten idle seconds, which would kill a healthy engine.
+    """
+    popen = subprocess.Popen(
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, env=merged_env, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        start_new_session=True, env={**os.environ, **(env or {})},
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+    assert popen.stdout is not None
+    output = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
+    popen.stdout.close()
+    return ChildProcess(popen, output)
 
 
-async def stop_child(process: trio.Process, grace: float) -> int:
+async def stop_child(process: ChildProcess, grace: float) -> int:
     """SIGTERM the group, wait up to *grace*, then SIGKILL. Returns the exit status."""
     _signal_group(process, signal.SIGTERM)
     with trio.move_on_after(grace):
@@ -46,10 +85,11 @@ async def stop_child(process: trio.Process, grace: float) -> int:
         await process.wait()
     # The leader is gone; anything it left in its group goes too.
     _signal_group(process, signal.SIGKILL)
+    assert process.returncode is not None
     return process.returncode
 
 
-def _signal_group(process: trio.Process, signum: int) -> None:
+def _signal_group(process: ChildProcess, signum: int) -> None:
     try:
         os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):

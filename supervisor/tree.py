@@ -29,6 +29,7 @@ from supervisor.config import Config
 from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import create_app
+from supervisor.gateway.gate import RequestGate
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import BackoffPolicy, EngineProfile, Scheduler
@@ -97,36 +98,53 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         steward = Steward([], events, client, engines, probe, readings)
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward)
-        app = create_app(config, client, events)
+        gate = RequestGate()
+        app = create_app(config, client, events, gate)
 
         async def shutdown_trigger() -> None:
             await shutdown()
             events.emit("shutdown", "info", detail="no new connections; draining requests in flight",
                         timeout_s=config.limits.shutdown_timeout)
 
-        urls = await root.start(_serve_gateway_then_stop, app, config, shutdown_trigger, root.cancel_scope)
+        urls = await root.start(_serve_gateway_then_stop, app, gate, config, shutdown_trigger, root.cancel_scope)
         steward.urls = urls
         events.emit("listening", "info", urls=urls, models=list(config.models))
         task_status.started(steward)
 
 
-async def _serve_gateway_then_stop(app: object, config: Config, shutdown: Callable[[], Awaitable[object]],
-                                   root: trio.CancelScope, *,
+async def _serve_gateway_then_stop(app: object, gate: RequestGate, config: Config,
+                                   shutdown: Callable[[], Awaitable[object]], root: trio.CancelScope, *,
                                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    await serve_gateway(app, config, shutdown, task_status=task_status)
+    await serve_gateway(app, gate, config, shutdown, task_status=task_status)
     # The gateway has drained: no request is in flight, so the engines may go.
     root.cancel(reason="gateway drained")
 
 
-async def serve_gateway(app: object, config: Config, shutdown: Callable[[], Awaitable[object]], *,
-                        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_gateway(app: object, gate: RequestGate, config: Config, shutdown: Callable[[], Awaitable[object]],
+                        *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until *shutdown* returns; then stop accepting and wait for requests in flight."""
     hc = hypercorn.config.Config()
     hc.bind = [config.listen]
     hc.graceful_timeout = config.limits.shutdown_timeout
     hc.accesslog = None
     hc.errorlog = None
     hc.loglevel = "WARNING"
-    await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]
+    closed = trio.Event()
+
+    async def close_listeners() -> None:
+        await closed.wait()
+
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(functools.partial(hypercorn.trio.serve, app, hc,  # type: ignore[arg-type]
+                                                     shutdown_trigger=close_listeners))
+        task_status.started(urls)
+        await shutdown()
+        gate.close()
+        closed.set()
+        # Requests, not connections: an idle keep-alive connection must not hold us open.
+        with trio.move_on_after(config.limits.shutdown_timeout):
+            await gate.wait_drained()
+        nursery.cancel_scope.cancel(reason="requests drained")
 
 
 async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, *,

@@ -16,11 +16,12 @@ from werkzeug.exceptions import HTTPException
 from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body
-from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler, Receive, Scope, Send
+from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler, Receive, Scope, Send, send_error
 from supervisor.scheduler.actor import SchedulerClient
 
 
-def create_app(config: Config, scheduler: SchedulerClient, events: EventLog) -> QuartTrio:
+def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate) -> QuartTrio:
     app = QuartTrio("steward")
     started = int(time.time())
     aliases = config.alias_table()
@@ -29,12 +30,29 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog) -> 
     quart_asgi = app.asgi_app
 
     async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
-            await inference(scope, receive, send)
-        else:
+        if scope["type"] != "http":
             await quart_asgi(scope, receive, send)
+            return
+        if not gate.enter():
+            await send_error(send, 503, "steward is shutting down.", code="shutting_down", retry_after=5,
+                             close=True)
+            return
+        try:
+            if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
+                await inference(scope, receive, send)
+            else:
+                await quart_asgi(scope, receive, send)
+        finally:
+            gate.leave()
 
     app.asgi_app = asgi_app  # type: ignore[method-assign]
+
+    async def served_by_inference_handler() -> Response:
+        raise AssertionError("POSTs to inference routes never reach Quart")
+
+    for path in INFERENCE_PATHS:
+        # Declared so that Quart answers other methods on these paths with 405, not 404.
+        app.add_url_rule(path, path, served_by_inference_handler, methods=["POST"])
 
     def model_entry(name: str) -> dict[str, Any]:
         target = aliases[name]

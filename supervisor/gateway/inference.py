@@ -70,7 +70,7 @@ class InferenceHandler:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases)
         except RequestError as exc:
-            await _send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
+            await send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
             return
         status = 499  # stays so if the client goes away first
         async with trio.open_nursery() as nursery:
@@ -88,7 +88,7 @@ class InferenceHandler:
         except JobFailed as exc:
             failure = exc.failure
             status = failure.status
-            await _send_error(send, status, failure.message, code=failure.code, retry_after=failure.retry_after)
+            await send_error(send, status, failure.message, code=failure.code, retry_after=failure.retry_after)
             return status
 
     def _endpoint(self, endpoint: str) -> tuple[str, int]:
@@ -159,7 +159,7 @@ async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send
     except UpstreamError as exc:
         message = f"engine {engine!r} failed during the request: {exc}"
         if not response_started:
-            await _send_error(send, 502, message, code="engine_error")
+            await send_error(send, 502, message, code="engine_error")
         elif is_sse:
             await send({"type": "http.response.body", "body": sse_error_event(message, code="engine_error"),
                         "more_body": False})
@@ -195,10 +195,13 @@ async def _cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope
     cancel_scope.cancel(reason="client disconnected")
 
 
-async def _send_error(send: Send, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                      retry_after: float | None = None) -> None:
+async def send_error(send: Send, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                     retry_after: float | None = None, close: bool = False) -> None:
     body = error_body(status, message, param=param, code=code)
-    await send({"type": "http.response.start", "status": status, "headers": error_headers(body, retry_after)})
+    headers = error_headers(body, retry_after)
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -1,0 +1,3 @@
+wrk.method = "POST"
+wrk.body = '{"model":"fast","messages":[{"role":"user","content":"hi"}]}'
+wrk.headers["Content-Type"] = "application/json"

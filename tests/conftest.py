@@ -1,0 +1,187 @@
+"""Shared fixtures: a real steward process with fake engines, and a leak check.
+
+pytest makes itself a child subreaper, so a process orphaned by a killed steward is
+re-parented here, and the per-test leak check sees every descendant that outlived
+its test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import yaml
+
+from fakes import simgpu
+
+ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_CHILD_SUBREAPER = 36
+ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def descendants(pid: int | None = None) -> list[tuple[int, str]]:
+    """Live (non-zombie) descendants of *pid* (default: this process), with their command lines."""
+    root = os.getpid() if pid is None else pid
+    children: dict[int, list[int]] = {}
+    states: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        states[int(entry)] = fields[0].decode()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        child = stack.pop()
+        stack.extend(children.get(child, []))
+        if states.get(child) not in ("Z", "X"):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            found.append((child, cmdline))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_children() -> Iterator[None]:
+    yield
+    deadline = time.monotonic() + 5.0
+    while (left := descendants()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes outlived the test: {left}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fake_model(memory: str = "1GiB", *, parallel: int = 2, load_time: str = "0.2s", tps: float = 200,
+               gpu_dir: Path | None = None, extra: list[str] | None = None, **config: Any) -> dict[str, Any]:
+    """A model entry whose engine is the fake llama-server."""
+    args = ["--memory", memory, "--load-time", load_time, "--tokens-per-second", str(tps), *(extra or [])]
+    if gpu_dir is not None:
+        args += ["--sim-gpu", str(gpu_dir)]
+    return {"command": [sys.executable, "-m", "fakes.llama_server"], "memory": memory, "parallel": parallel,
+            "args": args, **config}
+
+
+@attrs.define
+class RunningSteward:
+    process: subprocess.Popen[bytes]
+    url: str
+    events_path: Path
+    stderr_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        lines = self.events_path.read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in records if name is None or r["event"] == name]
+
+    def wait_event(self, name: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.events(name):
+                if all(record.get(k) == v for k, v in match.items()):
+                    return record
+            time.sleep(0.02)
+        raise AssertionError(f"no {name!r} event matching {match} within {timeout}s; "
+                             f"log tail: {[e['event'] for e in self.events()[-15:]]}")
+
+    def health(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/healthz", timeout=5).json()
+
+    def engine_endpoint(self, engine: str) -> str:
+        return [e for e in self.events("ready") if e["engine"] == engine][-1]["endpoint"]
+
+    def engine_pid(self, engine: str) -> int:
+        return [e for e in self.events("spawn") if e["engine"] == engine][-1]["pid"]
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+StewardFactory = Callable[..., RunningSteward]
+
+
+@pytest.fixture
+def start_steward(tmp_path: Path) -> Iterator[StewardFactory]:
+    """Start ``steward run`` on a config built from keyword sections; stopped after the test."""
+    started: list[RunningSteward] = []
+
+    def start(models: dict[str, Any], **sections: Any) -> RunningSteward:
+        run_dir = tmp_path / f"steward{len(started)}"
+        run_dir.mkdir()
+        return launch_steward(run_dir, models, started, **sections)
+
+    yield start
+    for steward in started:
+        steward.stop()
+
+
+def launch_steward(run_dir: Path, models: dict[str, Any], registry: list[RunningSteward],
+                   **sections: Any) -> RunningSteward:
+    events_path = run_dir / "events.jsonl"
+    config = {"listen": f"127.0.0.1:{free_port()}", "models": models,
+              "log": {"file": str(events_path), "terminal": "debug"},
+              "engines": {"stop_grace": "3s", "restart_backoff": "0.2s"}, **sections}
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    stderr_path = run_dir / "stderr.log"
+    with open(stderr_path, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", str(config_path)],
+                                   stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, cwd=ROOT)
+    steward = RunningSteward(process, f"http://{config['listen']}", events_path, stderr_path)
+    registry.append(steward)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"steward exited {process.returncode}: {stderr_path.read_text()[-2000:]}")
+        if events_path.exists() and steward.events("listening"):
+            return steward
+        time.sleep(0.02)
+    raise AssertionError(f"steward did not start: {stderr_path.read_text()[-2000:]}")
+
+
+@pytest.fixture
+def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
+    def make(total: str) -> Path:
+        from supervisor.units import parse_size
+
+        return simgpu.create_device(tmp_path / "gpu", total_bytes=parse_size(total), linger_s=0.2)
+
+    return make
