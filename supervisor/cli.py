@@ -7,16 +7,19 @@ import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import trio
 
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.engine import EngineSpec
+from supervisor.events import EventLogUnavailable
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.tree import Steward, resolve_budget, run_steward
 from supervisor.units import format_size
 
 EXIT_CONFIG = 2
+E = TypeVar("E", bound=BaseException)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,13 +86,34 @@ def _check(config: Config) -> int:
 def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
     try:
         trio.run(_serve_until_signalled, config, on_ready)
-    except ProbeUnavailable as exc:
-        print(f"steward: gpu.probe: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except OSError as exc:
-        print(f"steward: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+    except (ProbeUnavailable, EventLogUnavailable, OSError, BaseExceptionGroup) as exc:
+        # Startup failures arrive wrapped in the nursery tree's exception groups.
+        probe_error = _find(exc, ProbeUnavailable)
+        if probe_error is not None:
+            print(f"steward: gpu.probe: {probe_error}", file=sys.stderr)
+            return EXIT_CONFIG
+        log_error = _find(exc, EventLogUnavailable)
+        if log_error is not None:
+            print(f"steward: {log_error}", file=sys.stderr)
+            return EXIT_CONFIG
+        bind_error = _find(exc, OSError)
+        if bind_error is not None:
+            print(f"steward: cannot listen on {config.listen}: {bind_error.strerror or bind_error}",
+                  file=sys.stderr)
+            return 1
+        raise
     return 0
+
+
+def _find(exc: BaseException, kind: type[E]) -> E | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], None] | None) -> None:

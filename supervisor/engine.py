@@ -191,6 +191,11 @@ async def _notify_too_slow(timeout: float, send: trio.MemorySendChannel[_Command
     send.send_nowait(_Command("too_slow", generation))
 
 
-def _tail(handle: EngineHandle, lines: int = 3) -> str:
-    tail = [line for line in handle.output_tail if line.strip()][-lines:]
-    return " | ".join(tail) if tail else "(none)"
+def _tail(handle: EngineHandle, lines: int = 2) -> str:
+    """The engine's own words on why it stopped: its first error line, then its last lines."""
+    output = [line.strip() for line in handle.output_tail if line.strip()]
+    if not output:
+        return "(none)"
+    cause = next((line for line in output if "error" in line.lower()), None)
+    tail = output[-lines:]
+    return " | ".join(([cause] if cause and cause not in tail else []) + tail)

@@ -19,6 +19,10 @@ import trio
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
+class EventLogUnavailable(Exception):
+    pass
+
+
 @attrs.frozen
 class Event:
     name: str
@@ -81,7 +85,10 @@ async def serve_event_log(path: str | None, *, terminal_level: str = "info", ter
     send, receive = trio.open_memory_channel[Event](math.inf)
     log = EventLog(send, terminal_level=LEVELS[terminal_level])
     terminal = terminal or sys.stderr
-    sink = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - closed below
+    try:
+        sink = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise EventLogUnavailable(f"log.file: cannot open {path!r}: {exc.strerror or exc}") from None
     try:
         task_status.started(log)
         with trio.CancelScope(shield=True):

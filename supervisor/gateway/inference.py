@@ -13,7 +13,6 @@ away cancels all of it: the job leaves the queue, or the upstream request is clo
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -23,7 +22,7 @@ import trio
 from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body, error_headers, sse_error_event
 from supervisor.gateway.upstream import UpstreamError, open_upstream_request
-from supervisor.scheduler.actor import JobFailed, SchedulerClient
+from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
 from supervisor.scheduler.core import CLASSES
 
 Scope = dict[str, Any]
@@ -63,33 +62,30 @@ class InferenceHandler:
     _endpoints: dict[str, tuple[str, int]] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.monotonic()
         try:
             body = await _read_body(scope, receive, self.max_body_size)
             if body is None:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases)
         except RequestError as exc:
+            self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
+                             detail=exc.message)
             await send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
             return
-        status = 499  # stays so if the client goes away first
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            status = await self._serve(scope, routed, send)
+            await self._serve(scope, routed, send)
             nursery.cancel_scope.cancel(reason="request finished")
-        self.events.emit("request", "debug", path=scope["path"], model=routed.model, **{"class": routed.klass},
-                         stream=routed.stream, status=status, duration_s=round(time.monotonic() - started, 6))
 
-    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send) -> int:
+    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send) -> None:
         try:
-            async with self.scheduler.open_grant(routed.model, routed.klass, self.queue_timeout) as grant:
-                host, port = self._endpoint(grant.endpoint)
-                return await _proxy(host, port, scope, routed, send, grant.engine)
+            async with self.scheduler.open_grant(routed.model, routed.klass, self.queue_timeout) as lease:
+                host, port = self._endpoint(lease.grant.endpoint)
+                await _proxy(host, port, scope, routed, send, lease)
         except JobFailed as exc:
             failure = exc.failure
-            status = failure.status
-            await send_error(send, status, failure.message, code=failure.code, retry_after=failure.retry_after)
-            return status
+            await send_error(send, failure.status, failure.message, code=failure.code,
+                             retry_after=failure.retry_after)
 
     def _endpoint(self, endpoint: str) -> tuple[str, int]:
         cached = self._endpoints.get(endpoint)
@@ -140,7 +136,7 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> Rout
                          body=json.dumps(payload).encode() if changed else body)
 
 
-async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, engine: str) -> int:
+async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
     headers = [(b"content-type", b"application/json")]
     headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
     response_started = False
@@ -150,14 +146,15 @@ async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send
                                          headers, routed.body) as upstream:
             out_headers = [(k, v) for k, v in upstream.headers if k not in _HOP_BY_HOP]
             is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in out_headers)
+            lease.status = upstream.status
             await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
             response_started = True
             async for chunk in upstream.iter_body():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return upstream.status
     except UpstreamError as exc:
-        message = f"engine {engine!r} failed during the request: {exc}"
+        lease.status = 502
+        message = f"engine {lease.grant.engine!r} failed during the request: {exc}"
         if not response_started:
             await send_error(send, 502, message, code="engine_error")
         elif is_sse:
@@ -165,7 +162,6 @@ async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send
                         "more_body": False})
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return 502
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:

@@ -52,6 +52,15 @@ class Submit:
 @attrs.frozen
 class Finish:
     job_id: int
+    status: int | None  # what the client got, for the log; None if it never got a grant
+
+
+@attrs.define(eq=False)
+class Lease:
+    """A granted job, held by its handler; ``status`` is what the client was answered."""
+
+    grant: Grant
+    status: int = 499  # stays so if the client goes away first
 
 
 @attrs.frozen
@@ -80,23 +89,25 @@ class SchedulerClient:
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
 
     @asynccontextmanager
-    async def open_grant(self, model: str, klass: str, timeout: float) -> AsyncIterator[Grant]:
+    async def open_grant(self, model: str, klass: str, timeout: float) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine; hold it for the ``async with`` body.
 
         Leaving early (the client went away) withdraws the job from the queue;
         leaving after the grant frees the slot. Raises ``JobFailed`` on refusal.
         """
         ticket = Ticket(next(self._ids))
+        lease = None
         self._post(Submit(ticket, model, klass, timeout))
         try:
             await ticket.done.wait()
             if isinstance(ticket.outcome, Fail):
                 raise JobFailed(ticket.outcome)
             assert ticket.outcome is not None
-            yield ticket.outcome
+            lease = Lease(ticket.outcome)
+            yield lease
         finally:
             if not isinstance(ticket.outcome, Fail):
-                self._post(Finish(ticket.job_id))
+                self._post(Finish(ticket.job_id, lease.status if lease else None))
 
     def report_ready(self, engine: str, generation: int, endpoint: str) -> None:
         self._post(EngineReady(engine, generation, endpoint))
@@ -148,9 +159,9 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
             case Submit(ticket, model, klass, timeout):
                 tickets[ticket.job_id] = ticket
                 return core.submit(ticket.job_id, model, klass, now, timeout)
-            case Finish(job_id):
+            case Finish(job_id, status):
                 tickets.pop(job_id, None)
-                return core.finish(job_id, now)
+                return core.finish(job_id, now, status)
             case EngineReady(engine, generation, endpoint):
                 return core.engine_ready(engine, generation, endpoint, now)
             case EngineExited(engine, generation, detail):

@@ -184,8 +184,11 @@ class Scheduler:
         self._emit("enqueue", "debug", job=job_id, model=model, **{"class": klass}, queued=len(self.queue))
         return self._decide(now)
 
-    def finish(self, job_id: int, now: float) -> list[Effect]:
-        """The handler is done with a job: it completed, failed, or the client left."""
+    def finish(self, job_id: int, now: float, status: int | None = None) -> list[Effect]:
+        """The handler is done with a job: it completed, failed, or the client left.
+
+        *status* is what the client was answered (HTTP status), for the log only.
+        """
         job = self.running.pop(job_id, None)
         if job is None:
             for waiting in self.queue:
@@ -200,7 +203,8 @@ class Scheduler:
                                                                             EngineStatus.STOPPING):
             engine.in_flight -= 1
             engine.last_used = now
-        self._emit("complete", "debug", job=job_id, model=job.model, in_flight=engine.in_flight)
+        self._emit("complete", "debug", job=job_id, model=job.model, **{"class": job.klass}, status=status,
+                   duration_s=round(now - job.submitted, 6), in_flight=engine.in_flight)
         if engine.draining and engine.in_flight == 0 and engine.status is EngineStatus.READY:
             self._stop(engine, now)
         return self._decide(now)

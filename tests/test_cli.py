@@ -1,0 +1,113 @@
+"""The steward command as a person uses it: check, run with a bad config, demo."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import yaml
+
+from tests.conftest import ROOT, descendants
+
+
+def steward(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def write(tmp_path: Path, config: object) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config) if not isinstance(config, str) else config)
+    return str(path)
+
+
+def test_check_prints_the_resolved_plan(tmp_path: Path) -> None:
+    path = write(tmp_path, {
+        "gpu": {"probe": "none", "budget": "16GiB"},
+        "models": {
+            "chat": {"command": "/opt/llama/llama-server", "model": "/models/gemma.gguf", "memory": "8.3GiB",
+                     "parallel": 2, "args": ["-c", 8192, "-ngl", 99], "aliases": ["gpt-4o"]},
+            "embed": {"command": "llama-server", "memory": "0.4GiB", "pinned": True, "args": ["--embeddings"]},
+        }})
+    result = steward("check", path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "budget   16.0 GiB (17179869184 bytes) from gpu.budget" in out
+    assert ("command  /opt/llama/llama-server --model /models/gemma.gguf --host 127.0.0.1 --port '<port>' "
+            "--parallel 2 -c 8192 -ngl 99") in out
+    assert "memory   8.3 GiB (8912057139 bytes) reserved while loaded" in out
+    assert "aliases  gpt-4o" in out
+    assert "slots    4" in out  # embed: llama-server's automatic --parallel
+    assert "(llama-server, pinned)" in out
+
+
+def test_check_on_a_broken_config_exits_non_zero_and_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, {"models": {"chat": {"command": "llama-server", "memory": "8GiB", "parallel": "two"}}})
+    result = steward("check", path)
+    assert result.returncode == 2
+    assert "models.chat.parallel: must be a positive integer, got 'two'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_on_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
+    result = steward("check", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2 and "cannot read config" in result.stderr
+    result = steward("check", write(tmp_path, "models: [unclosed"))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+
+
+def test_run_with_a_broken_config_starts_nothing(tmp_path: Path) -> None:
+    path = write(tmp_path, {"models": {"chat": {"command": "llama-server", "memory": "lots"}}})
+    result = steward("run", path)
+    assert result.returncode == 2
+    assert "models.chat.memory: must be a size" in result.stderr
+    assert not descendants()
+
+
+def test_run_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write(tmp_path, {"listen": f"127.0.0.1:{port}", "gpu": {"probe": "none", "budget": "1GiB"},
+                                "log": {"file": None},
+                                "models": {"m": {"command": "llama-server", "memory": "1MiB"}}})
+        result = steward("run", path)
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
+    process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "demo", "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        base_url = None
+        deadline = time.monotonic() + 30
+        assert process.stdout is not None
+        while base_url is None and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            match = re.search(r"OpenAI base URL\s+(\S+)", line)
+            base_url = match.group(1) if match else None
+        assert base_url, "the demo did not print its URL"
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
+        ids = {m.id for m in client.models.list()}
+        assert {"gemma4-12b", "gemma4-e4b", "gemma4-e2b", "nomic-embed", "gpt-4o"} <= ids
+        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=4)
+        assert reply.choices[0].message.content
+        stream = client.chat.completions.create(model="gemma4-e2b@background", stream=True, max_tokens=3,
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert len([c for c in stream if c.choices and c.choices[0].delta.content]) == 3
+        embedded = client.embeddings.create(model="nomic-embed", input=["a", "b"])
+        assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 64
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
