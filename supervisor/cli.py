@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -72,6 +74,10 @@ def _check(config: Config) -> int:
         print(f"  slots    {spec.slots}")
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
+        if shutil.which(model.command[0]) is None:
+            print(f"  warning  {model.command[0]} is not an executable program here")
+        if model.model is not None and not os.path.exists(model.model):
+            print(f"  warning  model file {model.model} does not exist here")
         if model.memory > budget:
             problems.append(f"models.{name}.memory: {format_size(model.memory)} exceeds the budget "
                             f"{format_size(budget)}; it could never load")
@@ -172,5 +178,14 @@ def _demo(port: int) -> int:
     return _run(config, on_ready=announce)
 
 
+def entry_point() -> None:
+    try:
+        sys.exit(main())
+    except BrokenPipeError:
+        # `steward check config.yaml | head` closed our stdout early: not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

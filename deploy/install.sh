@@ -1,0 +1,30 @@
+#!/bin/sh
+# Installs gpu-steward into ./.venv (created if missing). `install.sh test` adds the test tools.
+# Works on a fresh Debian with python3 alone: without the python3-venv package (no ensurepip),
+# the venv is made without pip and pip is bootstrapped from its wheel on PyPI.
+set -eu
+cd "$(dirname "$0")/.."
+extra=""
+[ "${1:-}" = "test" ] && extra="[test]"
+
+if [ ! -x .venv/bin/python ]; then
+    if ! python3 -m venv .venv 2>/dev/null; then
+        rm -rf .venv
+        python3 -m venv --without-pip .venv
+    fi
+fi
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    echo "install.sh: bootstrapping pip from PyPI (python3-venv is not installed)" >&2
+    .venv/bin/python - <<'PY'
+import json, os, sys, tempfile, urllib.request
+index = json.load(urllib.request.urlopen("https://pypi.org/pypi/pip/json"))
+wheel = next(f for f in index["urls"] if f["filename"].endswith(".whl"))
+path = os.path.join(tempfile.mkdtemp(), wheel["filename"])
+urllib.request.urlretrieve(wheel["url"], path)
+sys.path.insert(0, path)
+from pip._internal.cli.main import main
+sys.exit(main(["install", "--quiet", path]))
+PY
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extra}"
+echo "install.sh: installed into $(pwd)/.venv" >&2
