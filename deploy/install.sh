@@ -16,11 +16,12 @@ fi
 if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
     echo "install.sh: bootstrapping pip from PyPI (python3-venv is not installed)" >&2
     .venv/bin/python - <<'PY'
-import json, os, sys, tempfile, urllib.request
-index = json.load(urllib.request.urlopen("https://pypi.org/pypi/pip/json"))
+import json, os, sys, tempfile, urllib.parse, urllib.request
+api = "https://pypi.org/pypi/pip/json"
+index = json.load(urllib.request.urlopen(api))
 wheel = next(f for f in index["urls"] if f["filename"].endswith(".whl"))
 path = os.path.join(tempfile.mkdtemp(), wheel["filename"])
-urllib.request.urlretrieve(wheel["url"], path)
+urllib.request.urlretrieve(urllib.parse.urljoin(api, wheel["url"]), path)
 sys.path.insert(0, path)
 from pip._internal.cli.main import main
 sys.exit(main(["install", "--quiet", path]))
