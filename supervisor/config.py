@@ -59,8 +59,32 @@ class GpuConfig:
 @attrs.frozen
 class LimitsConfig:
     max_body_size: Size = Size(16 * 1024**2)
-    queue_timeout: Duration = Duration(60.0)
     shutdown_timeout: Duration = Duration(30.0)
+
+
+@attrs.frozen
+class ClassConfig:
+    """Unset values take the class's default (supervisor.scheduler.types.SchedulingPolicy)."""
+
+    max_queue: PositiveInt | None = None
+    queue_timeout: Duration | None = None
+
+
+@attrs.frozen
+class ClassesConfig:
+    interactive: ClassConfig = attrs.Factory(ClassConfig)
+    background: ClassConfig = attrs.Factory(ClassConfig)
+    batch: ClassConfig = attrs.Factory(ClassConfig)
+
+
+@attrs.frozen
+class SchedulerConfig:
+    interactive_window: Duration = Duration(2.0)
+    background_max_starvation: Duration = Duration(3.0)
+    batch_max_starvation: Duration = Duration(3.0)
+    hot_window: Duration = Duration(300.0)
+    embedding_chunk: PositiveInt = PositiveInt(32)
+    release_timeout: Duration = Duration(10.0)
 
 
 @attrs.frozen
@@ -87,6 +111,8 @@ class Config:
     aliases: dict[str, str] = attrs.Factory(dict)
     gpu: GpuConfig = attrs.Factory(GpuConfig)
     limits: LimitsConfig = attrs.Factory(LimitsConfig)
+    scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
+    classes: ClassesConfig = attrs.Factory(ClassesConfig)
     engines: EngineDefaults = attrs.Factory(EngineDefaults)
     log: LogConfig = attrs.Factory(LogConfig)
 

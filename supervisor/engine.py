@@ -150,7 +150,7 @@ async def _follow(spec: EngineSpec, generation: int, process: ChildProcess, hand
             continue
         if command.kind == "ready" and not ready:
             ready = True
-            scheduler.report_ready(spec.name, generation, base_url)
+            scheduler.report_ready(spec.name, generation, base_url, process.pid)
         elif command.kind == "too_slow" and not ready:
             events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
             await stop_child(process, spec.stop_grace)

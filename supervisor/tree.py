@@ -32,7 +32,8 @@ from supervisor.gateway.app import create_app
 from supervisor.gateway.gate import RequestGate
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
-from supervisor.scheduler.core import BackoffPolicy, EngineProfile, Scheduler
+from supervisor.scheduler.core import Scheduler
+from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
 from supervisor.units import format_size
 
 
@@ -60,11 +61,26 @@ def resolve_budget(config: Config, readings: list[GpuReading]) -> tuple[int, str
     return host_memory_total(), "host memory total (no GPU probed; set gpu.budget to choose)"
 
 
-def build_scheduler(config: Config, specs: dict[str, EngineSpec], budget: int) -> Scheduler:
+def scheduling_policy(config: Config) -> SchedulingPolicy:
+    defaults = SchedulingPolicy()
+    classes = {klass: getattr(config.classes, klass) for klass in CLASSES}
+    return SchedulingPolicy(
+        interactive_window=config.scheduler.interactive_window,
+        starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
+                    "batch": config.scheduler.batch_max_starvation},
+        hot_window=config.scheduler.hot_window,
+        max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
+        queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
+                       for k, c in classes.items()},
+        release_timeout=config.scheduler.release_timeout,
+        backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max))
+
+
+def build_scheduler(config: Config, specs: dict[str, EngineSpec], budget: int, *, observe_memory: bool,
+                    ) -> Scheduler:
     profiles = [EngineProfile(name, model.memory, specs[name].slots, model.pinned)
                 for name, model in config.models.items()]
-    backoff = BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max)
-    return Scheduler.create(budget, profiles, backoff)
+    return Scheduler.create(budget, profiles, scheduling_policy(config), observe_memory=observe_memory)
 
 
 async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]], *,
@@ -88,7 +104,7 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
                 budget=budget, budget_text=format_size(budget), budget_source=budget_source)
     specs = {name: EngineSpec.from_config(name, config) for name in config.models}
-    core = build_scheduler(config, specs, budget)
+    core = build_scheduler(config, specs, budget, observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         engines: dict[str, EngineHandle] = {}
@@ -97,7 +113,7 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         await root.start(serve_scheduler, core, mailbox, engines, events)
         steward = Steward([], events, client, engines, probe, readings)
         if probe is not None:
-            await root.start(serve_probe, probe, config.gpu.poll_interval, steward)
+            await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
         gate = RequestGate()
         app = create_app(config, client, events, gate)
 
@@ -147,12 +163,21 @@ async def serve_gateway(app: object, gate: RequestGate, config: Config, shutdown
         nursery.cancel_scope.cancel(reason="requests drained")
 
 
-async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, *,
+async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, scheduler: SchedulerClient, *,
                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Read the GPU and tell the scheduler; faster while an engine's memory is awaited free."""
     task_status.started()
     while True:
-        await trio.sleep(interval)
         try:
             steward.readings = probe.read()
         except Exception as exc:  # a flaky driver must not take steward down
             steward.events.emit("probe_error", "warning", probe=probe.kind, detail=str(exc))
+        else:
+            device = steward.readings[0]
+            scheduler.report_memory(device.used_bytes, device.processes)
+        snapshot = scheduler.snapshot()
+        settling = snapshot.releasing or any(e.status == "stopping" for e in snapshot.engines)
+        await trio.sleep(min(interval, FAST_POLL_S) if settling else interval)
+
+
+FAST_POLL_S = 0.1

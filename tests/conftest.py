@@ -185,3 +185,18 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
         return simgpu.create_device(tmp_path / "gpu", total_bytes=parse_size(total), linger_s=0.2)
 
     return make
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No child process may survive the suite, whichever test (or fixture) started it."""
+    deadline = time.monotonic() + 5.0
+    while (left := descendants()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        print(f"\nprocesses outlived the test suite (killed now): {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

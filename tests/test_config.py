@@ -47,8 +47,9 @@ def test_the_issue_example_message() -> None:
      "models.chat.memory: must be a size like 16GiB or 8.3GB, got '8.3XB'"),
     ({"models": {"chat": {**GOOD, "parralel": 2}}}, "models.chat.parralel: unknown key"),
     ({"models": {"chat": {"memory": "1GiB"}}}, "models.chat.command: required key is missing"),
-    ({"models": {"chat": GOOD}, "limits": {"queue_timeout": "soon"}},
-     "limits.queue_timeout: must be a duration like 2s or 5m, got 'soon'"),
+    ({"models": {"chat": GOOD}, "classes": {"batch": {"queue_timeout": "soon"}}},
+     "classes.batch.queue_timeout: must be a duration like 2s or 5m, got 'soon'"),
+    ({"models": {"chat": GOOD}, "classes": {"urgent": {}}}, "classes.urgent: unknown key"),
     ({"models": {"chat": GOOD}, "gpu": {"probe": "cuda"}},
      "gpu.probe: must be one of 'auto', 'nvml', 'simulated', 'none', got 'cuda'"),
     ({"models": {"chat": {**GOOD, "pinned": "yes"}}}, "models.chat.pinned: must be true or false, got 'yes'"),
@@ -79,9 +80,13 @@ def test_a_full_config_resolves() -> None:
         "listen": "0.0.0.0:9000",
         "models": {"chat": {**GOOD, "args": ["-c", 8192, "-ngl", 99], "aliases": ["gpt-4o"]}},
         "aliases": {"gpt-4": "chat"},
-        "limits": {"queue_timeout": "2m", "max_body_size": "1MiB"},
+        "limits": {"max_body_size": "1MiB"},
+        "classes": {"background": {"queue_timeout": "2m"}},
+        "scheduler": {"interactive_window": "500ms", "background_max_starvation": "0s"},
     })
     assert config.listen_port == 9000
     assert config.models["chat"].args == ["-c", "8192", "-ngl", "99"]  # YAML numbers become text
-    assert config.limits.queue_timeout == 120.0 and config.limits.max_body_size == 1024**2
+    assert config.classes.background.queue_timeout == 120.0 and config.limits.max_body_size == 1024**2
+    assert config.classes.batch.queue_timeout is None  # the class default applies
+    assert config.scheduler.interactive_window == 0.5 and config.scheduler.background_max_starvation == 0.0
     assert config.alias_table() == {"chat": "chat", "gpt-4o": "chat", "gpt-4": "chat"}

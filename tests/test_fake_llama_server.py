@@ -1,4 +1,4 @@
-"""Tests of the fake llama-server itself (fakes/llama_server.py), run as a real subprocess."""
+"""Tests of the fake llama-server itself (the fakes.llama_server package), run as a real subprocess."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ def steward(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSteward
                            extra=["--ctx-size", "512", "--max-tokens-default", "8"]),
         "embed": fake_model("0.5GiB", parallel=2, extra=["--embeddings"], pinned=True),
     }
-    launch_steward(run_dir, models, registry, limits={"max_body_size": "64KiB", "queue_timeout": "20s"},
+    launch_steward(run_dir, models, registry, limits={"max_body_size": "64KiB"},
+                   classes={"interactive": {"queue_timeout": "20s"}}, scheduler={"embedding_chunk": 4},
                    gpu={"probe": "none", "budget": "8GiB"})
     yield registry[0]
     assert registry[0].stop() == 0
@@ -73,6 +74,24 @@ def test_embeddings(client: openai.OpenAI) -> None:
     assert [d.index for d in result.data] == [0, 1, 2]
     assert len({tuple(d.embedding) for d in result.data}) == 3
     assert result.usage.prompt_tokens > 0
+
+
+def test_a_long_embeddings_input_runs_in_steps_and_comes_back_whole(client: openai.OpenAI,
+                                                                     steward: RunningSteward) -> None:
+    texts = [f"text number {i}" for i in range(10)]  # three steps of at most 4
+    before = len(steward.events("dispatch"))
+    through_steward = client.embeddings.create(model="embed", input=texts, encoding_format="float")
+    direct = httpx.post(steward.engine_endpoint("embed") + "/v1/embeddings",
+                        json={"model": "embed", "input": texts}).json()
+    assert [d.index for d in through_steward.data] == list(range(10))
+    assert [d.embedding for d in through_steward.data] == [d["embedding"] for d in direct["data"]]
+    assert through_steward.usage.prompt_tokens == direct["usage"]["prompt_tokens"]
+    steps = [d["step"] for d in steward.events("dispatch")[before:]]
+    assert steps == ["1/3", "2/3", "3/3"]
+    # The SDK's default asks for base64: the steps' strings are passed through and decode the same.
+    as_base64 = client.embeddings.create(model="embed", input=texts)
+    for ours, theirs in zip(as_base64.data, direct["data"], strict=True):
+        assert ours.embedding == pytest.approx(theirs["embedding"], rel=1e-6)
 
 
 def test_model_list_has_models_and_aliases(client: openai.OpenAI) -> None:

@@ -176,7 +176,8 @@ def test_sigkill_of_steward_takes_its_engines_with_it(start_steward: StewardFact
 
 
 def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) -> None:
-    steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)}, limits={"queue_timeout": "0.5s"})
+    steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)},
+                            classes={"interactive": {"queue_timeout": "0.5s"}})
     chat(steward, "slow")  # loaded
     long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=20))  # holds the slot ~2 s
     long_one.start()

@@ -6,79 +6,12 @@ grant, timeout and restart happens at a time computed by hand.
 
 from __future__ import annotations
 
-import math
-
-import attrs
 import pytest
 import trio
 import trio.testing
 
-from supervisor.events import EventLog
-from supervisor.scheduler.actor import JobFailed, SchedulerClient, open_scheduler_mailbox, serve_scheduler
-from supervisor.scheduler.core import BackoffPolicy, EngineProfile, Scheduler
-
-GIB = 1024**3
-LOAD_S = 2.0
-STOP_S = 0.5
-
-
-@attrs.define(eq=False)
-class ScriptedEngine:
-    """Loads in LOAD_S, stops in STOP_S, reports like the real engine supervisor."""
-
-    name: str
-    nursery: trio.Nursery
-    client: SchedulerClient | None = None
-    starts: list[float] = attrs.Factory(list)
-
-    def start(self, generation: int) -> None:
-        self.starts.append(trio.current_time())
-        self.nursery.start_soon(self._report_after, LOAD_S, "ready", generation)
-
-    def stop(self, generation: int) -> None:
-        self.nursery.start_soon(self._report_after, STOP_S, "exited", generation)
-
-    def crash(self, generation: int) -> None:
-        assert self.client is not None
-        self.client.report_exited(self.name, generation, "killed by SIGKILL")
-
-    async def _report_after(self, delay: float, what: str, generation: int) -> None:
-        await trio.sleep(delay)
-        assert self.client is not None
-        if what == "ready":
-            self.client.report_ready(self.name, generation, f"http://127.0.0.1:1/{self.name}")
-        else:
-            self.client.report_exited(self.name, generation, "stopped")
-
-
-@attrs.define
-class Harness:
-    client: SchedulerClient
-    engines: dict[str, ScriptedEngine]
-    events: EventLog
-
-    def names(self, event: str) -> list[dict[str, object]]:
-        return [e.fields | {"at": e.mono} for e in self.events.recent if e.name == event]
-
-
-async def start_harness(nursery: trio.Nursery, budget_gib: float, *profiles: EngineProfile) -> Harness:
-    core = Scheduler.create(int(budget_gib * GIB), profiles, BackoffPolicy(1.0, 8.0))
-    client, mailbox = open_scheduler_mailbox(core)
-    send, _receive = trio.open_memory_channel(math.inf)
-    events = EventLog(send, recent_max=10_000)
-    engines = {p.name: ScriptedEngine(p.name, nursery, client) for p in profiles}
-    await nursery.start(serve_scheduler, core, mailbox, engines, events)
-    return Harness(client, engines, events)
-
-
-async def hold(client: SchedulerClient, model: str, seconds: float, log: list[tuple[str, float]],
-               timeout: float = 60.0) -> None:
-    try:
-        async with client.open_grant(model, "interactive", timeout) as lease:
-            log.append((f"granted {model} {lease.grant.engine}", trio.current_time()))
-            await trio.sleep(seconds)
-    except JobFailed as exc:
-        log.append((f"failed {exc.failure.code}", trio.current_time()))
+from supervisor.scheduler.types import EngineProfile
+from tests.harness import GIB, LOAD_S, STOP_S, hold, start_harness
 
 
 async def test_first_request_is_granted_exactly_when_the_engine_is_ready(autojump_clock: trio.testing.MockClock,
@@ -106,12 +39,12 @@ async def test_requests_beyond_the_slots_wait_and_go_in_order(autojump_clock: tr
 
 async def test_queue_timeout_fires_at_the_exact_deadline(autojump_clock: trio.testing.MockClock,
                                                          nursery: trio.Nursery) -> None:
-    h = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, slots=1))
+    h = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, slots=1), queue_timeout=5.0)
     log: list[tuple[str, float]] = []
     async with trio.open_nursery() as clients:
         clients.start_soon(hold, h.client, "chat", 30.0, log)
         await trio.sleep(3.0)
-        clients.start_soon(hold, h.client, "chat", 1.0, log, 5.0)
+        clients.start_soon(hold, h.client, "chat", 1.0, log)
     assert log == [("granted chat chat", 2.0), ("failed queue_timeout", 8.0)]
     assert h.names("timeout")[0]["waited_s"] == 5.0
 

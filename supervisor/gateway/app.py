@@ -26,7 +26,7 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     started = int(time.time())
     aliases = config.alias_table()
     inference = InferenceHandler(scheduler, events, aliases, config.limits.max_body_size,
-                                 config.limits.queue_timeout)
+                                 config.scheduler.embedding_chunk)
     quart_asgi = app.asgi_app
 
     async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,11 +75,14 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         snapshot = scheduler.snapshot()
-        return {"status": "ok", "budget": snapshot.budget, "reserved": snapshot.reserved,
+        return {"status": "ok", "mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
                 "queued": snapshot.queued,
+                "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
+                            for k in snapshot.queued_by_class},
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,
                                      "queued": e.queued, "memory": e.memory, "reserved": e.reserved,
-                                     "pinned": e.pinned, "draining": e.draining, "failures": e.failures}
+                                     "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
+                                     "failures": e.failures}
                             for e in snapshot.engines}}
 
     @app.errorhandler(HTTPException)

@@ -21,15 +21,17 @@ import trio
 
 from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body, error_headers, sse_error_event
-from supervisor.gateway.upstream import UpstreamError, open_upstream_request
-from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
-from supervisor.scheduler.core import CLASSES
+from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs, step_body
+from supervisor.gateway.upstream import UpstreamError, fetch_upstream, open_upstream_request
+from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
+from supervisor.scheduler.types import CLASSES
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+EMBEDDINGS_PATH = "/v1/embeddings"
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS_PATH})
 CLASS_HEADER = b"x-steward-class"
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
                          b"proxy-connection"})
@@ -50,6 +52,7 @@ class RoutedRequest:
     klass: str
     stream: bool
     body: bytes
+    payload: dict[str, Any]
 
 
 @attrs.define(eq=False)
@@ -58,7 +61,7 @@ class InferenceHandler:
     events: EventLog
     aliases: Mapping[str, str]  # every accepted name -> model
     max_body_size: int
-    queue_timeout: float
+    embedding_chunk: int
     _endpoints: dict[str, tuple[str, int]] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,14 +81,57 @@ class InferenceHandler:
             nursery.cancel_scope.cancel(reason="request finished")
 
     async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send) -> None:
+        chunks = None
+        if scope["path"] == EMBEDDINGS_PATH:
+            chunks = split_inputs(routed.payload, self.embedding_chunk)
         try:
-            async with self.scheduler.open_grant(routed.model, routed.klass, self.queue_timeout) as lease:
+            if chunks is not None:
+                await self._serve_embedding_steps(scope, routed, chunks, send)
+                return
+            async with self.scheduler.open_grant(routed.model, routed.klass) as lease:
                 host, port = self._endpoint(lease.grant.endpoint)
                 await _proxy(host, port, scope, routed, send, lease)
         except JobFailed as exc:
             failure = exc.failure
             await send_error(send, failure.status, failure.message, code=failure.code,
                              retry_after=failure.retry_after)
+
+    async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[list[Any]],
+                                     send: Send) -> None:
+        """One step per chunk, in order; a failing step fails the request, no partial answer."""
+        async with self.scheduler.open_request() as request:
+            await self._run_embedding_steps(scope, routed, chunks, send, request)
+
+    async def _run_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[list[Any]], send: Send,
+                                   request: Request) -> None:
+        assembly = EmbeddingsAssembly()
+        for step, chunk in enumerate(chunks, 1):
+            async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
+                                                 steps=len(chunks)) as lease:
+                host, port = self._endpoint(lease.grant.endpoint)
+                try:
+                    status, headers, body = await fetch_upstream(
+                        host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                        _request_headers(scope), step_body(routed.payload, chunk))
+                except UpstreamError as exc:
+                    lease.status = 502
+                    await send_error(send, 502, f"engine {lease.grant.engine!r} failed during step {step}/"
+                                     f"{len(chunks)} of the request: {exc}", code="engine_error")
+                    return
+                lease.status = status
+                if status != 200:
+                    # The engine's own error, unchanged, like a single-step request would get it.
+                    await _send_whole(send, status, [(k, v) for k, v in headers if k not in _HOP_BY_HOP], body)
+                    return
+                try:
+                    assembly.add(json.loads(body))
+                except (ValueError, KeyError, TypeError) as exc:
+                    lease.status = 502
+                    await send_error(send, 502, f"engine {lease.grant.engine!r} answered step {step}/{len(chunks)} "
+                                     f"with an unreadable embeddings response: {exc}", code="engine_error")
+                    return
+        body = assembly.response()
+        await _send_whole(send, 200, [(b"content-type", b"application/json")], body)
 
     def _endpoint(self, endpoint: str) -> tuple[str, int]:
         cached = self._endpoints.get(endpoint)
@@ -133,12 +179,23 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> Rout
         raise RequestError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
     stream = payload.get("stream") is True
     return RoutedRequest(model=model, klass=klass, stream=stream,
-                         body=json.dumps(payload).encode() if changed else body)
+                         body=json.dumps(payload).encode() if changed else body, payload=payload)
+
+
+def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json")]
+    return headers + [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
+
+
+async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers = [(k, v) for k, v in headers if k != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
-    headers = [(b"content-type", b"application/json")]
-    headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
+    headers = _request_headers(scope)
     response_started = False
     is_sse = False
     try:

@@ -86,3 +86,12 @@ async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Ev
         except trio.BrokenResourceError as exc:
             raise UpstreamError(f"connection reset by the engine: {exc}") from None
         conn.receive_data(data)
+
+
+async def fetch_upstream(host: str, port: int, method: bytes, target: bytes,
+                         headers: Sequence[tuple[bytes, bytes]], body: bytes,
+                         ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One whole request and response, for answers steward must read (embedding steps)."""
+    async with open_upstream_request(host, port, method, target, headers, body) as response:
+        chunks = [chunk async for chunk in response.iter_body()]
+        return response.status, response.headers, b"".join(chunks)

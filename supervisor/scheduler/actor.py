@@ -1,7 +1,8 @@
 """The async shell around the decision core: one task owns all scheduling state.
 
-Handlers and engine supervisors only send messages (``SchedulerClient``); the
-actor applies each to the pure core and carries out the effects it returns.
+Handlers, engine supervisors and the GPU probe only send messages through a
+``SchedulerClient``; the actor applies each to the pure core and carries out the
+effects it returns.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import attrs
 import trio
 
 from supervisor.events import EventLog
-from supervisor.scheduler.core import Effect, Emit, Fail, Grant, Scheduler, SchedulerSnapshot, StartEngine, StopEngine
+from supervisor.scheduler.core import Scheduler
+from supervisor.scheduler.types import Effect, Emit, Fail, Grant, SchedulerSnapshot, StartEngine, StopEngine
 
 
 class EngineControl(Protocol):
@@ -34,19 +36,34 @@ class JobFailed(Exception):
 
 @attrs.define(eq=False)
 class Ticket:
-    """The one-shot reply to a submitted job (written once by the actor)."""
+    """The one-shot reply to a submitted step (written once by the actor)."""
 
     job_id: int
     done: trio.Event = attrs.Factory(trio.Event)
     outcome: Grant | Fail | None = None
 
 
+@attrs.define(eq=False)
+class Request:
+    """A client request's place in line; all its steps share it."""
+
+    id: int
+    seq: int
+    # A finished step whose slot passes straight to the request's next step: its
+    # Finish travels with the next Submit, so no newer request can take the slot between.
+    handoff: tuple[int, int | None] | None = None
+
+
 @attrs.frozen
 class Submit:
     ticket: Ticket
-    model: str
+    model: str | None
     klass: str
-    timeout: float
+    request: Request
+    step: int
+    steps: int
+    exclusive_memory: int | None
+    handoff: tuple[int, int | None] | None  # (job id, status) of the request's previous step
 
 
 @attrs.frozen
@@ -55,19 +72,12 @@ class Finish:
     status: int | None  # what the client got, for the log; None if it never got a grant
 
 
-@attrs.define(eq=False)
-class Lease:
-    """A granted job, held by its handler; ``status`` is what the client was answered."""
-
-    grant: Grant
-    status: int = 499  # stays so if the client goes away first
-
-
 @attrs.frozen
 class EngineReady:
     engine: str
     generation: int
     endpoint: str
+    pid: int | None
 
 
 @attrs.frozen
@@ -77,27 +87,60 @@ class EngineExited:
     detail: str
 
 
-Message = Submit | Finish | EngineReady | EngineExited
+@attrs.frozen
+class MemoryReading:
+    used: int
+    processes: dict[int, int]
+
+
+Message = Submit | Finish | EngineReady | EngineExited | MemoryReading
+
+
+@attrs.define(eq=False)
+class Lease:
+    """A granted step, held by its handler; ``status`` is what the client was answered."""
+
+    grant: Grant
+    status: int = 499  # stays so if the client goes away first
 
 
 @attrs.define(eq=False)
 class SchedulerClient:
-    """What handlers and engine supervisors hold: a mailbox, never the state."""
+    """What handlers, engine supervisors and the probe hold: a mailbox, never the state."""
 
     _send: trio.MemorySendChannel[Message]
     _snapshot: Callable[[], SchedulerSnapshot]
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
 
     @asynccontextmanager
-    async def open_grant(self, model: str, klass: str, timeout: float) -> AsyncIterator[Lease]:
-        """Wait for a slot on *model*'s engine; hold it for the ``async with`` body.
+    async def open_request(self) -> AsyncIterator[Request]:
+        """A place in line for a request of several steps (``open_grant(..., request=...)``)."""
+        number = next(self._ids)
+        request = Request(number, number)
+        try:
+            yield request
+        finally:
+            if request.handoff is not None:
+                self._post(Finish(*request.handoff))
+                request.handoff = None
 
-        Leaving early (the client went away) withdraws the job from the queue;
-        leaving after the grant frees the slot. Raises ``JobFailed`` on refusal.
+    @asynccontextmanager
+    async def open_grant(self, model: str | None, klass: str, *, request: Request | None = None, step: int = 1,
+                         steps: int = 1, exclusive_memory: int | None = None) -> AsyncIterator[Lease]:
+        """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
+        hold it for the ``async with`` body.
+
+        Leaving early (the client went away) withdraws the step from the queue; leaving
+        after the grant frees the slot. Raises ``JobFailed`` on refusal.
         """
         ticket = Ticket(next(self._ids))
         lease = None
-        self._post(Submit(ticket, model, klass, timeout))
+        handoff = None
+        if request is not None:
+            handoff, request.handoff = request.handoff, None
+        self._post(Submit(ticket, model, klass, request or Request(ticket.job_id, ticket.job_id), step, steps,
+                          exclusive_memory, handoff))
+        finished_cleanly = False
         try:
             await ticket.done.wait()
             if isinstance(ticket.outcome, Fail):
@@ -105,15 +148,23 @@ class SchedulerClient:
             assert ticket.outcome is not None
             lease = Lease(ticket.outcome)
             yield lease
+            finished_cleanly = True
         finally:
-            if not isinstance(ticket.outcome, Fail):
+            if isinstance(ticket.outcome, Fail):
+                pass
+            elif finished_cleanly and request is not None and step < steps:
+                request.handoff = (ticket.job_id, lease.status if lease else None)
+            else:
                 self._post(Finish(ticket.job_id, lease.status if lease else None))
 
-    def report_ready(self, engine: str, generation: int, endpoint: str) -> None:
-        self._post(EngineReady(engine, generation, endpoint))
+    def report_ready(self, engine: str, generation: int, endpoint: str, pid: int | None = None) -> None:
+        self._post(EngineReady(engine, generation, endpoint, pid))
 
     def report_exited(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineExited(engine, generation, detail))
+
+    def report_memory(self, used: int, processes: dict[int, int]) -> None:
+        self._post(MemoryReading(used, processes))
 
     def snapshot(self) -> SchedulerSnapshot:
         return self._snapshot()
@@ -135,7 +186,6 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                           engines: Mapping[str, EngineControl], events: EventLog, *,
                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Own the scheduler state: apply each message to the core and carry out its effects."""
-    receive = mailbox
     tickets: dict[int, Ticket] = {}
 
     def perform(effects: list[Effect]) -> None:
@@ -156,16 +206,19 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
     def apply(message: Message) -> list[Effect]:
         now = trio.current_time()
         match message:
-            case Submit(ticket, model, klass, timeout):
+            case Submit(ticket, model, klass, request, step, steps, exclusive_memory, handoff):
                 tickets[ticket.job_id] = ticket
-                return core.submit(ticket.job_id, model, klass, now, timeout)
+                return core.submit(ticket.job_id, model, klass, now, seq=request.seq, request=request.id,
+                                   step=step, steps=steps, exclusive_memory=exclusive_memory, handoff=handoff)
             case Finish(job_id, status):
                 tickets.pop(job_id, None)
                 return core.finish(job_id, now, status)
-            case EngineReady(engine, generation, endpoint):
-                return core.engine_ready(engine, generation, endpoint, now)
+            case EngineReady(engine, generation, endpoint, pid):
+                return core.engine_ready(engine, generation, endpoint, now, pid)
             case EngineExited(engine, generation, detail):
                 return core.engine_exited(engine, generation, now, detail)
+            case MemoryReading(used, processes):
+                return core.observe(now, used, processes)
         raise AssertionError(message)
 
     task_status.started()
@@ -173,12 +226,12 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
     while True:
         wakeup = core.next_wakeup()
         with trio.move_on_at(math.inf if wakeup is None else wakeup):
-            message = await receive.receive()
+            message = await mailbox.receive()
             perform(apply(message))
             # Apply everything already waiting before the next checkpoint.
             while True:
                 try:
-                    message = receive.receive_nowait()
+                    message = mailbox.receive_nowait()
                 except trio.WouldBlock:
                     break
                 perform(apply(message))

@@ -1,167 +1,94 @@
 """The decision core of the ledger/scheduler actor: pure, synchronous, no I/O.
 
-Every input (a job submitted, a job finished, an engine ready or gone, time passing)
-is one method call that updates the state and returns the effects to carry out
-(grant a job, fail a job, start or stop an engine, log an event). Nothing here
-awaits, so every decision is atomic, and the whole core runs in virtual time.
+Every input (a job submitted or finished, an engine ready or gone, a memory reading,
+time passing) is one method call that updates the state and returns the effects to
+carry out (grant or fail a job, start or stop an engine, log an event). Nothing here
+awaits, so every decision is atomic, and the whole core runs in virtual time: the
+actor in production, the tests on MockClock and ``steward simulate`` all drive it.
 
-Rules kept here (DESIGN.md, "Hard rules of the scheduler"):
-- Jobs wait in steward's queue, FIFO, never inside a runtime: an engine never gets
-  more concurrent jobs than its slots.
-- Count first, load second: a load reserves its memory in the ledger the moment it
-  is decided; memory of engines already being evicted counts as being freed, so
-  one need never claims a second victim.
-- Eviction takes idle engines least-recently-used first; an engine with jobs in
-  flight is only drained (no new work), never stopped; loading and pinned engines
-  are never evicted.
-- A reservation is released only after the engine has exited.
-- A failed engine restarts on the next demand, after an exponential backoff.
+The rules (DESIGN.md, "Hard rules of the scheduler"):
+1. Strict class order, interactive > background > batch; FIFO within a class by the
+   request's arrival; no aging.
+2. Work is cut into steps (an embeddings request into chunks); preemption happens only
+   between steps. A later step keeps its request's place in line.
+3. While an interactive step runs, and for ``interactive_window`` after the last one
+   ends, no background or batch step starts.
+4. Starvation guard: when the head of a lower class has made no progress for its
+   ``starvation`` time, one of its steps may run beside the higher classes' work: the
+   oldest of its waiting jobs that can actually run now, not simply the oldest.
+5. Residency: pinned engines are never evicted; hot ones (used interactively within
+   ``hot_window``) only for interactive work, and only when cold ones do not free enough.
+6. Count first, load second: a load reserves its memory the moment it is decided; memory
+   of engines already on their way out counts as being freed (no second victim for one
+   need); engines still loading are never evicted; an engine with work in flight is
+   drained, never stopped; a reservation is released only after the engine exited and
+   its memory was observed free (or a timeout).
+7. Never more concurrent steps to an engine than its slots.
+8. An exclusive job (the whole GPU) at the head of its class stops new work of that
+   class and below, lets running work drain, unloads engines, runs, and then lets
+   everything resume.
 """
 
 from __future__ import annotations
 
-import enum
+import heapq
 import math
 from collections.abc import Iterable
 
 import attrs
 
 from supervisor.scheduler.ledger import Ledger
+from supervisor.scheduler.queues import ClassQueue
+from supervisor.scheduler.types import (
+    CLASSES,
+    RANK,
+    Effect,
+    Emit,
+    EngineProfile,
+    EngineSnapshot,
+    EngineState,
+    EngineStatus,
+    Fail,
+    Grant,
+    Job,
+    SchedulerSnapshot,
+    SchedulingPolicy,
+    StartEngine,
+    StopEngine,
+)
 
-CLASSES = ("interactive", "background", "batch")
-
-
-class EngineStatus(enum.Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    FAILED = "failed"  # exited unexpectedly; may start again at retry_at
-
-
-@attrs.frozen
-class EngineProfile:
-    """What the core needs to know of an engine: its size, its slots, its tier."""
-
-    name: str
-    memory: int
-    slots: int
-    pinned: bool = False
-
-
-@attrs.define
-class EngineState:
-    profile: EngineProfile
-    status: EngineStatus = EngineStatus.STOPPED
-    generation: int = 0  # bumped by every start; stale reports carry an old one
-    endpoint: str | None = None
-    in_flight: int = 0  # jobs of the current generation granted and not finished
-    last_used: float = -math.inf
-    draining: bool = False  # chosen for eviction: no new work, stop once in_flight == 0
-    failures: int = 0  # consecutive unexpected exits
-    retry_at: float = -math.inf
-    start_decided_at: float = 0.0
-    ready_at: float | None = None
-
-    @property
-    def name(self) -> str:
-        return self.profile.name
-
-
-@attrs.define
-class Job:
-    id: int
-    model: str
-    klass: str
-    submitted: float
-    deadline: float
-    engine_generation: int | None = None  # set when granted
-
-
-# Effects: what the async shell must do after a decision.
-@attrs.frozen
-class Grant:
-    job_id: int
-    engine: str
-    endpoint: str
-
-
-@attrs.frozen
-class Fail:
-    job_id: int
-    status: int
-    code: str
-    message: str
-    retry_after: float | None = None
-
-
-@attrs.frozen
-class StartEngine:
-    engine: str
-    generation: int
-
-
-@attrs.frozen
-class StopEngine:
-    engine: str
-    generation: int
-
-
-@attrs.frozen
-class Emit:
-    event: str
-    level: str
-    fields: dict[str, object]
-
-
-Effect = Grant | Fail | StartEngine | StopEngine | Emit
-
-
-@attrs.frozen
-class BackoffPolicy:
-    initial: float = 1.0
-    maximum: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return min(self.initial * 2 ** max(failures - 1, 0), self.maximum)
-
-
-@attrs.frozen
-class EngineSnapshot:
-    name: str
-    status: str
-    in_flight: int
-    slots: int
-    memory: int
-    reserved: int
-    draining: bool
-    pinned: bool
-    queued: int
-    failures: int
-
-
-@attrs.frozen
-class SchedulerSnapshot:
-    budget: int
-    reserved: int
-    queued: int
-    engines: tuple[EngineSnapshot, ...]
+Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
+NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
 
 
 @attrs.define
 class Scheduler:
     ledger: Ledger
     engines: dict[str, EngineState]
-    backoff: BackoffPolicy = attrs.Factory(BackoffPolicy)
-    queue: list[Job] = attrs.Factory(list)  # waiting jobs, FIFO
-    running: dict[int, Job] = attrs.Factory(dict)  # granted jobs by id
+    policy: SchedulingPolicy = attrs.Factory(SchedulingPolicy)
+    # With a GPU probe, a reservation waits for the memory to be observed free.
+    observe_memory: bool = False
+    queues: dict[str, ClassQueue] = attrs.Factory(lambda: {k: ClassQueue(k) for k in CLASSES})
+    waiting: dict[int, Job] = attrs.Factory(dict)
+    running: dict[int, Job] = attrs.Factory(dict)
+    running_by_class: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(CLASSES, 0))
+    # When a class last made progress (a step of it started or ended): the starvation clock.
+    progress: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
+    # The step the starvation guard let through, per class, until it ends.
+    guard: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
+    last_interactive_end: float = -math.inf
+    mode: str = "idle"
+    exclusive_holder: int | None = None
+    outside_memory: int | None = None  # memory used by processes that are not engines
+    now: float = 0.0
+    _deadlines: list[tuple[float, int]] = attrs.Factory(list)
     _effects: list[Effect] = attrs.Factory(list)
 
     @classmethod
-    def create(cls, budget: int, profiles: Iterable[EngineProfile], backoff: BackoffPolicy | None = None,
-               ) -> Scheduler:
+    def create(cls, budget: int, profiles: Iterable[EngineProfile], policy: SchedulingPolicy | None = None,
+               *, observe_memory: bool = False) -> Scheduler:
         engines = {p.name: EngineState(p) for p in profiles}
-        return cls(Ledger(budget), engines, backoff or BackoffPolicy())
+        return cls(Ledger(budget), engines, policy or SchedulingPolicy(), observe_memory)
 
     # ---- inputs -------------------------------------------------------------------
 
@@ -169,207 +96,378 @@ class Scheduler:
         """Called once: loads the pinned engines."""
         return self._decide(now)
 
-    def submit(self, job_id: int, model: str, klass: str, now: float, timeout: float) -> list[Effect]:
-        engine = self.engines[model]
-        job = Job(job_id, model, klass, submitted=now, deadline=now + timeout)
-        room = self.ledger.budget - sum(
-            e.profile.memory for e in self.engines.values() if e.profile.pinned and e is not engine)
-        if engine.profile.memory > room:
-            self._emit("reject", "warning", job=job_id, model=model, reason="insufficient_memory")
-            self._effects.append(Fail(job_id, 503, "insufficient_memory",
-                                      f"model {model!r} needs {engine.profile.memory} bytes but at most "
-                                      f"{room} can ever be free for it (budget {self.ledger.budget})"))
-            return self._flush()
-        self.queue.append(job)
-        self._emit("enqueue", "debug", job=job_id, model=model, **{"class": klass}, queued=len(self.queue))
+    def submit(self, job_id: int, model: str | None, klass: str, now: float, *, seq: int | None = None,
+               request: int | None = None, step: int = 1, steps: int = 1, exclusive_memory: int | None = None,
+               timeout: float | None = None, handoff: tuple[int, int | None] | None = None) -> list[Effect]:
+        """Queue one step. *model* None asks for the GPU itself (an exclusive job).
+
+        *handoff* is (job id, status) of the request's previous step, finished in the same
+        decision, so its slot goes to this step and not to a newer request.
+        """
+        if handoff is not None:
+            self._finish(*handoff, now)
+        need = self._need(model, exclusive_memory)
+        job = Job(job_id, model, klass, seq=job_id if seq is None else seq, submitted=now,
+                  deadline=now + (self.policy.queue_timeout[klass] if timeout is None else timeout),
+                  request=job_id if request is None else request, step=step, steps=steps,
+                  exclusive_memory=need if model is None else 0)
+        room = self.ledger.budget - (0 if model is None else sum(
+            e.profile.memory for e in self.engines.values() if e.profile.pinned and e.name != model))
+        if need > room:
+            return self._refuse(job, 503, "insufficient_memory",
+                                f"{self._what(job)} needs {need} bytes but at most {room} can ever be free "
+                                f"for it (budget {self.ledger.budget})")
+        queue = self.queues[klass]
+        if queue.size >= self.policy.max_queue[klass]:
+            return self._refuse(job, 429, "queue_full", f"the {klass} queue is full ({queue.size} waiting)",
+                                retry_after=1.0)
+        if queue.size == 0 and self.running_by_class[klass] == 0:
+            self.progress[klass] = now  # nothing was waiting: the starvation clock starts now
+        queue.push(job)
+        self.waiting[job_id] = job
+        heapq.heappush(self._deadlines, (job.deadline, job_id))
+        self._emit("enqueue", "debug", job=job_id, request=job.request, model=model, **{"class": klass},
+                   step=f"{step}/{steps}", queued=queue.size)
         return self._decide(now)
 
     def finish(self, job_id: int, now: float, status: int | None = None) -> list[Effect]:
-        """The handler is done with a job: it completed, failed, or the client left.
+        """The handler is done with a step: it completed, failed, or the client left.
 
         *status* is what the client was answered (HTTP status), for the log only.
         """
-        job = self.running.pop(job_id, None)
-        if job is None:
-            for waiting in self.queue:
-                if waiting.id == job_id:
-                    self.queue.remove(waiting)
-                    self._emit("withdraw", "debug", job=job_id, model=waiting.model,
-                               waited_s=round(now - waiting.submitted, 6))
-                    break
-            return self._decide(now)
-        engine = self.engines[job.model]
-        if job.engine_generation == engine.generation and engine.status in (EngineStatus.READY,
-                                                                            EngineStatus.STOPPING):
-            engine.in_flight -= 1
-            engine.last_used = now
-        self._emit("complete", "debug", job=job_id, model=job.model, **{"class": job.klass}, status=status,
-                   duration_s=round(now - job.submitted, 6), in_flight=engine.in_flight)
-        if engine.draining and engine.in_flight == 0 and engine.status is EngineStatus.READY:
-            self._stop(engine, now)
+        self._finish(job_id, status, now)
         return self._decide(now)
 
-    def engine_ready(self, name: str, generation: int, endpoint: str, now: float) -> list[Effect]:
+    def _finish(self, job_id: int, status: int | None, now: float) -> None:
+        job = self.running.pop(job_id, None)
+        if job is None:
+            waiting = self.waiting.get(job_id)
+            if waiting is not None:
+                self._unqueue(waiting)
+                self._emit("withdraw", "debug", job=job_id, model=waiting.model, **{"class": waiting.klass},
+                           waited_s=_round(now - waiting.submitted))
+            return
+        klass = job.klass
+        self.running_by_class[klass] -= 1
+        self.progress[klass] = now
+        if self.guard[klass] == job_id:
+            self.guard[klass] = None
+        if klass == "interactive" and self.running_by_class[klass] == 0:
+            self.last_interactive_end = now
+        if job.exclusive:
+            self.ledger.release(_exclusive_owner(job_id))
+            self.exclusive_holder = None
+        else:
+            engine = self.engines[job.model]  # type: ignore[index]
+            if job.engine_generation == engine.generation and engine.status is EngineStatus.READY:
+                engine.in_flight -= 1
+                engine.last_used = now
+                if klass == "interactive":
+                    engine.last_interactive = now
+                if engine.draining and engine.in_flight == 0:
+                    self._stop(engine)
+        self._emit("complete", "debug", job=job_id, request=job.request, model=job.model, **{"class": klass},
+                   step=f"{job.step}/{job.steps}", status=status,
+                   duration_s=_round(now - (job.dispatched or now)))
+
+    def engine_ready(self, name: str, generation: int, endpoint: str, now: float,
+                     pid: int | None = None) -> list[Effect]:
         engine = self.engines[name]
         if generation != engine.generation or engine.status is not EngineStatus.STARTING:
             return self._flush()
         engine.status = EngineStatus.READY
         engine.endpoint = endpoint
+        engine.pid = pid
         engine.ready_at = now
         engine.last_used = now
-        self._emit("ready", "info", engine=name, load_s=round(now - engine.start_decided_at, 6),
-                   endpoint=endpoint)
+        self._emit("ready", "info", engine=name, load_s=_round(now - engine.start_decided_at), endpoint=endpoint)
         return self._decide(now)
 
     def engine_exited(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
         engine = self.engines[name]
         if generation != engine.generation or engine.status in (EngineStatus.STOPPED, EngineStatus.FAILED):
             return self._flush()
-        released = self.ledger.release(name)
         expected = engine.status is EngineStatus.STOPPING
         was_starting = engine.status is EngineStatus.STARTING
         engine.endpoint = None
         engine.in_flight = 0
         engine.draining = False
+        if self.observe_memory and engine.pid is not None:
+            engine.release_deadline = now + self.policy.release_timeout
+            if engine.outside_baseline is None:
+                engine.outside_baseline = self.outside_memory
+            released = 0
+        else:
+            released = self._release(engine)
         if expected:
             engine.status = EngineStatus.STOPPED
             self._emit("stopped", "info", engine=name, released=released, free=self.ledger.free)
             return self._decide(now)
         # Unexpected: a crash, or a start that never became ready.
-        if engine.ready_at is not None and now - engine.ready_at >= self.backoff.maximum:
+        if engine.ready_at is not None and now - engine.ready_at >= self.policy.backoff.maximum:
             engine.failures = 0  # it ran long enough that this is a new failure, not a loop
         engine.failures += 1
-        delay = self.backoff.delay(engine.failures)
+        delay = self.policy.backoff.delay(engine.failures)
         engine.status = EngineStatus.FAILED
         engine.retry_at = now + delay
         self._emit("crash", "error", engine=name, during_start=was_starting, detail=detail,
                    released=released, failures=engine.failures, restart_in_s=delay)
         if was_starting:
-            # Jobs waiting for this start get a clean error now rather than a hang.
-            for job in [j for j in self.queue if j.model == name]:
-                self.queue.remove(job)
-                self._emit("reject", "warning", job=job.id, model=name, reason="engine_start_failed")
-                self._effects.append(Fail(job.id, 503, "engine_start_failed",
-                                          f"engine {name!r} failed to start: {detail}", retry_after=delay))
+            # Steps waiting for this start get a clean error now rather than a hang.
+            for klass in CLASSES:
+                for job in list(self.queues[klass].line(name)):
+                    self._unqueue(job)
+                    self._fail(job, 503, "engine_start_failed", f"engine {name!r} failed to start: {detail}",
+                               retry_after=delay, reason="engine_start_failed")
+        return self._decide(now)
+
+    def observe(self, now: float, used: int, processes: dict[int, int]) -> list[Effect]:
+        """A GPU reading: total memory used, and the per-process list (taken separately).
+
+        An exited engine's memory counts as freed once its process is gone from the list
+        and the memory nobody accounts for is back to what it was before its stop: the
+        driver may still hold a dead process's memory for a while (research: NVML).
+        """
+        outside = used - sum(processes.values())
+        settling = any(e.releasing or e.status is EngineStatus.STOPPING for e in self.engines.values())
+        if not settling:
+            self.outside_memory = outside  # frozen while an engine stops: it would look like outside use
+        for engine in self.engines.values():
+            if not engine.releasing or engine.pid in processes:
+                continue
+            baseline = engine.outside_baseline if engine.outside_baseline is not None else outside
+            if outside <= baseline + self.policy.release_tolerance:
+                released = self._release(engine)
+                self._emit("released", "info", engine=engine.name, released=released, free=self.ledger.free)
         return self._decide(now)
 
     def tick(self, now: float) -> list[Effect]:
-        """Time passed: queue deadlines and restart backoffs may have come due."""
+        """Time passed: deadlines, backoffs, the window and starvation clocks may have come due."""
         return self._decide(now)
 
     def next_wakeup(self) -> float | None:
-        times = [job.deadline for job in self.queue]
-        wanted = {job.model for job in self.queue} | {e.name for e in self.engines.values() if e.profile.pinned}
-        times += [self.engines[name].retry_at for name in wanted
-                  if self.engines[name].status is EngineStatus.FAILED]
-        return min(times, default=None)
+        """The next time at which a decision may change with no other input."""
+        times = []
+        while self._deadlines and self._deadlines[0][1] not in self.waiting:
+            heapq.heappop(self._deadlines)
+        if self._deadlines:
+            times.append(self._deadlines[0][0])
+        for engine in self.engines.values():
+            if engine.release_deadline is not None:
+                times.append(engine.release_deadline)
+            if engine.status is EngineStatus.FAILED and (engine.profile.pinned or self._demand(engine.name)):
+                times.append(engine.retry_at)
+        if self.running_by_class["interactive"] == 0:
+            times.append(self.last_interactive_end + self.policy.interactive_window)
+        for klass in CLASSES[1:]:
+            start = self._starved_since(klass)
+            if start is not None and self.policy.starvation[klass] > 0:
+                times.append(start + self.policy.starvation[klass])
+        future = [t for t in times if t > self.now]
+        return min(future, default=None)
 
     def snapshot(self) -> SchedulerSnapshot:
-        queued: dict[str, int] = {}
-        for job in self.queue:
-            queued[job.model] = queued.get(job.model, 0) + 1
         return SchedulerSnapshot(
-            budget=self.ledger.budget, reserved=self.ledger.reserved, queued=len(self.queue),
+            budget=self.ledger.budget, reserved=self.ledger.reserved, mode=self.mode, queued=len(self.waiting),
+            queued_by_class={k: q.size for k, q in self.queues.items()},
+            running_by_class=dict(self.running_by_class),
+            releasing=sum(e.releasing for e in self.engines.values()),
             engines=tuple(EngineSnapshot(
                 name=e.name, status=e.status.value, in_flight=e.in_flight, slots=e.profile.slots,
                 memory=e.profile.memory, reserved=self.ledger.reservations.get(e.name, 0),
-                draining=e.draining, pinned=e.profile.pinned, queued=queued.get(e.name, 0),
-                failures=e.failures) for e in self.engines.values()))
+                draining=e.draining, pinned=e.profile.pinned, hot=e.hot(self.now, self.policy.hot_window),
+                queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures)
+                for e in self.engines.values()))
 
     # ---- decisions ----------------------------------------------------------------
 
     def _decide(self, now: float) -> list[Effect]:
+        self.now = now
         self._expire(now)
-        # Memory that loads earlier in FIFO order are already counting on.
-        promised = 0
-        considered: set[str] = set()
-        wanted: set[str] = set()  # engines that jobs ahead in the queue wait for
-        for engine in self.engines.values():
-            if engine.profile.pinned and self._may_start(engine, now):
-                considered.add(engine.name)
-                promised += self._load_or_make_room(engine, now, promised, wanted, reason="pinned")
-        for job in list(self.queue):
-            engine = self.engines[job.model]
-            if engine.status is EngineStatus.READY and not engine.draining:
-                if engine.in_flight < engine.profile.slots:
-                    self._dispatch(job, engine, now)
+        self._release_overdue(now)
+        promised = 0  # memory that loads decided earlier in this pass are waiting for
+        wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
+        blocked_from = self._exclusive_rank()
+        if blocked_from is None and self.exclusive_holder is None:
+            for engine in self.engines.values():
+                if engine.profile.pinned and self._may_start(engine, now):
+                    promised += self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
+        for rank, klass in enumerate(CLASSES):
+            queue = self.queues[klass]
+            if blocked_from is not None and rank >= blocked_from:
+                if rank == blocked_from:
+                    self._advance_exclusive(queue.head(), now, wanted)  # type: ignore[arg-type]
+                break
+            if queue.size:
+                gate = self._gate(klass, now)
+                if gate == "open":
+                    promised = self._serve_class(klass, now, promised, wanted)
                 else:
-                    wanted.add(engine.name)
-                continue
-            wanted.add(engine.name)
-            if engine.name in considered or not self._may_start(engine, now):
-                continue
-            considered.add(engine.name)
-            promised += self._load_or_make_room(engine, now, promised, wanted, reason=f"job {job.id}")
+                    promised = self._serve_guard(klass, now, promised, wanted, may_start_new=gate == "guard")
+            for head in queue.heads():
+                if head.model is not None:
+                    wanted.setdefault(head.model, (rank, head.seq))
+        self._update_mode(now)
         return self._flush()
 
+    def _gate(self, klass: str, now: float) -> str:
+        """'open', or for a lower class held back by higher work: 'guard' or 'blocked'."""
+        if klass == "interactive":
+            return "open"
+        higher = CLASSES[: RANK[klass]]
+        if not (self._window_open(now) or any(self.running_by_class[h] or self.queues[h].size for h in higher)):
+            return "open"
+        limit = self.policy.starvation[klass]
+        since = self._starved_since(klass)
+        if limit > 0 and self.guard[klass] is None and since is not None and now - since >= limit:
+            return "guard"
+        return "blocked"
+
+    def _window_open(self, now: float) -> bool:
+        return (self.running_by_class["interactive"] > 0
+                or now < self.last_interactive_end + self.policy.interactive_window)
+
+    def _starved_since(self, klass: str) -> float | None:
+        head = self.queues[klass].head()
+        if head is None or head.exclusive:
+            return None
+        return max(self.progress[klass], head.submitted)
+
+    def _serve_class(self, klass: str, now: float, promised: int, wanted: dict[str, Demand]) -> int:
+        """An open class: fill free slots oldest first, then load engines for the rest."""
+        queue = self.queues[klass]
+        rank = RANK[klass]
+        for model in [m for m in queue.lines if m is not None]:
+            engine = self.engines[model]
+            line = queue.line(model)
+            while line and self._has_free_slot(engine):
+                self._dispatch(line[0], engine, now)
+                line = queue.line(model)
+        heads = sorted((h for h in queue.heads() if h.model is not None), key=lambda h: h.seq)
+        for head in heads:
+            engine = self.engines[head.model]  # type: ignore[index]
+            if self._may_start(engine, now):
+                promised += self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq),
+                                                    f"job {head.id}")
+            wanted.setdefault(engine.name, (rank, head.seq))
+        return promised
+
+    def _serve_guard(self, klass: str, now: float, promised: int, wanted: dict[str, Demand], *,
+                     may_start_new: bool) -> int:
+        """A class held back by higher work: at most one step runs beside it (rule 4)."""
+        pending = self.guard[klass]
+        if pending is not None:
+            job = self.waiting.get(pending)
+            if job is not None and self._has_free_slot(self.engines[job.model]):  # type: ignore[index]
+                self._dispatch(job, self.engines[job.model], now, by_guard=True)  # type: ignore[index]
+            return promised
+        if not may_start_new:
+            return promised
+        rank = RANK[klass]
+        # Oldest first, and the first that can actually run now: resident with a free
+        # slot, or loadable at once into free memory or over idle cold engines.
+        for head in sorted((h for h in self.queues[klass].heads() if h.model is not None), key=lambda h: h.seq):
+            engine = self.engines[head.model]  # type: ignore[index]
+            if self._has_free_slot(engine):
+                self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
+                           starved_s=_round(now - (self._starved_since(klass) or now)), load=False)
+                self._dispatch(head, engine, now, by_guard=True)
+                return promised
+            if not self._may_start(engine, now):
+                continue
+            victims = self._plan_room(engine, now, promised, wanted, (rank, head.seq), idle_only=True)
+            if victims is None:
+                continue
+            self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
+                       starved_s=_round(now - (self._starved_since(klass) or now)), load=True)
+            self.guard[klass] = head.id
+            return promised + self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq),
+                                                      f"job {head.id} (starvation guard)")
+        return promised
+
+    def _has_free_slot(self, engine: EngineState) -> bool:
+        return (engine.status is EngineStatus.READY and not engine.draining
+                and engine.in_flight < engine.profile.slots)
+
     def _may_start(self, engine: EngineState, now: float) -> bool:
+        if engine.releasing:
+            return False
         if engine.status is EngineStatus.STOPPED:
             return True
         return engine.status is EngineStatus.FAILED and now >= engine.retry_at
 
-    def _expire(self, now: float) -> None:
-        for job in list(self.queue):
-            engine = self.engines[job.model]
-            if job.deadline <= now:
-                self.queue.remove(job)
-                self._emit("timeout", "warning", job=job.id, model=job.model,
-                           waited_s=round(now - job.submitted, 6))
-                self._effects.append(Fail(job.id, 503, "queue_timeout",
-                                          f"no capacity for model {job.model!r} within "
-                                          f"{job.deadline - job.submitted:g}s", retry_after=1.0))
-            elif engine.status is EngineStatus.FAILED and engine.retry_at > job.deadline:
-                self.queue.remove(job)
-                self._emit("reject", "warning", job=job.id, model=job.model, reason="engine_failed")
-                self._effects.append(Fail(job.id, 503, "engine_failed",
-                                          f"engine {job.model!r} failed and restarts in "
-                                          f"{engine.retry_at - now:.1f}s", retry_after=engine.retry_at - now))
-
-    def _dispatch(self, job: Job, engine: EngineState, now: float) -> None:
+    def _dispatch(self, job: Job, engine: EngineState, now: float, *, by_guard: bool = False) -> None:
         assert engine.endpoint is not None
-        self.queue.remove(job)
+        self._unqueue(job)
         job.engine_generation = engine.generation
+        job.dispatched = now
+        job.by_guard = by_guard
         self.running[job.id] = job
+        self.running_by_class[job.klass] += 1
+        self.progress[job.klass] = now
+        if by_guard:
+            self.guard[job.klass] = job.id
         engine.in_flight += 1
         engine.last_used = now
-        self._emit("dispatch", "debug", job=job.id, model=job.model, **{"class": job.klass},
-                   waited_s=round(now - job.submitted, 6), in_flight=engine.in_flight,
-                   slots=engine.profile.slots)
+        if job.klass == "interactive":
+            engine.last_interactive = now
+        self._emit("dispatch", "debug", job=job.id, request=job.request, model=job.model, **{"class": job.klass},
+                   step=f"{job.step}/{job.steps}", waited_s=_round(now - job.submitted),
+                   in_flight=engine.in_flight, slots=engine.profile.slots, guard=by_guard)
         self._effects.append(Grant(job.id, engine.name, engine.endpoint))
 
-    def _load_or_make_room(self, engine: EngineState, now: float, promised: int, wanted: set[str],
-                           *, reason: str) -> int:
-        """Start *engine* if its memory is free; else evict for it. Returns memory still awaited."""
+    def _load_or_make_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
+                           demand: Demand, reason: str) -> int:
+        """Start *engine* if its memory is free, else evict for it. Returns the memory still awaited."""
+        need = engine.profile.memory
+        if need <= self.ledger.free - promised:
+            self._load(engine, now, reason)
+            return 0
+        victims = self._plan_room(engine, now, promised, wanted, demand, idle_only=False)
+        for victim in victims or ():
+            self._evict(victim, now, for_what=engine.name, need=need)
+        return need
+
+    def _plan_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
+                   demand: Demand, *, idle_only: bool) -> list[EngineState] | None:
+        """The victims that would make room for *engine*: [] if memory on its way out is
+        enough already, None if nothing allowed frees enough now."""
         need = engine.profile.memory
         free = self.ledger.free - promised
         if need <= free:
-            self._load(engine, now, reason)
-            return 0
-        freeing = sum(self.ledger.reservations.get(e.name, 0) for e in self.engines.values()
-                      if e.status is EngineStatus.STOPPING or (e.status is EngineStatus.READY and e.draining))
+            return []
+        freeing = self._freeing()
         if need <= free + freeing:
-            return need  # enough is already on its way out: no second victim
+            return [] if not idle_only else None  # on its way out: wait, no second victim
+        interactive = demand[0] == 0
         candidates = [e for e in self.engines.values()
                       if e.status is EngineStatus.READY and not e.draining and not e.profile.pinned
-                      and e.name not in wanted and e is not engine]
-        # Idle engines first, least recently used first; busy ones are only drained.
-        candidates.sort(key=lambda e: (e.in_flight > 0, e.last_used))
+                      and e is not engine and wanted.get(e.name, NO_DEMAND) > demand
+                      and (interactive or not e.hot(now, self.policy.hot_window))
+                      and not (idle_only and e.in_flight)]
+        # Cold before hot, idle before busy (busy ones are only drained), least recently used first.
+        candidates.sort(key=lambda e: (e.hot(now, self.policy.hot_window), e.in_flight > 0, e.last_used))
         victims, gain = [], free + freeing
         for candidate in candidates:
             if gain >= need:
                 break
             victims.append(candidate)
             gain += self.ledger.reservations.get(candidate.name, 0)
-        if gain < need:
-            return need  # nothing evictable frees enough now; wait for engines to finish loading or work
-        for victim in victims:
-            victim.draining = True
-            self._emit("evict", "info", engine=victim.name, memory=self.ledger.reservations.get(victim.name, 0),
-                       for_engine=engine.name, need=need, in_flight=victim.in_flight,
-                       idle_s=round(now - victim.last_used, 6))
-            if victim.in_flight == 0:
-                self._stop(victim, now)
-        return need
+        return victims if gain >= need else None
+
+    def _freeing(self) -> int:
+        """Memory of engines on their way out: draining, stopping, or exited and not yet released."""
+        return sum(self.ledger.reservations.get(e.name, 0) for e in self.engines.values()
+                   if e.releasing or e.status is EngineStatus.STOPPING
+                   or (e.status is EngineStatus.READY and e.draining))
+
+    def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int) -> None:
+        victim.draining = True
+        self._emit("evict", "info", engine=victim.name, memory=self.ledger.reservations.get(victim.name, 0),
+                   for_engine=for_what, need=need, in_flight=victim.in_flight,
+                   idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window))
+        if victim.in_flight == 0:
+            self._stop(victim)
 
     def _load(self, engine: EngineState, now: float, reason: str) -> None:
         restart = engine.status is EngineStatus.FAILED
@@ -378,15 +476,132 @@ class Scheduler:
         engine.status = EngineStatus.STARTING
         engine.start_decided_at = now
         engine.ready_at = None
+        engine.pid = None
         self._emit("restart" if restart else "load", "info", engine=engine.name, memory=engine.profile.memory,
                    reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
                    generation=engine.generation)
         self._effects.append(StartEngine(engine.name, engine.generation))
 
-    def _stop(self, engine: EngineState, now: float) -> None:
+    def _stop(self, engine: EngineState) -> None:
         engine.status = EngineStatus.STOPPING
+        engine.outside_baseline = self.outside_memory
         self._emit("stop", "info", engine=engine.name, generation=engine.generation)
         self._effects.append(StopEngine(engine.name, engine.generation))
+
+    def _release(self, engine: EngineState) -> int:
+        engine.release_deadline = None
+        engine.outside_baseline = None
+        return self.ledger.release(engine.name)
+
+    def _release_overdue(self, now: float) -> None:
+        for engine in self.engines.values():
+            if engine.release_deadline is not None and now >= engine.release_deadline:
+                released = self._release(engine)
+                self._emit("release_timeout", "warning", engine=engine.name, released=released,
+                           timeout_s=self.policy.release_timeout, free=self.ledger.free)
+
+    # ---- exclusive jobs -------------------------------------------------------------
+
+    def _exclusive_rank(self) -> int | None:
+        for rank, klass in enumerate(CLASSES):
+            head = self.queues[klass].head()
+            if head is not None and head.exclusive:
+                return rank
+        return None
+
+    def _advance_exclusive(self, job: Job, now: float, wanted: dict[str, Demand]) -> None:
+        """Drain and unload what the job needs, then grant it the GPU (rule 8)."""
+        rank = RANK[job.klass]
+        need = job.exclusive_memory
+        if self.exclusive_holder is None and need > self.ledger.free - self._freeing():
+            candidates = [e for e in self.engines.values()
+                          if e.status is EngineStatus.READY and not e.draining
+                          and wanted.get(e.name, NO_DEMAND)[0] >= rank]
+            candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, e.last_used))
+            gain = self.ledger.free + self._freeing()
+            for candidate in candidates:
+                if gain >= need:
+                    break
+                gain += self.ledger.reservations.get(candidate.name, 0)
+                self._evict(candidate, now, for_what="exclusive", need=need)
+        still_running = sum(self.running_by_class[k] for k in CLASSES[rank:])
+        if self.exclusive_holder is None and still_running == 0 and need <= self.ledger.free:
+            self._unqueue(job)
+            self.ledger.reserve(_exclusive_owner(job.id), need)
+            job.dispatched = now
+            self.running[job.id] = job
+            self.running_by_class[job.klass] += 1
+            self.progress[job.klass] = now
+            self.exclusive_holder = job.id
+            self._emit("dispatch", "info", job=job.id, request=job.request, model=None, **{"class": job.klass},
+                       step="1/1", waited_s=_round(now - job.submitted), exclusive=True, memory=need)
+            self._effects.append(Grant(job.id, None, None))
+
+    # ---- bookkeeping ----------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, job_id = heapq.heappop(self._deadlines)
+            job = self.waiting.get(job_id)
+            if job is None:
+                continue
+            self._unqueue(job)
+            self._emit("timeout", "warning", job=job.id, model=job.model, **{"class": job.klass},
+                       waited_s=_round(now - job.submitted))
+            self._effects.append(Fail(job.id, 503, "queue_timeout",
+                                      f"no capacity for {self._what(job)} within {job.deadline - job.submitted:g}s",
+                                      retry_after=1.0))
+        for engine in self.engines.values():
+            if engine.status is not EngineStatus.FAILED:
+                continue
+            for klass in CLASSES:
+                for job in [j for j in self.queues[klass].line(engine.name) if engine.retry_at > j.deadline]:
+                    self._unqueue(job)
+                    self._fail(job, 503, "engine_failed", f"engine {engine.name!r} failed and restarts in "
+                               f"{engine.retry_at - now:.1f}s", retry_after=engine.retry_at - now,
+                               reason="engine_failed")
+
+    def _update_mode(self, now: float) -> None:
+        if self.exclusive_holder is not None:
+            mode = "exclusive"
+        elif self._window_open(now) or self.queues["interactive"].size:
+            mode = "interactive"
+        elif self.running_by_class["background"]:
+            mode = "background"
+        elif self.running_by_class["batch"]:
+            mode = "batch"
+        else:
+            mode = "idle"
+        if mode != self.mode:
+            self._emit("mode", "info", gpu=mode, previous=self.mode)
+            self.mode = mode
+
+    def _unqueue(self, job: Job) -> None:
+        del self.waiting[job.id]
+        self.queues[job.klass].remove(job)
+        if self.guard[job.klass] == job.id and job.id not in self.running:
+            self.guard[job.klass] = None
+
+    def _demand(self, model: str) -> bool:
+        return any(q.count(model) for q in self.queues.values())
+
+    def _need(self, model: str | None, exclusive_memory: int | None) -> int:
+        if model is None:
+            return self.ledger.budget if exclusive_memory is None else exclusive_memory
+        return self.engines[model].profile.memory
+
+    def _what(self, job: Job) -> str:
+        return "an exclusive job" if job.exclusive else f"model {job.model!r}"
+
+    def _refuse(self, job: Job, status: int, code: str, message: str, retry_after: float | None = None,
+                ) -> list[Effect]:
+        self._fail(job, status, code, message, retry_after=retry_after, reason=code)
+        return self._flush()
+
+    def _fail(self, job: Job, status: int, code: str, message: str, *, retry_after: float | None,
+              reason: str) -> None:
+        self._emit("reject", "warning", job=job.id, model=job.model, **{"class": job.klass}, reason=reason)
+        self._effects.append(Fail(job.id, status, code, message, retry_after=retry_after))
 
     def _emit(self, event: str, level: str, **fields: object) -> None:
         self._effects.append(Emit(event, level, fields))
@@ -394,3 +609,11 @@ class Scheduler:
     def _flush(self) -> list[Effect]:
         effects, self._effects = self._effects, []
         return effects
+
+
+def _exclusive_owner(job_id: int) -> str:
+    return f"exclusive:{job_id}"
+
+
+def _round(seconds: float) -> float:
+    return round(seconds, 6)

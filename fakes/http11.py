@@ -1,0 +1,266 @@
+"""A small HTTP/1.1 server layer (h11 over trio) for the fake runtimes.
+
+It knows nothing of any runtime's API: a fake gives it a handler (one call per request,
+with an :class:`Exchange` to answer through) and a :class:`ConnectionPolicy` that says
+which connection habits of the imitated server's HTTP library to copy (keep-alive limits,
+a close after an error, the ``Server`` header). What it does for every fake:
+
+* requests read in full (``100 Continue`` when asked), an unparseable one answered with a
+  bare 400 and a close;
+* keep-alive as the client and the policy allow, an idle close after ``idle_timeout``;
+* responses with a length, or streamed chunked (SSE events, NDJSON lines, raw bytes);
+* :meth:`Exchange.run_until_client_leaves`: work cancelled the moment the client goes away.
+"""
+
+from __future__ import annotations
+
+import http
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+
+import attrs
+import h11
+import trio
+
+RECV_BYTES = 65536
+READ_TIMEOUT_S = 600.0        # once a request has started arriving
+JSON_TYPE = b"application/json; charset=utf-8"
+
+
+def dump_json(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@attrs.frozen
+class ConnectionPolicy:
+    """The connection habits of the HTTP library a fake imitates."""
+
+    server: bytes                        # the Server header of every response
+    idle_timeout: float = 5.0            # close a kept-alive connection idle this long
+    max_requests: int | None = None      # the max_requests-th response says "Connection: close"
+    close_after_error: bool = False      # no reuse after a response >= 400 (cpp-httplib)
+    keep_alive_header: bool = False      # announce "Keep-Alive: timeout=.., max=.." (cpp-httplib)
+    read_timeout: float = READ_TIMEOUT_S  # for the rest of a request once it has started arriving
+
+    @property
+    def keep_alive_value(self) -> bytes:
+        value = f"timeout={self.idle_timeout:g}"
+        if self.max_requests is not None:
+            value += f", max={self.max_requests}"
+        return value.encode()
+
+
+@attrs.frozen
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    client: str
+    keep_alive: bool  # what the client allows
+
+    @classmethod
+    def from_h11(cls, head: h11.Request, body: bytes, client: str) -> Request:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        # h11 never keeps an HTTP/1.0 connection alive, so neither do we.
+        keep_alive = head.http_version == b"1.1" and "close" not in tokens
+        return cls(head.method.decode(), path, query, headers, body, client, keep_alive)
+
+
+@attrs.define(eq=False)
+class HttpConnection:
+    stream: trio.SocketStream
+    client: str
+    policy: ConnectionPolicy
+    h11: h11.Connection = attrs.field(factory=lambda: h11.Connection(h11.SERVER))
+
+    async def send(self, *events: h11.Event) -> None:
+        await self.stream.send_all(b"".join(self.h11.send(e) or b"" for e in events))
+
+    async def _receive(self) -> bytes:
+        try:
+            return await self.stream.receive_some(RECV_BYTES)
+        except trio.BrokenResourceError:
+            return b""  # reset by peer reads as EOF
+
+    async def read_request(self) -> Request | None:
+        """The next full request, or None when the client closed or stayed idle too long."""
+        head: h11.Request | None = None
+        body: list[bytes] = []
+        deadline = trio.current_time() + self.policy.idle_timeout
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                if self.h11.they_are_waiting_for_100_continue:
+                    await self.send(h11.InformationalResponse(status_code=100, headers=[]))
+                with trio.move_on_at(deadline):
+                    self.h11.receive_data(await self._receive())
+                    continue
+                return None  # idle keep-alive timeout (or a stalled upload): just close
+            if isinstance(event, h11.Request):
+                head, deadline = event, trio.current_time() + self.policy.read_timeout
+            elif isinstance(event, h11.Data):
+                body.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                return Request.from_h11(head, b"".join(body), self.client)
+            else:  # ConnectionClosed
+                return None
+
+    async def wait_peer_closed(self) -> None:
+        """Return once the client has closed (or reset) its end of the connection."""
+        while data := await self._receive():
+            self.h11.receive_data(data)  # a pipelined request: h11 keeps it for the next cycle
+
+    async def send_bad_request(self) -> None:
+        try:
+            await self.send(h11.Response(status_code=400, headers=[(b"server", self.policy.server),
+                                                                   (b"content-length", b"0"),
+                                                                   (b"connection", b"close")]),
+                            h11.EndOfMessage())
+        except (h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    @property
+    def reusable(self) -> bool:
+        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+
+
+@attrs.define(eq=False)
+class Exchange:
+    """One request and its response, with the policy's rules for the connection."""
+
+    conn: HttpConnection
+    request: Request
+    keep_alive: bool
+    status: int = 0
+    last_send: float = 0.0
+
+    def _connection_headers(self, status: int) -> list[tuple[bytes, bytes]]:
+        policy = self.conn.policy
+        if status >= 400 and policy.close_after_error:
+            self.keep_alive = False
+        if not self.keep_alive:
+            return [(b"connection", b"close")]
+        return [(b"keep-alive", policy.keep_alive_value)] if policy.keep_alive_header else []
+
+    def _head(self, status: int, content_type: bytes, length: int | None) -> h11.Response:
+        self.status = status
+        headers = [(b"content-type", content_type), (b"server", self.conn.policy.server)]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        headers += self._connection_headers(status)
+        return h11.Response(status_code=status, headers=headers, reason=http.HTTPStatus(status).phrase.encode())
+
+    async def respond(self, status: int, body: bytes, content_type: bytes = JSON_TYPE) -> None:
+        events: list[h11.Event] = [self._head(status, content_type, len(body))]
+        if body:
+            events.append(h11.Data(data=body))
+        await self.conn.send(*events, h11.EndOfMessage())
+
+    async def respond_json(self, status: int, value: object) -> None:
+        await self.respond(status, dump_json(value))
+
+    async def start_stream(self, content_type: bytes = b"text/event-stream") -> None:
+        await self.conn.send(self._head(200, content_type, None))  # h11 picks chunked
+        self.last_send = trio.current_time()
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.conn.send(h11.Data(data=data))
+        self.last_send = trio.current_time()
+
+    async def send_event(self, value: object) -> None:
+        """One SSE ``data:`` event."""
+        await self.send_raw(b"data: " + dump_json(value) + b"\n\n")
+
+    async def send_json_line(self, value: object) -> None:
+        """One NDJSON line."""
+        await self.send_raw(dump_json(value) + b"\n")
+
+    async def end_stream(self) -> None:
+        await self.conn.send(h11.EndOfMessage())
+
+    async def run_until_client_leaves(self, work: Callable[[], Awaitable[None]]) -> bool:
+        """Run *work*, cancelling it as soon as the client disconnects. True if it did."""
+        gone = False
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                nonlocal gone
+                await self.conn.wait_peer_closed()
+                gone = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            try:
+                await work()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                gone = True
+            nursery.cancel_scope.cancel()
+        if gone:
+            self.keep_alive = False
+        return gone
+
+
+Handler = Callable[[Exchange], Awaitable[None]]
+
+
+def _ignore_failure(client: str, exc: Exception) -> None:
+    pass
+
+
+@attrs.define(eq=False)
+class HttpServer:
+    """Serves *handler*, one trio task per connection, requests in turn on each."""
+
+    handler: Handler
+    policy: ConnectionPolicy
+    on_failure: Callable[[str, Exception], None] = _ignore_failure  # a handler bug: (client, exception)
+    connections: int = 0  # TCP connections accepted
+
+    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        """Bind, hand the bound port to ``task_status``, then serve until cancelled.
+
+        A bind failure raises its OSError before ``started``, so ``nursery.start`` raises it.
+        """
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self.serve_connection, listeners)
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        try:
+            client = stream.socket.getpeername()[0]
+        except OSError:
+            client = "?"
+        conn = HttpConnection(stream, client, self.policy)
+        try:
+            await self._serve_requests(conn)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away mid-response
+        except Exception as exc:  # a bug here must not take the whole server down
+            self.on_failure(client, exc)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_requests(self, conn: HttpConnection) -> None:
+        limit = self.policy.max_requests
+        for served in itertools.count(1):
+            try:
+                request = await conn.read_request()
+            except h11.RemoteProtocolError:
+                await conn.send_bad_request()
+                return
+            if request is None:
+                return
+            ex = Exchange(conn, request, keep_alive=request.keep_alive and (limit is None or served < limit))
+            await self.handler(ex)
+            if not (ex.keep_alive and conn.reusable):
+                return
+            conn.h11.start_next_cycle()
+

@@ -1,0 +1,48 @@
+"""A fake llama.cpp ``llama-server`` for tests, demos and load tests.
+
+Run it from the repository root::
+
+    python -m fakes.llama_server --port 8080 [-m model.gguf] [llama-server flags] [fake flags]
+
+It is a real HTTP/1.1 server in its own process (trio + h11 through ``fakes.http11``, no
+framework) that copies the behaviour a proxy in front of llama-server has to cope with (see
+``shared/research/protocols.md`` section 3):
+
+* the port is bound *before* the "model" loads; until then every route answers 503
+  ``unavailable_error`` ("Loading model");
+* OpenAI ``/v1/chat/completions`` (also ``/chat/completions``), ``/v1/completions`` and
+  ``/v1/embeddings``; like llama-server, ``/completion``, ``/completions``, ``/embedding``
+  and ``/embeddings`` are its *native* (non-OpenAI) shapes; ``/v1/models``, ``/slots``,
+  ``/props``, ``/metrics``, llama-server's error envelope;
+* a fixed number of slots with continuous batching; further requests wait, FIFO,
+  inside the server ("deferred") instead of being rejected;
+* a context overflow is a plain 400 JSON even for ``stream: true``;
+* cpp-httplib's connection habits: ``Connection: close`` and a close after every
+  response >= 400, a close after ``--keepalive-max`` requests, an idle close after
+  ``--keepalive-timeout``;
+* a client that goes away stops its generation at once and frees its slot.
+
+Deterministic "tokenizer": a prompt costs one token per whitespace-separated word
+(+4 per chat message); generated tokens cycle through ``VOCAB``, each sent as " word".
+
+Test hooks in the prompt text: ``FAKE_ERROR_MIDSTREAM`` sends an error event after two
+tokens and ends the stream without ``[DONE]``; ``FAKE_CRASH`` aborts the process
+(exit status 134) after two tokens.
+
+``GET /fake/stats`` -> ``{"started","completed","cancelled","active","deferred","connections"}``:
+requests that got a slot, that finished, that the client abandoned while generating,
+that generate now, that wait for a slot, and TCP connections accepted. A request failed
+by ``FAKE_ERROR_MIDSTREAM`` counts as started only.
+
+Startup and shutdown are logged to stderr like llama.cpp; one line per request only with
+``-v`` (a busy fake must not fill a stderr pipe nobody drains).
+
+Modules: ``cli`` (flags, Config, the stderr log), ``errors`` (the error envelope),
+``parsing`` (request bodies), ``slots`` (slot pool, stats), ``formats`` (response shapes),
+``engine`` (generation and embeddings on the slots), ``server`` (routes, loading, main).
+"""
+
+from fakes.llama_server.cli import Config, parse_config
+from fakes.llama_server.server import FakeLlamaServer, main, run_server
+
+__all__ = ["Config", "FakeLlamaServer", "main", "parse_config", "run_server"]

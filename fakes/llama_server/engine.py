@@ -1,0 +1,150 @@
+"""The slots at work: token generation (streamed or not), the test hooks, embeddings.
+
+Work runs while the client stays: it leaves -> the work is cancelled and its slot freed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import trio
+
+from fakes.http11 import Exchange
+from fakes.llama_server.cli import Config, Log
+from fakes.llama_server.errors import ApiError, exceed_context, input_too_large, respond_error
+from fakes.llama_server.formats import (PREFILL_TOKENS_PER_S, Format, Outcome, embed, make_timings,
+                                        native_embeddings, oai_embeddings, token_piece)
+from fakes.llama_server.parsing import Job
+from fakes.llama_server.slots import Slot, SlotPool, Stats
+
+HOOK_AFTER_TOKENS = 2
+EMBED_TIME_FACTOR = 0.1       # one embedding input costs a tenth of a generated token
+
+
+@attrs.define(eq=False)
+class Engine:
+    """The slot pool, the counters, and the work done on the slots."""
+
+    cfg: Config
+    log: Log
+    pool: SlotPool = attrs.field(init=False)
+    stats: Stats = attrs.field(factory=Stats, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.pool = SlotPool.create(self.cfg.n_slots, self.cfg.slot_n_ctx)
+
+    # ---- completions
+
+    async def complete(self, ex: Exchange, job: Job, fmt: Format) -> None:
+        await ex.run_until_client_leaves(lambda: self._run_job(ex, job, fmt))
+
+    async def _run_job(self, ex: Exchange, job: Job, fmt: Format) -> None:
+        async with self.pool.slot() as slot:
+            # Checked when a slot picks the task up, so an oversized request waits its turn too.
+            if job.n_prompt >= slot.n_ctx:
+                error: ApiError | None = exceed_context(job.n_prompt, slot.n_ctx)
+                outcome = None
+            else:
+                error = None
+                outcome = await self._generate(ex, job, fmt, slot)
+        if error is not None:
+            await respond_error(ex, error)  # plain JSON even for stream=true: nothing was sent yet
+        elif outcome is None:
+            return  # failed on purpose; the error has been sent
+        elif job.stream:
+            for event in fmt.final_events(outcome):
+                await ex.send_event(event)
+            if fmt.ends_with_done:
+                await ex.send_raw(b"data: [DONE]\n\n")
+            await ex.end_stream()
+        else:
+            await ex.respond_json(200, fmt.response(outcome))
+
+    async def _generate(self, ex: Exchange, job: Job, fmt: Format, slot: Slot) -> Outcome | None:
+        """Produce the tokens, streaming them if asked. None after an injected failure."""
+        room = slot.n_ctx - job.n_prompt
+        n_target = room if job.budget < 0 else min(job.budget, room)
+        if job.n_prompt == 0:
+            n_target = 0  # an empty prompt gives an empty answer
+        hook_at = min(HOOK_AFTER_TOKENS, n_target) if (job.error_hook or job.crash_hook) else -1
+        self.stats.started += 1
+        slot.n_remain = n_target
+        interval = self.cfg.token_interval
+        start = trio.current_time()
+        pieces: list[str] = []
+        try:
+            if job.stream:
+                await ex.start_stream()  # headers go out once a slot has the task
+            if hook_at == 0:
+                return await self._inject_failure(ex, job)
+            for i in range(n_target):
+                await self._wait_for_token(ex, job, start + (i + 1) * interval)
+                pieces.append(token_piece(i))
+                slot.n_decoded, slot.n_remain = i + 1, n_target - i - 1
+                if job.stream:
+                    for event in fmt.token_events(pieces[-1], i + 1, slot.id):
+                        await ex.send_event(event)
+                if i + 1 == hook_at:
+                    return await self._inject_failure(ex, job)
+        except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.stats.cancelled += 1  # the client left (or we are shutting down)
+            raise
+        elapsed = trio.current_time() - start
+        self._account(job.n_prompt, len(pieces), elapsed)
+        self.stats.completed += 1
+        # Generation only ever ends on its token budget or a full context: "length".
+        return Outcome("".join(pieces), job.n_prompt, len(pieces), "length",
+                       make_timings(job.n_prompt, len(pieces), elapsed), slot.id, job.prompt_text)
+
+    async def _wait_for_token(self, ex: Exchange, job: Job, deadline: float) -> None:
+        """Sleep until the next token is due, sending SSE pings if that takes long."""
+        if job.stream and job.ping_interval > 0:
+            while (next_ping := ex.last_send + job.ping_interval) < deadline:
+                await trio.sleep_until(next_ping)
+                await ex.send_raw(b":\n\n")
+        await trio.sleep_until(deadline)
+
+    async def _inject_failure(self, ex: Exchange, job: Job) -> None:
+        if job.crash_hook:
+            self.log("ggml/src/ggml.c:1234: GGML_ASSERT(fake) failed (FAKE_CRASH)")
+            os._exit(134)  # like abort(): no cleanup, the simulated GPU memory lingers
+        error = ApiError(500, "fake mid-stream failure", "server_error")
+        if job.stream:
+            await ex.send_event(error.body)
+            await ex.end_stream()  # no [DONE], as llama-server does after an error
+        else:
+            await respond_error(ex, error)
+
+    def _account(self, n_prompt: int, n_decoded: int, elapsed: float) -> None:
+        s = self.stats
+        s.prompt_tokens += n_prompt
+        s.prompt_seconds += n_prompt / PREFILL_TOKENS_PER_S
+        s.predicted_tokens += n_decoded
+        s.predicted_seconds += elapsed
+
+    # ---- embeddings
+
+    async def embeddings(self, ex: Exchange, inputs: list[tuple[str, int]], encoding: object, *, oai: bool) -> None:
+        await ex.run_until_client_leaves(lambda: self._run_embeddings(ex, inputs, encoding, oai))
+
+    async def _run_embeddings(self, ex: Exchange, inputs: list[tuple[str, int]], encoding: object,
+                              oai: bool) -> None:
+        async with self.pool.slot() as slot:
+            too_long = next((n for _, n in inputs if n > slot.n_ctx), None)
+            if too_long is None:
+                self.stats.started += 1
+                try:
+                    await trio.sleep(len(inputs) * EMBED_TIME_FACTOR * self.cfg.token_interval)
+                except trio.Cancelled:
+                    self.stats.cancelled += 1
+                    raise
+                self.stats.completed += 1
+        if too_long is not None:
+            await respond_error(ex, input_too_large(too_long, slot.n_ctx))
+            return
+        vectors = [embed(text, self.cfg.embedding_dim) for text, _ in inputs]
+        if oai:
+            await ex.respond_json(200, oai_embeddings(self.cfg.model_id, vectors, sum(n for _, n in inputs), encoding))
+        else:
+            await ex.respond_json(200, native_embeddings(vectors))

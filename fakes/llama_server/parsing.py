@@ -1,0 +1,134 @@
+"""What a request body asks for: JSON, prompts and their token counts, a Job, embedding inputs.
+
+Deterministic "tokenizer": one token per whitespace-separated word, +4 per chat message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from fakes.http11 import Request
+from fakes.llama_server.cli import Config
+from fakes.llama_server.errors import invalid_request
+
+ERROR_HOOK = "FAKE_ERROR_MIDSTREAM"
+CRASH_HOOK = "FAKE_CRASH"
+
+
+@attrs.frozen
+class Job:
+    """What a completion request asks for, already validated."""
+
+    n_prompt: int
+    budget: int          # tokens to generate unless the context fills first; -1 = until it does
+    stream: bool
+    ping_interval: float
+    prompt_text: str
+
+    @property
+    def error_hook(self) -> bool:
+        return ERROR_HOOK in self.prompt_text
+
+    @property
+    def crash_hook(self) -> bool:
+        return CRASH_HOOK in self.prompt_text
+
+
+def body_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, or the 400 llama-server (nlohmann::json) gives."""
+    try:
+        value = json.loads(request.body or b"{}")
+    except ValueError as exc:
+        line, col = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
+        raise invalid_request(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "
+                              f"syntax error while parsing value - {getattr(exc, 'msg', exc)}") from None
+    if not isinstance(value, dict):
+        raise invalid_request("request body must be a JSON object")
+    return value
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+def message_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts; only text parts cost tokens here
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid_request("'messages' is required")
+    if not isinstance(messages, list):
+        raise invalid_request("Expected 'messages' to be an array")
+    texts = [message_text(m.get("content")) if isinstance(m, dict) else "" for m in messages]
+    text = "\n".join(texts)
+    return text, sum(count_words(t) for t in texts) + 4 * len(messages)
+
+
+def text_prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise invalid_request('"prompt" must be provided')
+    pieces = prompt if isinstance(prompt, list) else [prompt]
+    texts, n_tokens = [], 0
+    for piece in pieces:
+        if isinstance(piece, str):
+            texts.append(piece)
+            n_tokens += count_words(piece)
+        elif isinstance(piece, int) and not isinstance(piece, bool):
+            n_tokens += 1  # already a token id
+        elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
+            n_tokens += len(piece)
+        else:
+            raise invalid_request('"prompt" must be a string, a list of strings or a list of tokens')
+    return " ".join(texts), n_tokens
+
+
+def int_field(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise invalid_request(f"'{name}' must be an integer")
+        return int(value)
+    return None
+
+
+def build_job(body: dict[str, Any], cfg: Config, prompt_text: str, n_prompt: int) -> Job:
+    requested = int_field(body, "max_tokens", "max_completion_tokens", "n_predict")
+    ping = body.get("sse_ping_interval", cfg.sse_ping_interval)
+    if isinstance(ping, bool) or not isinstance(ping, int | float):
+        raise invalid_request("'sse_ping_interval' must be a number")
+    return Job(n_prompt=n_prompt, budget=cfg.max_tokens_default if requested is None else requested,
+               stream=bool(body.get("stream", False)), ping_interval=float(ping), prompt_text=prompt_text)
+
+
+def embedding_inputs(body: dict[str, Any]) -> list[tuple[str, int]]:
+    """(text, n_tokens) per input: a string, a list of strings, tokens or lists of tokens."""
+    raw = body.get("input", body.get("content"))
+    if raw is None:
+        raise invalid_request('"input" or "content" must be provided')
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        raw = [raw]
+    items = raw if isinstance(raw, list) else [raw]
+    if not items:
+        raise invalid_request("Input content cannot be empty")
+    inputs = []
+    for item in items:
+        if isinstance(item, str):
+            inputs.append((item, max(1, count_words(item))))
+        elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+            inputs.append((" ".join(map(str, item)), len(item)))
+        else:
+            raise invalid_request('"input" must be a string, a list of strings or a list of tokens')
+    return inputs

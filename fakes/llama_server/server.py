@@ -1,0 +1,250 @@
+"""The routes, the (fake) model load, signals and ``main``: binding comes before loading."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import attrs
+import trio
+
+from fakes import simgpu
+from fakes.http11 import Exchange, HttpServer, Request
+from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, parse_config
+from fakes.llama_server.engine import Engine
+from fakes.llama_server.errors import NOT_FOUND_BODY, ApiError, loading, not_supported, respond_error
+from fakes.llama_server.formats import BUILD_INFO, ChatFormat, NativeFormat, TextFormat, completion_id
+from fakes.llama_server.parsing import body_json, build_job, chat_prompt, embedding_inputs, text_prompt
+from fakes.llama_server.slots import Slot
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/fake/stats"})
+
+
+@attrs.define(eq=False)
+class FakeLlamaServer:
+    cfg: Config
+    log: Log
+    engine: Engine = attrs.field(init=False)
+    http: HttpServer = attrs.field(init=False)
+    ready: bool = attrs.field(default=False, init=False)
+    created: int = attrs.field(factory=lambda: int(time.time()), init=False)
+    routes: dict[tuple[str, str], Callable[[Exchange], Awaitable[None]]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.engine = Engine(self.cfg, self.log)
+        self.http = HttpServer(self.dispatch, self.cfg.connection_policy, on_failure=self._connection_failed)
+        chat, text, native = self.chat_completions, self.completions, self.native_completion
+        self.routes = {
+            ("GET", "/health"): self.health, ("GET", "/v1/health"): self.health,
+            ("GET", "/v1/models"): self.models, ("GET", "/models"): self.models,
+            ("GET", "/props"): self.props, ("POST", "/props"): self.props_update,
+            ("GET", "/slots"): self.slots, ("GET", "/metrics"): self.metrics,
+            ("POST", "/v1/chat/completions"): chat, ("POST", "/chat/completions"): chat,
+            ("POST", "/v1/completions"): text,
+            ("POST", "/completion"): native, ("POST", "/completions"): native,
+            ("POST", "/v1/embeddings"): self.oai_embeddings,
+            ("POST", "/embeddings"): self.native_embeddings, ("POST", "/embedding"): self.native_embeddings,
+            ("GET", "/fake/stats"): self.fake_stats,
+        }
+
+    # ---- lifecycle
+
+    async def load(self, port: int) -> bool:
+        cfg, log = self.cfg, self.log
+        log("main: loading model")
+        log(f"srv    load_model: loading model '{cfg.model_path}'")
+        if cfg.sim_gpu:
+            simgpu.register(cfg.sim_gpu, cfg.memory, label=cfg.model_id)
+        await trio.sleep(cfg.load_time)
+        if cfg.fail_load is not None:
+            log(f"llama_model_load: error loading model: {cfg.fail_load}")
+            log("llama_model_load_from_file_impl: failed to load model")
+            log(f"srv    load_model: failed to load model, '{cfg.model_path}'")
+            log("srv    operator(): operator(): cleaning up before exit...")
+            log("main: exiting due to model loading error")
+            return False
+        log(f"srv    load_model: initializing slots, n_slots = {cfg.n_slots}")
+        for slot in self.engine.pool.slots:
+            log(f"slot   load_model: id  {slot.id} | task -1 | new slot, n_ctx = {slot.n_ctx}")
+        log("main: model loaded")
+        self.ready = True
+        log(f"main: server is listening on http://{cfg.host}:{port} - starting the main loop")
+        log("srv  update_slots: all slots are idle")
+        return True
+
+    # ---- requests
+
+    def _connection_failed(self, client: str, exc: Exception) -> None:
+        self.log(f"srv  fake: connection from {client} failed: {exc!r}")
+
+    async def dispatch(self, ex: Exchange) -> None:
+        req = ex.request
+        try:
+            if not self.ready:
+                raise loading()
+            self._check_api_key(req)
+            handler = self.routes.get((req.method, req.path))
+            if handler is None:
+                await ex.respond_json(404, NOT_FOUND_BODY)
+            else:
+                await handler(ex)
+        except ApiError as err:  # raised before anything was sent
+            await respond_error(ex, err)
+        if self.cfg.verbose:
+            self.log(f"srv  log_server_r: request: {req.method} {req.path} {req.client} {ex.status}")
+
+    def _check_api_key(self, req: Request) -> None:
+        if self.cfg.api_key is None or req.path in PUBLIC_PATHS:
+            return
+        auth = req.headers.get("authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else req.headers.get("x-api-key")
+        if given != self.cfg.api_key:
+            raise ApiError(401, "Invalid API Key", "authentication_error")
+
+    # ---- simple routes
+
+    async def health(self, ex: Exchange) -> None:
+        await ex.respond_json(200, {"status": "ok"})
+
+    async def fake_stats(self, ex: Exchange) -> None:
+        s, pool = self.engine.stats, self.engine.pool
+        await ex.respond_json(200, {"started": s.started, "completed": s.completed, "cancelled": s.cancelled,
+                                    "active": pool.active, "deferred": pool.deferred,
+                                    "connections": self.http.connections})
+
+    async def models(self, ex: Exchange) -> None:
+        cfg = self.cfg
+        details = {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                   "parameter_size": "", "quantization_level": ""}
+        meta = {"vocab_type": 2, "n_vocab": 32000, "n_ctx_train": N_CTX_TRAIN, "n_embd": cfg.embedding_dim,
+                "n_params": 1_000_000_000, "size": cfg.memory}
+        await ex.respond_json(200, {
+            "models": [{"name": cfg.model_id, "model": cfg.model_id, "modified_at": "", "size": "", "digest": "",
+                        "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+                        "parameters": "", "details": details}],
+            "object": "list",
+            "data": [{"id": cfg.model_id, "object": "model", "created": self.created, "owned_by": "llamacpp",
+                      "meta": meta}],
+        })
+
+    async def props(self, ex: Exchange) -> None:
+        cfg = self.cfg
+        await ex.respond_json(200, {
+            "default_generation_settings": Slot(0, cfg.slot_n_ctx).to_json(),
+            "total_slots": cfg.n_slots, "model_alias": cfg.model_id, "model_path": cfg.model_path,
+            "modalities": {"vision": False, "audio": False}, "chat_template": "{{ messages }}",
+            "chat_template_caps": {}, "bos_token": "<s>", "eos_token": "</s>", "media_marker": "<__media__>",
+            "build_info": BUILD_INFO, "is_sleeping": False,
+        })
+
+    async def props_update(self, ex: Exchange) -> None:
+        raise not_supported("changing global properties", "--props")
+
+    async def slots(self, ex: Exchange) -> None:
+        pool = self.engine.pool
+        if not self.cfg.slots_endpoint:
+            raise not_supported("slots endpoint", "--slots")
+        if "fail_on_no_slot=1" in ex.request.query and pool.active == len(pool.slots):
+            raise ApiError(503, "no slot available", "unavailable_error")
+        await ex.respond_json(200, [slot.to_json() for slot in pool.slots])
+
+    async def metrics(self, ex: Exchange) -> None:
+        if not self.cfg.metrics:
+            raise not_supported("metrics endpoint", "--metrics")
+        s, pool = self.engine.stats, self.engine.pool
+        rows = [
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", s.prompt_tokens),
+            ("prompt_seconds_total", "counter", "Prompt process time", s.prompt_seconds),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed.", s.predicted_tokens),
+            ("tokens_predicted_seconds_total", "counter", "Predict process time", s.predicted_seconds),
+            ("n_decode_total", "counter", "Total number of llama_decode() calls", s.predicted_tokens),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+             s.prompt_tokens / s.prompt_seconds if s.prompt_seconds else 0.0),
+            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+             s.predicted_tokens / s.predicted_seconds if s.predicted_seconds else 0.0),
+            ("requests_processing", "gauge", "Number of requests processing.", pool.active),
+            ("requests_deferred", "gauge", "Number of requests deferred.", pool.deferred),
+        ]
+        text = "".join(f"# HELP llamacpp:{name} {doc}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+                       for name, kind, doc, value in rows)
+        await ex.respond(200, text.encode(), b"text/plain; version=0.0.4")
+
+    # ---- completions and embeddings
+
+    async def chat_completions(self, ex: Exchange) -> None:
+        body = body_json(ex.request)
+        prompt_text, n_prompt = chat_prompt(body)
+        job = build_job(body, self.cfg, prompt_text, n_prompt)
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        await self.engine.complete(ex, job, ChatFormat(completion_id(), self.cfg.model_id, n_prompt, include_usage))
+
+    async def completions(self, ex: Exchange) -> None:
+        body = body_json(ex.request)
+        prompt_text, n_prompt = text_prompt(body)
+        job = build_job(body, self.cfg, prompt_text, n_prompt)
+        await self.engine.complete(ex, job, TextFormat(completion_id(), self.cfg.model_id, n_prompt))
+
+    async def native_completion(self, ex: Exchange) -> None:
+        body = body_json(ex.request)
+        prompt_text, n_prompt = text_prompt(body)
+        job = build_job(body, self.cfg, prompt_text, n_prompt)
+        await self.engine.complete(ex, job, NativeFormat(self.cfg.model_id, n_prompt))
+
+    async def oai_embeddings(self, ex: Exchange) -> None:
+        await self._embeddings(ex, oai=True)
+
+    async def native_embeddings(self, ex: Exchange) -> None:
+        await self._embeddings(ex, oai=False)
+
+    async def _embeddings(self, ex: Exchange, *, oai: bool) -> None:
+        if not self.cfg.embeddings:
+            raise not_supported("embeddings", "--embeddings")
+        body = body_json(ex.request)
+        inputs = embedding_inputs(body)
+        await self.engine.embeddings(ex, inputs, body.get("encoding_format", "float"), oai=oai)
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def _watch_signals(cancel_scope: trio.CancelScope, log: Log,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            log("srv    operator(): operator(): cleaning up before exit...")
+            cancel_scope.cancel()
+            return
+
+
+async def run_server(cfg: Config, log: Log) -> int:
+    """Serve until SIGTERM/SIGINT (0) or a failed load (1). Binding comes before loading."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_watch_signals, nursery.cancel_scope, log)
+        server = FakeLlamaServer(cfg, log)
+        try:
+            port = await nursery.start(server.http.serve, cfg.host, cfg.port)
+        except OSError as exc:
+            log(f"main: couldn't bind HTTP server socket, hostname: {cfg.host}, port: {cfg.port} ({exc.strerror})")
+            nursery.cancel_scope.cancel()
+            return 1
+        log(f"main: HTTP server is listening, hostname: {cfg.host}, port: {port}, http threads: {cfg.n_slots + 4}")
+        if not await server.load(port):
+            nursery.cancel_scope.cancel()
+            return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    log = Log(enabled=not cfg.log_disabled)
+    log(f"build: {BUILD_INFO.split('-')[0][1:]} ({BUILD_INFO.split('-')[1]}) with fakes.llama_server")
+    try:
+        return trio.run(run_server, cfg, log)
+    except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
+        return 0
+    finally:
+        if cfg.sim_gpu:
+            simgpu.unregister(cfg.sim_gpu)  # a clean exit frees the "GPU" memory at once

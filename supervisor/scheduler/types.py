@@ -1,0 +1,183 @@
+"""Values the scheduler's decision core works with: engines, jobs, policy, effects."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import attrs
+
+CLASSES = ("interactive", "background", "batch")
+RANK = {klass: rank for rank, klass in enumerate(CLASSES)}
+
+
+class EngineStatus(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"  # exited unexpectedly; may start again at retry_at
+
+
+@attrs.frozen
+class EngineProfile:
+    """What the core needs to know of an engine: its size, its slots, its tier."""
+
+    name: str
+    memory: int
+    slots: int
+    pinned: bool = False
+
+
+@attrs.define
+class EngineState:
+    profile: EngineProfile
+    status: EngineStatus = EngineStatus.STOPPED
+    generation: int = 0  # bumped by every start; stale reports carry an old one
+    endpoint: str | None = None
+    pid: int | None = None
+    in_flight: int = 0  # steps of the current generation granted and not finished
+    last_used: float = -math.inf
+    last_interactive: float = -math.inf  # residency: hot while this is within hot_window
+    draining: bool = False  # chosen for eviction (or an exclusive job): no new work, stop once idle
+    failures: int = 0  # consecutive unexpected exits
+    retry_at: float = -math.inf
+    start_decided_at: float = 0.0
+    ready_at: float | None = None
+    # Exited, but its memory not yet observed free: the reservation is still held.
+    release_deadline: float | None = None
+    outside_baseline: int | None = None  # memory used outside engines when its stop began
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def releasing(self) -> bool:
+        return self.release_deadline is not None
+
+    def hot(self, now: float, window: float) -> bool:
+        return now - self.last_interactive < window
+
+
+@attrs.define
+class Job:
+    """One step of a request. A chat is one step; an embeddings request one per chunk."""
+
+    id: int
+    model: str | None  # None: an exclusive job, which needs the GPU rather than an engine
+    klass: str
+    seq: int  # the request's place in line; every step of a request keeps it (FIFO by arrival)
+    submitted: float
+    deadline: float
+    request: int = 0
+    step: int = 1
+    steps: int = 1
+    exclusive_memory: int = 0
+    engine_generation: int | None = None  # set when granted
+    dispatched: float | None = None
+    by_guard: bool = False  # started by the starvation guard, beside higher-class work
+
+    @property
+    def exclusive(self) -> bool:
+        return self.model is None
+
+
+@attrs.frozen
+class BackoffPolicy:
+    initial: float = 1.0
+    maximum: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.initial * 2 ** max(failures - 1, 0), self.maximum)
+
+
+def _per_class(values: dict[str, float]) -> dict[str, float]:
+    return {klass: values[klass] for klass in CLASSES}
+
+
+@attrs.frozen
+class SchedulingPolicy:
+    """The rules' knobs; everything here comes from the config (DESIGN.md, hard rules)."""
+
+    interactive_window: float = 2.0
+    # How long the head of a lower class may go without progress before one of its steps
+    # runs beside higher-class work; 0 turns the guard off (full exclusivity).
+    starvation: dict[str, float] = attrs.field(
+        factory=lambda: {"interactive": 0.0, "background": 3.0, "batch": 3.0}, converter=_per_class)
+    hot_window: float = 300.0
+    max_queue: dict[str, float] = attrs.field(
+        factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
+    queue_timeout: dict[str, float] = attrs.field(
+        factory=lambda: {"interactive": 60.0, "background": 600.0, "batch": 3600.0}, converter=_per_class)
+    # After an engine exits, how long to wait for its memory to be observed free.
+    release_timeout: float = 10.0
+    # How much memory not attributed to any process may remain after an exit and still count as freed.
+    release_tolerance: int = 64 * 1024**2
+    backoff: BackoffPolicy = attrs.Factory(BackoffPolicy)
+
+
+# Effects: what the async shell must do after a decision.
+@attrs.frozen
+class Grant:
+    job_id: int
+    engine: str | None  # None for an exclusive job: the GPU is all its own
+    endpoint: str | None
+
+
+@attrs.frozen
+class Fail:
+    job_id: int
+    status: int
+    code: str
+    message: str
+    retry_after: float | None = None
+
+
+@attrs.frozen
+class StartEngine:
+    engine: str
+    generation: int
+
+
+@attrs.frozen
+class StopEngine:
+    engine: str
+    generation: int
+
+
+@attrs.frozen
+class Emit:
+    event: str
+    level: str
+    fields: dict[str, object]
+
+
+Effect = Grant | Fail | StartEngine | StopEngine | Emit
+
+
+@attrs.frozen
+class EngineSnapshot:
+    name: str
+    status: str
+    in_flight: int
+    slots: int
+    memory: int
+    reserved: int
+    draining: bool
+    pinned: bool
+    hot: bool
+    queued: int
+    failures: int
+
+
+@attrs.frozen
+class SchedulerSnapshot:
+    budget: int
+    reserved: int
+    mode: str
+    queued: int
+    queued_by_class: dict[str, int]
+    running_by_class: dict[str, int]
+    engines: tuple[EngineSnapshot, ...]
+    releasing: int  # engines whose memory is awaited free
