@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shlex
 import shutil
@@ -19,7 +20,7 @@ from supervisor.engine import EngineSpec
 from supervisor.events import EventLogUnavailable
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.tree import Steward, resolve_budget, run_steward
-from supervisor.units import format_size
+from supervisor.units import format_size, parse_duration
 
 EXIT_CONFIG = 2
 E = TypeVar("E", bound=BaseException)
@@ -34,10 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config", help="path to the YAML config")
     demo = commands.add_parser("demo", help="run on a simulated GPU with fake engines (no GPU, no config)")
     demo.add_argument("--port", type=int, default=8080, help="port to listen on (0 picks a free one)")
+    load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
+    load.add_argument("--url", help="a running steward (default: start one on the demo's fake engines)")
+    load.add_argument("--duration", type=parse_duration, default=30.0, help="how long clients keep asking (30s)")
+    for kind, count, model in (("chat", 3, "gemma4-12b"), ("background", 4, "gemma4-e4b"),
+                               ("batch", 2, "gemma4-e2b"), ("embedding", 1, "nomic-embed")):
+        load.add_argument(f"--{kind}", type=int, default=count, metavar="N", help=f"{kind} clients ({count})")
+        load.add_argument(f"--{kind}-model", default=model, metavar="NAME", help=f"model they use ({model})")
+    load.add_argument("--seed", type=int, default=7)
+    load.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
         return _demo(args.port)
+    if args.command == "loadtest":
+        return _loadtest(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -164,6 +176,17 @@ async def _watch_signals(signals: AsyncIterator[int], shutdown: trio.Event, ever
             # A second signal: stop waiting for requests; engines are still stopped cleanly.
             everything.cancel(reason=f"second {name}")
             return
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from supervisor import loadtest
+
+    kinds = ("chat", "background", "batch", "embedding")
+    counts = {kind: getattr(args, kind) for kind in kinds}
+    models = {kind: getattr(args, f"{kind}_model") for kind in kinds}
+    report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed)
+    print(json.dumps(report.to_json()) if args.json else loadtest.format_report(report))
+    return 0
 
 
 def _demo(port: int) -> int:

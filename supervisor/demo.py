@@ -30,6 +30,11 @@ DEMO_MODELS: dict[str, dict[str, object]] = {
 
 
 def demo_config(workdir: Path, port: int) -> Config:
+    return parse_config(demo_config_dict(workdir, port))
+
+
+def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
+    """The demo's config as it would be written in YAML; makes the simulated GPU too."""
     gpu_dir = workdir / "gpu"
     simgpu.create_device(gpu_dir, total_bytes=DEMO_GPU_BYTES, name="Simulated RTX 4060 Ti 16GB")
     models = {}
@@ -44,13 +49,13 @@ def demo_config(workdir: Path, port: int) -> Config:
             "pinned": spec.get("pinned", False),
             "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), *spec["fake"]],  # type: ignore[misc]
         }
-    return parse_config({
+    return {
         "listen": f"127.0.0.1:{port}",
         "models": models,
         "gpu": {"probe": "simulated", "simulated_dir": str(gpu_dir), "poll_interval": "1s"},
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
-    })
+    }
 
 
 def make_workdir() -> Path:

@@ -425,7 +425,7 @@ class Scheduler:
             return 0
         victims = self._plan_room(engine, now, promised, wanted, demand, idle_only=False)
         for victim in victims or ():
-            self._evict(victim, now, for_what=engine.name, need=need)
+            self._evict(victim, now, for_what=engine.name, need=need, free=self.ledger.free - promised)
         return need
 
     def _plan_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
@@ -461,10 +461,10 @@ class Scheduler:
                    if e.releasing or e.status is EngineStatus.STOPPING
                    or (e.status is EngineStatus.READY and e.draining))
 
-    def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int) -> None:
+    def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int, free: int) -> None:
         victim.draining = True
         self._emit("evict", "info", engine=victim.name, memory=self.ledger.reservations.get(victim.name, 0),
-                   for_engine=for_what, need=need, in_flight=victim.in_flight,
+                   for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
                    idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window))
         if victim.in_flight == 0:
             self._stop(victim)
@@ -523,7 +523,7 @@ class Scheduler:
                 if gain >= need:
                     break
                 gain += self.ledger.reservations.get(candidate.name, 0)
-                self._evict(candidate, now, for_what="exclusive", need=need)
+                self._evict(candidate, now, for_what="exclusive", need=need, free=self.ledger.free)
         still_running = sum(self.running_by_class[k] for k in CLASSES[rank:])
         if self.exclusive_holder is None and still_running == 0 and need <= self.ledger.free:
             self._unqueue(job)

@@ -1,0 +1,82 @@
+"""The policies a scenario replays through, by name, all with Scheduler's interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from supervisor.scheduler.core import Scheduler
+from supervisor.scheduler.types import Effect, EngineProfile, SchedulingPolicy
+from supervisor.simulate.baselines import FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
+from supervisor.simulate.scenario import Scenario
+
+
+class Policy(Protocol):
+    def start(self, now: float) -> list[Effect]: ...
+
+    def submit(self, job_id: int, model: str | None, klass: str, now: float, *, seq: int | None = None,
+               request: int | None = None, step: int = 1, steps: int = 1, exclusive_memory: int | None = None,
+               timeout: float | None = None, handoff: tuple[int, int | None] | None = None) -> list[Effect]: ...
+
+    def finish(self, job_id: int, now: float, status: int | None = None) -> list[Effect]: ...
+
+    def engine_ready(self, name: str, generation: int, endpoint: str, now: float,
+                     pid: int | None = None) -> list[Effect]: ...
+
+    def engine_exited(self, name: str, generation: int, now: float, detail: str) -> list[Effect]: ...
+
+    def observe(self, now: float, used: int, processes: dict[int, int]) -> list[Effect]: ...
+
+    def tick(self, now: float) -> list[Effect]: ...
+
+    def next_wakeup(self) -> float | None: ...
+
+
+def profiles(scenario: Scenario) -> list[EngineProfile]:
+    return [EngineProfile(name, e.memory, e.slots, e.pinned) for name, e in scenario.engines.items()]
+
+
+def scheduling_policy(scenario: Scenario) -> SchedulingPolicy:
+    knobs = scenario.scheduler
+    return SchedulingPolicy(
+        interactive_window=knobs.interactive_window,
+        starvation={"interactive": 0.0, "background": knobs.background_max_starvation,
+                    "batch": knobs.batch_max_starvation},
+        hot_window=knobs.hot_window,
+        queue_timeout=knobs.queue_timeout.as_dict())
+
+
+def _steward(scenario: Scenario) -> Policy:
+    return Scheduler.create(scenario.gpu.memory, profiles(scenario), scheduling_policy(scenario))
+
+
+def _fifo(scenario: Scenario) -> Policy:
+    return FifoPolicy(_steward(scenario), scenario.scheduler.queue_timeout.as_dict())  # type: ignore[arg-type]
+
+
+def _swap(scenario: Scenario) -> Policy:
+    return SwapPolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict())
+
+
+def _lru_count(scenario: Scenario) -> Policy:
+    return LruCountPolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict(),
+                                 models_max=scenario.baselines.models_max,
+                                 kill_in_flight=scenario.baselines.kill_in_flight)
+
+
+def _keepalive(scenario: Scenario) -> Policy:
+    return KeepAlivePolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict(),
+                                  keep_alive=scenario.baselines.keep_alive, max_loaded=scenario.baselines.max_loaded)
+
+
+POLICIES: dict[str, Callable[[Scenario], Policy]] = {
+    "steward": _steward,
+    "fifo": _fifo,
+    "swap": _swap,
+    "lru-count": _lru_count,
+    "keepalive": _keepalive,
+}
+
+
+def make_policy(name: str, scenario: Scenario) -> Policy:
+    return POLICIES[name](scenario)

@@ -1,0 +1,251 @@
+"""A simulation scenario: the GPU, its engines, the clients and the policy knobs, from YAML.
+
+Structured by a converter made the same way as the config's (supervisor.config), so
+sizes, durations and errors read the same: ``clients.chat.think.min: must be a
+duration like 2s or 5m, got 'soon'``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import random
+from pathlib import Path
+from typing import Any, Literal, NewType
+
+import attrs
+import cattrs
+import yaml
+from cattrs.errors import ClassValidationError
+
+from supervisor.config import ConfigError, Duration, PositiveInt, Size, _describe, make_converter
+from supervisor.simulate.sharing import SharingModel
+from supervisor.units import parse_duration
+
+Klass = Literal["interactive", "background", "batch"]
+Rate = NewType("Rate", float)  # a positive number: tokens per second
+DEFAULT = "gridcore.yaml"
+
+
+@attrs.frozen
+class Range:
+    """A value drawn uniformly from [low, high] for every request; one number is fixed."""
+
+    low: float
+    high: float
+
+    def draw(self, rng: random.Random) -> float:
+        return self.low if self.low == self.high else rng.uniform(self.low, self.high)
+
+    def draw_int(self, rng: random.Random) -> int:
+        return round(self.draw(rng))
+
+
+Tokens = NewType("Tokens", Range)
+Seconds = NewType("Seconds", Range)
+NONE = Range(0.0, 0.0)
+
+
+@attrs.frozen
+class EngineSpec:
+    memory: Size
+    speed: Rate  # output tokens per second with the GPU to itself, one slot busy
+    prompt_speed: Rate | None = None  # prompt tokens per second; unset: 10 x speed
+    slots: PositiveInt = PositiveInt(1)
+    load_time: Duration = Duration(5.0)
+    stop_time: Duration = Duration(1.0)
+    pinned: bool = False
+
+    @property
+    def prefill_speed(self) -> float:
+        return self.prompt_speed if self.prompt_speed is not None else 10 * self.speed
+
+
+@attrs.frozen
+class ClientSpec:
+    """*count* identical closed-loop clients: ask, wait for the answer, think, ask again."""
+
+    model: str
+    klass: Klass  # `class` in YAML
+    count: PositiveInt = PositiveInt(1)
+    think: Seconds = Seconds(NONE)
+    prompt_tokens: Tokens = Tokens(NONE)  # for embeddings: per input
+    output_tokens: Tokens = Tokens(NONE)
+    inputs: PositiveInt | None = None  # set: an embeddings client, this many inputs per request
+    chunk: PositiveInt = PositiveInt(32)  # inputs per step of an embeddings request
+
+    @property
+    def embeddings(self) -> bool:
+        return self.inputs is not None
+
+
+@attrs.frozen
+class GpuSpec:
+    memory: Size
+    sharing: SharingModel = attrs.Factory(SharingModel)
+
+
+@attrs.frozen
+class QueueTimeouts:
+    interactive: Duration = Duration(60.0)
+    background: Duration = Duration(600.0)
+    batch: Duration = Duration(3600.0)
+
+    def as_dict(self) -> dict[str, float]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class SchedulerKnobs:
+    """steward's rules, as in the config's `scheduler:` section."""
+
+    interactive_window: Duration = Duration(2.0)
+    background_max_starvation: Duration = Duration(3.0)
+    batch_max_starvation: Duration = Duration(3.0)
+    hot_window: Duration = Duration(300.0)
+    # Also every policy's client patience: a request waiting longer fails.
+    queue_timeout: QueueTimeouts = attrs.Factory(QueueTimeouts)
+
+
+@attrs.frozen
+class BaselineKnobs:
+    models_max: PositiveInt = PositiveInt(4)  # lru-count: llama-server --models-max (its default 4)
+    kill_in_flight: bool = True  # lru-count: evicting a busy model cuts its requests off, as the router does
+    keep_alive: Duration = Duration(300.0)  # keepalive: OLLAMA_KEEP_ALIVE
+    max_loaded: PositiveInt = PositiveInt(3)  # keepalive: OLLAMA_MAX_LOADED_MODELS (3 per GPU)
+
+
+@attrs.frozen
+class Scenario:
+    gpu: GpuSpec
+    engines: dict[str, EngineSpec]
+    clients: dict[str, ClientSpec]
+    name: str = "scenario"
+    duration: Duration = Duration(300.0)
+    # Requests that arrive before this are served but not counted (cold engines).
+    warmup: Duration = Duration(0.0)
+    seed: int = 0
+    scheduler: SchedulerKnobs = attrs.Factory(SchedulerKnobs)
+    baselines: BaselineKnobs = attrs.Factory(BaselineKnobs)
+
+    def only(self, klass: str) -> Scenario:
+        """The same scenario with only the clients of one class."""
+        return attrs.evolve(self, clients={n: c for n, c in self.clients.items() if c.klass == klass})
+
+
+def _structure_range(parse: Any) -> Any:
+    def structure(value: Any, _: Any) -> Range:
+        if isinstance(value, dict):
+            unknown = set(value) - {"min", "max"}
+            if unknown or set(value) != {"min", "max"}:
+                raise ValueError(f"must be a number or a mapping with exactly min and max, got {value!r}")
+            low, high = parse(value["min"]), parse(value["max"])
+        else:
+            low = high = parse(value)
+        if low > high:
+            raise ValueError(f"must have min <= max, got {value!r}")
+        return Range(float(low), float(high))
+    return structure
+
+
+def _parse_tokens(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"must be a whole number of tokens, got {value!r}")
+
+
+def _structure_rate(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ValueError(f"must be a positive number, got {value!r}")
+
+
+def _structure_float(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"must be a number, got {value!r}")
+
+
+def _structure_int(value: Any, _: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"must be a whole number, got {value!r}")
+
+
+def make_scenario_converter() -> cattrs.Converter:
+    converter = make_converter()
+    converter.register_structure_hook(Tokens, _structure_range(_parse_tokens))
+    converter.register_structure_hook(Seconds, _structure_range(parse_duration))
+    converter.register_structure_hook(Rate, _structure_rate)
+    converter.register_structure_hook(float, _structure_float)
+    converter.register_structure_hook(int, _structure_int)
+    client_hook = cattrs.gen.make_dict_structure_fn(
+        ClientSpec, converter, _cattrs_forbid_extra_keys=True, klass=cattrs.gen.override(rename="class"))
+    converter.register_structure_hook(ClientSpec, client_hook)
+    return converter
+
+
+converter = make_scenario_converter()
+
+
+def parse_scenario(raw: object, name: str = "scenario") -> Scenario:
+    if not isinstance(raw, dict):
+        raise ConfigError([f"(top level): must be a mapping of keys, got {type(raw).__name__}"])
+    missing = [key for key in ("gpu", "engines", "clients") if key not in raw]
+    if missing:
+        raise ConfigError([f"{key}: required key is missing" for key in missing])
+    try:
+        scenario = converter.structure({"name": name} | raw, Scenario)
+    except ClassValidationError as exc:
+        raise ConfigError(_describe(exc, "")) from None
+    problems = _check(scenario)
+    if problems:
+        raise ConfigError(problems)
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read scenario: {exc.strerror or exc}"]) from None
+    return _parse_text(text, str(path), path.stem)
+
+
+def default_scenario() -> Scenario:
+    """The GridCore load test, shipped with the package."""
+    text = importlib.resources.files("supervisor.simulate").joinpath(DEFAULT).read_text()
+    return _parse_text(text, DEFAULT, "gridcore")
+
+
+def _parse_text(text: str, where: str, name: str) -> Scenario:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{where}: not valid YAML: {exc}"]) from None
+    return parse_scenario(raw, name)
+
+
+def _check(scenario: Scenario) -> list[str]:
+    problems = scenario.gpu.sharing.problems("gpu.sharing")
+    if scenario.duration <= 0:
+        problems.append("duration: must be longer than 0s")
+    if not scenario.engines:
+        problems.append("engines: must name at least one engine")
+    if not scenario.clients:
+        problems.append("clients: must name at least one group of clients")
+    for name, engine in scenario.engines.items():
+        if engine.memory == 0:
+            problems.append(f"engines.{name}.memory: must be the engine's memory size, e.g. 8.3GiB (got 0)")
+        if engine.memory > scenario.gpu.memory:
+            problems.append(f"engines.{name}.memory: {engine.memory} bytes is more than gpu.memory "
+                            f"({scenario.gpu.memory} bytes); it could never load")
+    pinned = sum(e.memory for e in scenario.engines.values() if e.pinned)
+    if pinned > scenario.gpu.memory:
+        problems.append(f"engines: pinned engines need {pinned} bytes, more than gpu.memory")
+    for name, client in scenario.clients.items():
+        if client.model not in scenario.engines:
+            problems.append(f"clients.{name}.model: {client.model!r} is not under engines")
+        if client.embeddings and client.output_tokens != NONE:
+            problems.append(f"clients.{name}.output_tokens: an embeddings client (inputs set) generates no tokens")
+    return problems

@@ -1,0 +1,62 @@
+"""Clients and their requests: what each asks for, drawn from the scenario with its own seed.
+
+Every client has its own random stream, named by the scenario's seed, its group and
+its index, so a client asks for the same sequence of requests and thinks the same
+times whatever the policy and whatever else runs: runs are paired, and replaying
+only the interactive clients gives them exactly the requests they had in the mix.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import attrs
+
+from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
+
+
+@attrs.define(eq=False)
+class Client:
+    name: str
+    spec: ClientSpec
+    engine: EngineSpec
+    rng: random.Random
+
+    def first_arrival(self) -> float:
+        """Spread the clients' first requests over one think time, so they do not all start at 0."""
+        return self.rng.uniform(0.0, self.spec.think.high)
+
+    def think(self) -> float:
+        return self.spec.think.draw(self.rng)
+
+    def draw_steps(self) -> list[float]:
+        """The work of each step of the next request, in seconds alone (see sharing.py)."""
+        spec, engine = self.spec, self.engine
+        if spec.inputs is None:
+            prompt, output = spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng)
+            return [prompt / engine.prefill_speed + output / engine.speed]
+        chunks = math.ceil(spec.inputs / spec.chunk)
+        sizes = [min(spec.chunk, spec.inputs - k * spec.chunk) for k in range(chunks)]
+        return [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
+                for size in sizes]
+
+
+def make_clients(scenario: Scenario) -> list[Client]:
+    return [Client(f"{group}/{index}", spec, scenario.engines[spec.model],
+                   random.Random(f"{scenario.seed}/{group}/{index}"))
+            for group, spec in scenario.clients.items() for index in range(spec.count)]
+
+
+@attrs.define(eq=False)
+class Request:
+    id: int
+    client: Client
+    arrival: float
+    steps: list[float]  # work of each step, seconds alone
+    step: int = 0  # index of the step submitted or running
+    job: int = 0  # job id of that step
+
+    @property
+    def last_step(self) -> bool:
+        return self.step == len(self.steps) - 1
