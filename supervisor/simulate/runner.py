@@ -1,0 +1,196 @@
+"""The discrete-event replay: a virtual clock, an event heap, and a policy making the decisions.
+
+Events are per step, not per token: a client's arrival, the next step completion the
+simulated GPU predicts, an engine ready or exited, and the policy's own wakeups. The
+policy's effects (Grant, Fail, StartEngine, StopEngine) are carried out the way the
+async shell would, with the times the scenario gives.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+import attrs
+
+from supervisor.scheduler.types import Effect, Fail, Grant, StartEngine, StopEngine
+from supervisor.simulate.gpu import CardState, SimulatedGpu
+from supervisor.simulate.policies import Policy
+from supervisor.simulate.scenario import Scenario
+from supervisor.simulate.workload import Client, Request, make_clients
+
+OK = 200
+
+
+@attrs.frozen
+class Record:
+    """One request's outcome; latency None: it failed."""
+
+    klass: str
+    arrival: float
+    latency: float | None
+
+
+@attrs.frozen
+class Outcome:
+    records: tuple[Record, ...]
+    loads: int
+    unnecessary_loads: int
+    peak_memory: int
+
+
+@attrs.define
+class Replay:
+    scenario: Scenario
+    policy: Policy
+    gpu: SimulatedGpu
+    clients: list[Client]
+    now: float = 0.0
+    records: list[Record] = attrs.Factory(list)
+    loads: int = 0
+    unnecessary_loads: int = 0
+    _events: list[tuple[float, int, Callable[..., None], tuple[object, ...]]] = attrs.Factory(list)
+    _order: itertools.count[int] = attrs.Factory(itertools.count)
+    _job_ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
+    _request_ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
+    _by_job: dict[int, Request] = attrs.Factory(dict)  # the current step's job -> its request
+    _waiting: dict[int, str] = attrs.Factory(dict)  # submitted, not yet granted: job -> model
+    _next_check: float | None = None  # the completion the GPU predicts, as scheduled
+    _ticks: set[float] = attrs.Factory(set)
+    # Per engine: was its last eviction one that no pending load needed?
+    _needless_eviction: dict[str, bool] = attrs.Factory(dict)
+
+    @classmethod
+    def create(cls, scenario: Scenario, policy: Policy) -> Replay:
+        gpu = SimulatedGpu.create(scenario.gpu.memory, scenario.gpu.sharing,
+                                  {name: e.memory for name, e in scenario.engines.items()})
+        return cls(scenario, policy, gpu, make_clients(scenario))
+
+    def run(self) -> Outcome:
+        for client in self.clients:
+            self._at(client.first_arrival(), self._arrive, client)
+        self._apply(self.policy.start(0.0))
+        self._plan()
+        while self._events and self._events[0][0] <= self.scenario.duration:
+            when, _, handler, args = heapq.heappop(self._events)
+            self.now = when
+            handler(*args)
+            self._plan()
+        return Outcome(tuple(self.records), self.loads, self.unnecessary_loads, self.gpu.peak_memory)
+
+    # ---- events -----------------------------------------------------------------------
+
+    def _arrive(self, client: Client) -> None:
+        request = Request(next(self._request_ids), client, self.now, client.draw_steps())
+        self._submit(request, handoff=None)
+
+    def _check_completions(self, when: float) -> None:
+        if when != self._next_check:
+            return  # superseded by a later prediction
+        self._next_check = None
+        for job in self.gpu.complete_due(self.now):
+            self._step_done(job)
+
+    def _tick(self, when: float) -> None:
+        self._ticks.discard(when)
+        self._apply(self.policy.tick(self.now))
+
+    def _loaded(self, name: str, generation: int) -> None:
+        if self.gpu.finish_load(name, self.now):
+            self._apply(self.policy.engine_ready(name, generation, f"sim://{name}", self.now))
+        else:
+            self._apply(self.policy.engine_exited(name, generation, self.now, "out of memory while loading"))
+
+    def _exited(self, name: str, generation: int) -> None:
+        self.gpu.finish_stop(name)
+        self._apply(self.policy.engine_exited(name, generation, self.now, "stopped"))
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def _submit(self, request: Request, handoff: tuple[int, int] | None) -> None:
+        job = next(self._job_ids)
+        request.job = job
+        self._by_job[job] = request
+        self._waiting[job] = request.client.spec.model
+        spec = request.client.spec
+        self._apply(self.policy.submit(job, spec.model, spec.klass, self.now, seq=request.id, request=request.id,
+                                       step=request.step + 1, steps=len(request.steps), handoff=handoff))
+
+    def _step_done(self, job: int) -> None:
+        request = self._by_job.pop(job)
+        if not request.last_step:
+            request.step += 1
+            self._submit(request, handoff=(job, OK))
+            return
+        self._apply(self.policy.finish(job, self.now, OK))
+        self._record(request, self.now - request.arrival)
+
+    def _record(self, request: Request, latency: float | None) -> None:
+        if request.arrival >= self.scenario.warmup:
+            self.records.append(Record(request.client.spec.klass, request.arrival, latency))
+        client = request.client
+        self._at(self.now + client.think(), self._arrive, client)
+
+    # ---- effects ------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Grant):
+                del self._waiting[effect.job_id]
+                request = self._by_job[effect.job_id]
+                assert effect.engine is not None, "the scenario has no exclusive jobs"
+                self.gpu.start_step(effect.job_id, effect.engine, request.steps[request.step], self.now)
+            elif isinstance(effect, Fail):
+                self._waiting.pop(effect.job_id, None)
+                self.gpu.cancel_step(effect.job_id, self.now)
+                self._record(self._by_job.pop(effect.job_id), None)  # the client thinks, then asks again
+            elif isinstance(effect, StartEngine):
+                self._start_engine(effect)
+            elif isinstance(effect, StopEngine):
+                self._stop_engine(effect)
+
+    def _start_engine(self, effect: StartEngine) -> None:
+        self.loads += 1
+        if self._needless_eviction.pop(effect.engine, False):
+            self.unnecessary_loads += 1
+        self.gpu.begin_load(effect.engine, effect.generation, self.now)
+        self._at(self.now + self.scenario.engines[effect.engine].load_time, self._loaded, effect.engine,
+                 effect.generation)
+
+    def _stop_engine(self, effect: StopEngine) -> None:
+        self._needless_eviction[effect.engine] = not self._memory_needed(effect.engine)
+        self.gpu.begin_stop(effect.engine, self.now)
+        self._at(self.now + self.scenario.engines[effect.engine].stop_time, self._exited, effect.engine,
+                 effect.generation)
+
+    def _memory_needed(self, victim: str) -> bool:
+        """Does a pending load need *victim*'s memory? Some model with requests waiting is
+        not on the card and would not fit beside what stays, *victim* included (memory
+        of engines already stopping counts as freed: one need, one victim)."""
+        staying = sum(e.memory for e in self.gpu.engines.values()
+                      if e.holds_memory and e.state is not CardState.STOPPING)
+        free = self.gpu.memory - staying
+        pending = {model for model in self._waiting.values()
+                   if self.gpu.engines[model].state is CardState.STOPPED}
+        return any(self.gpu.engines[model].memory > free for model in pending)
+
+    # ---- the clock ----------------------------------------------------------------------
+
+    def _at(self, when: float, handler: Callable[..., None], *args: object) -> None:
+        heapq.heappush(self._events, (when, next(self._order), handler, args))
+
+    def _plan(self) -> None:
+        """After every event: the next step completion and the policy's next wakeup."""
+        completion = self.gpu.next_completion()
+        if completion is not None and completion != self._next_check:
+            self._next_check = completion
+            self._at(completion, self._check_completions, completion)
+        wakeup = self.policy.next_wakeup()
+        if wakeup is not None and wakeup > self.now and wakeup not in self._ticks:
+            self._ticks.add(wakeup)
+            self._at(wakeup, self._tick, wakeup)
+
+
+def replay(scenario: Scenario, policy: Policy) -> Outcome:
+    return Replay.create(scenario, policy).run()
