@@ -44,12 +44,18 @@ def main(argv: list[str] | None = None) -> int:
         load.add_argument(f"--{kind}-model", default=model, metavar="NAME", help=f"model they use ({model})")
     load.add_argument("--seed", type=int, default=7)
     load.add_argument("--json", action="store_true", help="print one JSON object")
+    simulate = commands.add_parser("simulate", help="replay a workload in virtual time: steward vs baseline policies")
+    simulate.add_argument("scenario", nargs="?", help="scenario YAML (default: the built-in GridCore load test)")
+    simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,lru-count,keepalive")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
         return _demo(args.port)
     if args.command == "loadtest":
         return _loadtest(args)
+    if args.command == "simulate":
+        return _simulate(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -199,6 +205,30 @@ def _demo(port: int) -> int:
         print(demo.banner(steward.url, workdir), flush=True)
 
     return _run(config, on_ready=announce)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from supervisor.simulate import default_scenario, format_report, load_scenario, simulate
+    from supervisor.simulate.policies import POLICIES
+
+    chosen = list(POLICIES) if args.policies is None else [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in POLICIES]
+    if unknown or not chosen:
+        print(f"steward: --policies: unknown {', '.join(unknown) or '(none given)'}; choose from "
+              f"{', '.join(POLICIES)}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        scenario = load_scenario(args.scenario) if args.scenario is not None else default_scenario()
+    except ConfigError as exc:
+        print(f"steward: {args.scenario} is not a valid scenario:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    report = simulate(scenario, chosen)
+    print(json.dumps(report.as_json()) if args.json else format_report(report))
+    return 0
 
 
 def entry_point() -> None:

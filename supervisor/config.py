@@ -81,7 +81,7 @@ class ClassesConfig:
 class SchedulerConfig:
     interactive_window: Duration = Duration(2.0)
     background_max_starvation: Duration = Duration(3.0)
-    batch_max_starvation: Duration = Duration(3.0)
+    batch_max_starvation: Duration = Duration(10.0)
     hot_window: Duration = Duration(300.0)
     embedding_chunk: PositiveInt = PositiveInt(32)
     release_timeout: Duration = Duration(10.0)

@@ -293,7 +293,8 @@ def test_a_full_class_queue_answers_429() -> None:
 
 def test_per_class_queue_timeouts() -> None:
     s = Scheduler.create(10 * GIB, [EngineProfile("a", 6 * GIB, 1)],
-                         SchedulingPolicy(queue_timeout={"interactive": 5.0, "background": 50.0, "batch": 500.0}))
+                         SchedulingPolicy(queue_timeout={"interactive": 5.0, "background": 50.0, "batch": 500.0},
+                                          starvation={"interactive": 0.0, "background": 3.0, "batch": 3.0}))
     s.submit(1, "a", "interactive", 0.0)
     s.engine_ready("a", 1, "http://a", 1.0)  # job 1 holds the slot
     s.submit(2, "a", "interactive", 1.0)
@@ -312,3 +313,30 @@ def test_grant_for_an_exclusive_job_names_no_engine() -> None:
     assert s.ledger.reservations == {"exclusive:1": 10 * GIB}
     s.finish(1, 4.0)
     assert s.ledger.reservations == {}
+
+
+async def test_one_lower_class_step_at_a_time_beside_interactive_work_background_first(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    h = await start_harness(nursery, 16, pinned("chat", 6, 2), pinned("agent", 4, 2), pinned("batcher", 4, 2))
+    await trio.sleep(LOAD_S)
+    chats: list[tuple[str, float]] = []
+    background: list[tuple[str, float]] = []
+    batch: list[tuple[str, float]] = []
+    async with trio.open_nursery() as clients:
+        for _ in range(6):
+            clients.start_soon(client_loop, h.client, "chat", "interactive", 1.25, 0.125, chats, 40.0)
+        await trio.sleep(0.5)
+        for _ in range(2):
+            clients.start_soon(client_loop, h.client, "agent", "background", 1.0, 0.0, background, 40.0)
+            clients.start_soon(client_loop, h.client, "batcher", "batch", 1.0, 0.0, batch, 40.0)
+    guarded = [(e["at"], e["class"]) for e in h.names("starvation_step")]
+    assert guarded[:2] == [(2.5 + 3.0, "background"), (9.5, "background")]  # background goes first
+    assert guarded[2] == (2.5 + 10.0, "batch")  # batch_max_starvation is 10 s by default
+    assert {klass for _, klass in guarded} == {"background", "batch"}  # and batch is not starved
+    # Never two lower-class steps at once beside the chats (they stop asking at 40):
+    running = 0
+    for at, name, fields in h.log("dispatch", "complete"):
+        if fields["class"] != "interactive" and at < 40.0:
+            running += 1 if name == "dispatch" else -1
+            assert running <= 1
+    assert len(background) >= len(batch)

@@ -315,8 +315,12 @@ class Scheduler:
         if klass == "interactive":
             return "open"
         higher = CLASSES[: RANK[klass]]
-        if not (self._window_open(now) or any(self.running_by_class[h] or self.queues[h].size for h in higher)):
+        interactive_active = self._window_open(now) or self.queues["interactive"].size > 0
+        if not (interactive_active or any(self.running_by_class[h] or self.queues[h].size for h in higher)):
             return "open"
+        if interactive_active and any(self.guard[k] is not None for k in CLASSES[1:] if k != klass):
+            # One lower-class step beside interactive work at a time (background is asked first).
+            return "blocked"
         limit = self.policy.starvation[klass]
         since = self._starved_since(klass)
         if limit > 0 and self.guard[klass] is None and since is not None and now - since >= limit:

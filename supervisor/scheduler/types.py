@@ -104,7 +104,7 @@ class SchedulingPolicy:
     # How long the head of a lower class may go without progress before one of its steps
     # runs beside higher-class work; 0 turns the guard off (full exclusivity).
     starvation: dict[str, float] = attrs.field(
-        factory=lambda: {"interactive": 0.0, "background": 3.0, "batch": 3.0}, converter=_per_class)
+        factory=lambda: {"interactive": 0.0, "background": 3.0, "batch": 10.0}, converter=_per_class)
     hot_window: float = 300.0
     max_queue: dict[str, float] = attrs.field(
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)

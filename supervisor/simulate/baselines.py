@@ -14,7 +14,6 @@ its predecessor's slot at once, which is how the runtime would run the whole req
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections.abc import Iterable, Iterator
 
@@ -75,7 +74,6 @@ class BaselinePolicy:
     line: list[Waiting] = attrs.Factory(list)  # by (seq, id): arrival order, steps keep their request's place
     running: dict[int, str] = attrs.Factory(dict)  # job -> engine
     now: float = 0.0
-    _deadlines: list[tuple[float, int]] = attrs.Factory(list)
     _effects: list[Effect] = attrs.Factory(list)
 
     @classmethod
@@ -102,7 +100,6 @@ class BaselinePolicy:
         job = Waiting(job_id, model, job_id if seq is None else seq,
                       now + (self.queue_timeout[klass] if timeout is None else timeout))
         bisect.insort(self.line, job, key=_order)
-        heapq.heappush(self._deadlines, (job.deadline, job_id))
         self._arrived(self.engines[model], now)
         return self._decide_at(now)
 
@@ -146,10 +143,7 @@ class BaselinePolicy:
         return self._decide_at(now)
 
     def next_wakeup(self) -> float | None:
-        waiting = {job.id for job in self.line}
-        while self._deadlines and self._deadlines[0][1] not in waiting:
-            heapq.heappop(self._deadlines)
-        times = [self._deadlines[0][0]] if self._deadlines else []
+        times = [job.deadline for job in self.line]
         times.extend(self._timers())
         return min((t for t in times if t > self.now), default=None)
 

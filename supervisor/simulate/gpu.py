@@ -87,7 +87,7 @@ class SimulatedGpu:
         self._rerate()
         return engine.state is CardState.READY
 
-    def begin_stop(self, name: str, now: float) -> None:
+    def begin_stop(self, name: str) -> None:
         engine = self.engines[name]
         assert engine.state is CardState.READY and not engine.steps, f"{name} stopped with work on it"
         engine.state = CardState.STOPPING

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from supervisor import tree
+from supervisor.config import Config
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import Effect, EngineProfile, SchedulingPolicy
 from supervisor.simulate.baselines import FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
@@ -37,13 +39,12 @@ def profiles(scenario: Scenario) -> list[EngineProfile]:
 
 
 def scheduling_policy(scenario: Scenario) -> SchedulingPolicy:
-    knobs = scenario.scheduler
-    return SchedulingPolicy(
-        interactive_window=knobs.interactive_window,
-        starvation={"interactive": 0.0, "background": knobs.background_max_starvation,
-                    "batch": knobs.batch_max_starvation},
-        hot_window=knobs.hot_window,
-        queue_timeout=knobs.queue_timeout.as_dict())
+    """Exactly what `steward run` would make of the same config sections."""
+    return tree.scheduling_policy(Config(models={}, scheduler=scenario.scheduler, classes=scenario.classes))
+
+
+def queue_timeouts(scenario: Scenario) -> dict[str, float]:
+    return scheduling_policy(scenario).queue_timeout
 
 
 def _steward(scenario: Scenario) -> Policy:
@@ -51,21 +52,22 @@ def _steward(scenario: Scenario) -> Policy:
 
 
 def _fifo(scenario: Scenario) -> Policy:
-    return FifoPolicy(_steward(scenario), scenario.scheduler.queue_timeout.as_dict())  # type: ignore[arg-type]
+    core = Scheduler.create(scenario.gpu.memory, profiles(scenario), scheduling_policy(scenario))
+    return FifoPolicy(core, queue_timeouts(scenario))
 
 
 def _swap(scenario: Scenario) -> Policy:
-    return SwapPolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict())
+    return SwapPolicy.create(scenario.gpu.memory, profiles(scenario), queue_timeouts(scenario))
 
 
 def _lru_count(scenario: Scenario) -> Policy:
-    return LruCountPolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict(),
+    return LruCountPolicy.create(scenario.gpu.memory, profiles(scenario), queue_timeouts(scenario),
                                  models_max=scenario.baselines.models_max,
                                  kill_in_flight=scenario.baselines.kill_in_flight)
 
 
 def _keepalive(scenario: Scenario) -> Policy:
-    return KeepAlivePolicy.create(scenario.gpu.memory, profiles(scenario), scenario.scheduler.queue_timeout.as_dict(),
+    return KeepAlivePolicy.create(scenario.gpu.memory, profiles(scenario), queue_timeouts(scenario),
                                   keep_alive=scenario.baselines.keep_alive, max_loaded=scenario.baselines.max_loaded)
 
 

@@ -46,6 +46,8 @@ class Replay:
     policy: Policy
     gpu: SimulatedGpu
     clients: list[Client]
+    # Called after every event with the replay itself: for tests and traces.
+    watch: Callable[[Replay], None] | None = None
     now: float = 0.0
     records: list[Record] = attrs.Factory(list)
     loads: int = 0
@@ -62,10 +64,10 @@ class Replay:
     _needless_eviction: dict[str, bool] = attrs.Factory(dict)
 
     @classmethod
-    def create(cls, scenario: Scenario, policy: Policy) -> Replay:
+    def create(cls, scenario: Scenario, policy: Policy, watch: Callable[[Replay], None] | None = None) -> Replay:
         gpu = SimulatedGpu.create(scenario.gpu.memory, scenario.gpu.sharing,
                                   {name: e.memory for name, e in scenario.engines.items()})
-        return cls(scenario, policy, gpu, make_clients(scenario))
+        return cls(scenario, policy, gpu, make_clients(scenario), watch)
 
     def run(self) -> Outcome:
         for client in self.clients:
@@ -77,6 +79,8 @@ class Replay:
             self.now = when
             handler(*args)
             self._plan()
+            if self.watch is not None:
+                self.watch(self)
         return Outcome(tuple(self.records), self.loads, self.unnecessary_loads, self.gpu.peak_memory)
 
     # ---- events -----------------------------------------------------------------------
@@ -160,7 +164,7 @@ class Replay:
 
     def _stop_engine(self, effect: StopEngine) -> None:
         self._needless_eviction[effect.engine] = not self._memory_needed(effect.engine)
-        self.gpu.begin_stop(effect.engine, self.now)
+        self.gpu.begin_stop(effect.engine)
         self._at(self.now + self.scenario.engines[effect.engine].stop_time, self._exited, effect.engine,
                  effect.generation)
 

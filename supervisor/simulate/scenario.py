@@ -1,7 +1,7 @@
 """A simulation scenario: the GPU, its engines, the clients and the policy knobs, from YAML.
 
 Structured by a converter made the same way as the config's (supervisor.config), so
-sizes, durations and errors read the same: ``clients.chat.think.min: must be a
+sizes, durations and errors read the same: ``clients.chat.think: must be a
 duration like 2s or 5m, got 'soon'``.
 """
 
@@ -17,7 +17,16 @@ import cattrs
 import yaml
 from cattrs.errors import ClassValidationError
 
-from supervisor.config import ConfigError, Duration, PositiveInt, Size, _describe, make_converter
+from supervisor.config import (
+    ClassesConfig,
+    ConfigError,
+    Duration,
+    PositiveInt,
+    SchedulerConfig,
+    Size,
+    _describe,
+    make_converter,
+)
 from supervisor.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
 
@@ -71,7 +80,7 @@ class ClientSpec:
     prompt_tokens: Tokens = Tokens(NONE)  # for embeddings: per input
     output_tokens: Tokens = Tokens(NONE)
     inputs: PositiveInt | None = None  # set: an embeddings client, this many inputs per request
-    chunk: PositiveInt = PositiveInt(32)  # inputs per step of an embeddings request
+    chunk: PositiveInt | None = None  # inputs per step of an embeddings request; unset: scheduler.embedding_chunk
 
     @property
     def embeddings(self) -> bool:
@@ -82,28 +91,6 @@ class ClientSpec:
 class GpuSpec:
     memory: Size
     sharing: SharingModel = attrs.Factory(SharingModel)
-
-
-@attrs.frozen
-class QueueTimeouts:
-    interactive: Duration = Duration(60.0)
-    background: Duration = Duration(600.0)
-    batch: Duration = Duration(3600.0)
-
-    def as_dict(self) -> dict[str, float]:
-        return attrs.asdict(self)
-
-
-@attrs.frozen
-class SchedulerKnobs:
-    """steward's rules, as in the config's `scheduler:` section."""
-
-    interactive_window: Duration = Duration(2.0)
-    background_max_starvation: Duration = Duration(3.0)
-    batch_max_starvation: Duration = Duration(3.0)
-    hot_window: Duration = Duration(300.0)
-    # Also every policy's client patience: a request waiting longer fails.
-    queue_timeout: QueueTimeouts = attrs.Factory(QueueTimeouts)
 
 
 @attrs.frozen
@@ -124,7 +111,10 @@ class Scenario:
     # Requests that arrive before this are served but not counted (cold engines).
     warmup: Duration = Duration(0.0)
     seed: int = 0
-    scheduler: SchedulerKnobs = attrs.Factory(SchedulerKnobs)
+    # steward's knobs, the same sections as in its config; queue timeouts (classes.*)
+    # are also every policy's client patience: a request waiting longer fails.
+    scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
+    classes: ClassesConfig = attrs.Factory(ClassesConfig)
     baselines: BaselineKnobs = attrs.Factory(BaselineKnobs)
 
     def only(self, klass: str) -> Scenario:
@@ -135,8 +125,7 @@ class Scenario:
 def _structure_range(parse: Any) -> Any:
     def structure(value: Any, _: Any) -> Range:
         if isinstance(value, dict):
-            unknown = set(value) - {"min", "max"}
-            if unknown or set(value) != {"min", "max"}:
+            if set(value) != {"min", "max"}:
                 raise ValueError(f"must be a number or a mapping with exactly min and max, got {value!r}")
             low, high = parse(value["min"]), parse(value["max"])
         else:
@@ -196,7 +185,8 @@ def parse_scenario(raw: object, name: str = "scenario") -> Scenario:
     try:
         scenario = converter.structure({"name": name} | raw, Scenario)
     except ClassValidationError as exc:
-        raise ConfigError(_describe(exc, "")) from None
+        # cattrs names a renamed field by its attribute; a person wrote the YAML key.
+        raise ConfigError([p.replace(".klass:", ".class:") for p in _describe(exc, "")]) from None
     problems = _check(scenario)
     if problems:
         raise ConfigError(problems)

@@ -22,6 +22,7 @@ class Client:
     spec: ClientSpec
     engine: EngineSpec
     rng: random.Random
+    chunk: int  # inputs per step, for an embeddings client
 
     def first_arrival(self) -> float:
         """Spread the clients' first requests over one think time, so they do not all start at 0."""
@@ -36,15 +37,15 @@ class Client:
         if spec.inputs is None:
             prompt, output = spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng)
             return [prompt / engine.prefill_speed + output / engine.speed]
-        chunks = math.ceil(spec.inputs / spec.chunk)
-        sizes = [min(spec.chunk, spec.inputs - k * spec.chunk) for k in range(chunks)]
+        chunks = math.ceil(spec.inputs / self.chunk)
+        sizes = [min(self.chunk, spec.inputs - k * self.chunk) for k in range(chunks)]
         return [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
                 for size in sizes]
 
 
 def make_clients(scenario: Scenario) -> list[Client]:
     return [Client(f"{group}/{index}", spec, scenario.engines[spec.model],
-                   random.Random(f"{scenario.seed}/{group}/{index}"))
+                   random.Random(f"{scenario.seed}/{group}/{index}"), spec.chunk or scenario.scheduler.embedding_chunk)
             for group, spec in scenario.clients.items() for index in range(spec.count)]
 
 
