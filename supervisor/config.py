@@ -20,6 +20,7 @@ from supervisor.units import parse_duration, parse_size
 Size = NewType("Size", int)
 Duration = NewType("Duration", float)
 PositiveInt = NewType("PositiveInt", int)
+Fraction = NewType("Fraction", float)
 
 RuntimeName = Literal["llama-server"]
 ProbeName = Literal["auto", "nvml", "simulated", "none"]
@@ -82,6 +83,8 @@ class SchedulerConfig:
     interactive_window: Duration = Duration(2.0)
     background_max_starvation: Duration = Duration(3.0)
     batch_max_starvation: Duration = Duration(10.0)
+    guard_share: Fraction = Fraction(0.5)
+    guard_gap_wait: Duration = Duration(15.0)
     hot_window: Duration = Duration(300.0)
     embedding_chunk: PositiveInt = PositiveInt(32)
     release_timeout: Duration = Duration(10.0)
@@ -147,6 +150,17 @@ def _structure_positive_int(value: Any, _: Any) -> int:
     raise ValueError(f"must be a positive integer, got {value!r}")
 
 
+def _structure_fraction(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            return _structure_fraction(float(value[:-1]) / 100, _)
+        except ValueError:
+            pass
+    raise ValueError(f"must be a fraction in (0, 1] such as 0.1 or 10%, got {value!r}")
+
+
 def _structure_str(value: Any, _: Any) -> str:
     # YAML reads `8080` or `yes` as int/bool; a command-line argument is text.
     if isinstance(value, str | int | float) and not isinstance(value, bool):
@@ -173,6 +187,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(Size, _structure_size)
     converter.register_structure_hook(Duration, _structure_duration)
     converter.register_structure_hook(PositiveInt, _structure_positive_int)
+    converter.register_structure_hook(Fraction, _structure_fraction)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
     # `command` is the one field that takes either form; a hook on the field keeps it local.

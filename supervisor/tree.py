@@ -69,6 +69,8 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
                     "batch": config.scheduler.batch_max_starvation},
         hot_window=config.scheduler.hot_window,
+        guard_share=config.scheduler.guard_share,
+        guard_gap_wait=config.scheduler.guard_gap_wait,
         max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
         queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
                        for k, c in classes.items()},

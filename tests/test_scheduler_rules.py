@@ -24,11 +24,16 @@ def policy(**overrides: object) -> SchedulingPolicy:
     return SchedulingPolicy(starvation=starvation, **overrides)  # type: ignore[arg-type]
 
 
+def eager(**overrides: object) -> SchedulingPolicy:
+    """GridCore's guard exactly: a step as soon as the starvation time has passed."""
+    return policy(guard_share=1.0, guard_gap_wait=0.0, **overrides)
+
+
 # ---- GridCore's regressions ---------------------------------------------------------
 
 async def test_regression_six_chat_clients_cannot_starve_background_work(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
-    h = await start_harness(nursery, 16, pinned("chat", 8, 2), pinned("agent", 4, 2))
+    h = await start_harness(nursery, 16, pinned("chat", 8, 2), pinned("agent", 4, 2), policy=eager())
     await trio.sleep(LOAD_S)
     chats: list[tuple[str, float]] = []
     background: list[tuple[str, float]] = []
@@ -42,6 +47,26 @@ async def test_regression_six_chat_clients_cannot_starve_background_work(
     assert [t for _, t in background] == [2.5 + 3 + 4 * k for k in range(15)]
     assert all(e["class"] == "background" for e in h.names("starvation_step"))
     assert len(chats) > 90  # and the chats kept going all along: two slots, 1.25 s each
+
+
+async def test_regression_with_default_settings_background_still_progresses_under_constant_chat(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    h = await start_harness(nursery, 16, pinned("chat", 8, 2), pinned("agent", 4, 2))
+    await trio.sleep(LOAD_S)
+    chats: list[tuple[str, float]] = []
+    background: list[tuple[str, float]] = []
+    async with trio.open_nursery() as clients:
+        for _ in range(6):
+            clients.start_soon(client_loop, h.client, "chat", "interactive", 1.25, 0.125, chats, 62.0)
+        await trio.sleep(0.5)
+        clients.start_soon(client_loop, h.client, "agent", "background", 1.0, 0.0, background, 62.0)
+    # The chats never leave a gap: due at 5.5, the step waits guard_gap_wait (15 s) for one,
+    # then goes. After a 1 s step the lane rests 1 s (guard_share 0.5); the next is due 3 s
+    # after the step's end, and again waits 15 s: a step every 19 s.
+    times = [t for _, t in background]
+    assert times[:3] == [20.5, 39.5, 58.5]
+    # As the chats wind down (they stop asking at 62), the first gap lets the next one go.
+    assert len(times) == 4 and 62.5 <= times[3] < 62.5 + 15
 
 
 async def test_regression_without_the_guard_background_waits_for_the_window_after_the_last_chat(
@@ -66,7 +91,7 @@ async def test_regression_the_guard_runs_the_first_starved_job_that_can_run_not_
     # oldest starved job cannot load without evicting a hot model, which background
     # work may not do. The embeddings behind it, for a loaded model, must run.
     h = await start_harness(nursery, 16, EngineProfile("chat-a", 6 * GIB, 2), EngineProfile("chat-b", 6 * GIB, 2),
-                            pinned("embed", 1, 2), EngineProfile("e4b", 5 * GIB, 1))
+                            pinned("embed", 1, 2), EngineProfile("e4b", 5 * GIB, 1), policy=eager())
     chats: list[tuple[str, float]] = []
     background: list[tuple[str, float]] = []
     async with trio.open_nursery() as clients:
@@ -294,7 +319,8 @@ def test_a_full_class_queue_answers_429() -> None:
 def test_per_class_queue_timeouts() -> None:
     s = Scheduler.create(10 * GIB, [EngineProfile("a", 6 * GIB, 1)],
                          SchedulingPolicy(queue_timeout={"interactive": 5.0, "background": 50.0, "batch": 500.0},
-                                          starvation={"interactive": 0.0, "background": 3.0, "batch": 3.0}))
+                                          starvation={"interactive": 0.0, "background": 3.0, "batch": 3.0},
+                                          guard_gap_wait=0.0))
     s.submit(1, "a", "interactive", 0.0)
     s.engine_ready("a", 1, "http://a", 1.0)  # job 1 holds the slot
     s.submit(2, "a", "interactive", 1.0)
@@ -317,7 +343,8 @@ def test_grant_for_an_exclusive_job_names_no_engine() -> None:
 
 async def test_one_lower_class_step_at_a_time_beside_interactive_work_background_first(
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
-    h = await start_harness(nursery, 16, pinned("chat", 6, 2), pinned("agent", 4, 2), pinned("batcher", 4, 2))
+    h = await start_harness(nursery, 16, pinned("chat", 6, 2), pinned("agent", 4, 2), pinned("batcher", 4, 2),
+                            policy=eager(batch=10.0))
     await trio.sleep(LOAD_S)
     chats: list[tuple[str, float]] = []
     background: list[tuple[str, float]] = []
@@ -340,3 +367,19 @@ async def test_one_lower_class_step_at_a_time_beside_interactive_work_background
             running += 1 if name == "dispatch" else -1
             assert running <= 1
     assert len(background) >= len(batch)
+
+
+async def test_a_due_guard_step_waits_for_a_moment_without_interactive_compute(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    for settings, expected in ((policy(), 9.0), (eager(), 7.5)):
+        h = await start_harness(nursery, 16, pinned("chat", 6, 2), pinned("agent", 4, 2), policy=settings)
+        start = trio.current_time()
+        await trio.sleep(LOAD_S)
+        chats: list[tuple[str, float]] = []
+        background: list[tuple[str, float]] = []
+        async with trio.open_nursery() as clients:
+            # One chat at a time: computing 2.0-4.0, 4.5-6.5, 7.0-9.0, ... (the window stays open).
+            clients.start_soon(client_loop, h.client, "chat", "interactive", 2.0, 0.5, chats, start + 12.0)
+            await trio.sleep(2.5)
+            clients.start_soon(hold, h.client, "agent", 1.0, background, "background")  # due at 7.5
+        assert [t - start for _, t in background] == [expected]

@@ -77,6 +77,7 @@ class Scheduler:
     # The step the starvation guard let through, per class, until it ends.
     guard: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
     last_interactive_end: float = -math.inf
+    guard_resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
     mode: str = "idle"
     exclusive_holder: int | None = None
     outside_memory: int | None = None  # memory used by processes that are not engines
@@ -152,6 +153,9 @@ class Scheduler:
         self.progress[klass] = now
         if self.guard[klass] == job_id:
             self.guard[klass] = None
+            if job.by_guard and job.dispatched is not None:
+                share = self.policy.guard_share
+                self.guard_resume_at = now + (now - job.dispatched) * (1 - share) / share
         if klass == "interactive" and self.running_by_class[klass] == 0:
             self.last_interactive_end = now
         if job.exclusive:
@@ -261,8 +265,10 @@ class Scheduler:
             times.append(self.last_interactive_end + self.policy.interactive_window)
         for klass in CLASSES[1:]:
             start = self._starved_since(klass)
-            if start is not None and self.policy.starvation[klass] > 0:
-                times.append(start + self.policy.starvation[klass])
+            limit = self.policy.starvation[klass]
+            if start is not None and limit > 0:
+                due = max(start + limit, self.guard_resume_at)
+                times += [due, due + self.policy.guard_gap_wait]
         future = [t for t in times if t > self.now]
         return min(future, default=None)
 
@@ -292,6 +298,7 @@ class Scheduler:
             for engine in self.engines.values():
                 if engine.profile.pinned and self._may_start(engine, now):
                     promised += self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
+        turn = self._guard_turn(now)
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
             if blocked_from is not None and rank >= blocked_from:
@@ -299,7 +306,7 @@ class Scheduler:
                     self._advance_exclusive(queue.head(), now, wanted)  # type: ignore[arg-type]
                 break
             if queue.size:
-                gate = self._gate(klass, now)
+                gate = self._gate(klass, now, turn)
                 if gate == "open":
                     promised = self._serve_class(klass, now, promised, wanted)
                 else:
@@ -310,22 +317,44 @@ class Scheduler:
         self._update_mode(now)
         return self._flush()
 
-    def _gate(self, klass: str, now: float) -> str:
+    def _gate(self, klass: str, now: float, turn: str | None) -> str:
         """'open', or for a lower class held back by higher work: 'guard' or 'blocked'."""
         if klass == "interactive":
             return "open"
         higher = CLASSES[: RANK[klass]]
-        interactive_active = self._window_open(now) or self.queues["interactive"].size > 0
+        interactive_active = self._interactive_active(now)
         if not (interactive_active or any(self.running_by_class[h] or self.queues[h].size for h in higher)):
             return "open"
-        if interactive_active and any(self.guard[k] is not None for k in CLASSES[1:] if k != klass):
-            # One lower-class step beside interactive work at a time (background is asked first).
-            return "blocked"
+        if interactive_active:
+            return "guard" if turn == klass else "blocked"
+        return "guard" if self._guard_due(klass, now, beside_interactive=False) else "blocked"
+
+    def _interactive_active(self, now: float) -> bool:
+        return self._window_open(now) or self.queues["interactive"].size > 0
+
+    def _guard_due(self, klass: str, now: float, *, beside_interactive: bool) -> bool:
+        """Rule 4: the class's head has made no progress for its starvation time. Beside
+        interactive work the lower classes share one lane, within ``guard_share`` of the time."""
         limit = self.policy.starvation[klass]
         since = self._starved_since(klass)
-        if limit > 0 and self.guard[klass] is None and since is not None and now - since >= limit:
-            return "guard"
-        return "blocked"
+        if limit <= 0 or since is None or now - since < limit or self.guard[klass] is not None:
+            return False
+        if beside_interactive:
+            # Prefer a moment when no interactive step computes, so none is slowed from its
+            # start; after waiting guard_gap_wait for such a gap, go anyway.
+            due = max(since + limit, self.guard_resume_at)
+            gap = self.running_by_class["interactive"] == 0 or now >= due + self.policy.guard_gap_wait
+            return gap and now >= due and all(self.guard[k] is None for k in CLASSES[1:])
+        return True
+
+    def _guard_turn(self, now: float) -> str | None:
+        """Which lower class may use the lane beside interactive work now: the most overdue
+        relative to its own starvation time (background on a tie)."""
+        if not self._interactive_active(now):
+            return None
+        due = [k for k in CLASSES[1:] if self._guard_due(k, now, beside_interactive=True)]
+        return max(due, key=lambda k: (now - self._starved_since(k)) / self.policy.starvation[k],  # type: ignore[operator]
+                   default=None)
 
     def _window_open(self, now: float) -> bool:
         return (self.running_by_class["interactive"] > 0

@@ -105,6 +105,13 @@ class SchedulingPolicy:
     # runs beside higher-class work; 0 turns the guard off (full exclusivity).
     starvation: dict[str, float] = attrs.field(
         factory=lambda: {"interactive": 0.0, "background": 3.0, "batch": 10.0}, converter=_per_class)
+    # Beside interactive work, lower classes share one lane (one step at a time), used at
+    # most this fraction of the time: after a guard step of d seconds, the next may start
+    # d * (1 - share) / share later. 1.0: as often as the starvation clock allows.
+    guard_share: float = 0.5
+    # A due guard step waits up to this long for a moment when no interactive step is
+    # computing (so no chat is slowed from its start), then goes anyway. 0: at once.
+    guard_gap_wait: float = 15.0
     hot_window: float = 300.0
     max_queue: dict[str, float] = attrs.field(
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
