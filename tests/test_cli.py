@@ -111,3 +111,11 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
+
+
+def test_every_example_config_is_valid() -> None:
+    examples = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        result = steward("check", str(path))
+        assert result.returncode == 0, f"{path.name}: {result.stderr}"

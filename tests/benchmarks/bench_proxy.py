@@ -60,7 +60,7 @@ CONFIG_TEMPLATE = """\
 listen: 127.0.0.1:{port}
 log: {{file: {events}, terminal: warning}}
 gpu: {{probe: none, budget: 1GiB}}
-limits: {{queue_timeout: 60s}}
+classes: {{interactive: {{queue_timeout: 60s}}}}
 models:
   {model}:
     command: [{python}, -m, fakes.fast_upstream]
