@@ -189,3 +189,21 @@ def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) 
     assert caught.value.body["code"] == "queue_timeout"
     assert caught.value.response.headers["retry-after"] == "1"
     assert steward.wait_event("timeout")["waited_s"] >= 0.5
+
+
+def test_a_client_that_leaves_while_waiting_leaves_the_queue(start_steward: StewardFactory) -> None:
+    steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)})
+    chat(steward, "slow")  # loaded
+    long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=20))  # holds the slot ~2 s
+    long_one.start()
+    time.sleep(0.3)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{steward.base_url}/chat/completions", timeout=0.5,
+                   json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    withdrawn = steward.wait_event("withdraw", model="slow")
+    assert withdrawn["waited_s"] < 1.0
+    long_one.join()
+    health = steward.health()
+    assert health["queued"] == 0 and health["engines"]["slow"]["in_flight"] == 0
+    stats = httpx.get(steward.engine_endpoint("slow") + "/fake/stats").json()
+    assert stats["started"] == 2  # the one that left never reached the engine
