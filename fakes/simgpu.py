@@ -6,10 +6,10 @@ sees half a file). Steward reads it through the same probe interface as NVML
 (``supervisor.probes.SimulatedGpuProbe``).
 
 Like the real driver, the simulated one lies a little: memory of a process that
-has died is still counted in the device total for ``linger_s`` after the reader
-first notices the death, although the process is already gone from the
-per-process list. That is exactly the inconsistency NVML shows between
-``nvmlDeviceGetMemoryInfo`` and ``nvmlDeviceGetComputeRunningProcesses``.
+has exited (cleanly or killed) is still counted in the device total for
+``linger_s`` after the reader first notices the exit, although the process is
+already gone from the per-process list. That is exactly the inconsistency NVML
+shows between ``nvmlDeviceGetMemoryInfo`` and ``nvmlDeviceGetComputeRunningProcesses``.
 """
 
 from __future__ import annotations
@@ -42,9 +42,14 @@ def register(directory: str | os.PathLike[str], nbytes: int, *, pid: int | None 
 
 
 def unregister(directory: str | os.PathLike[str], *, pid: int | None = None) -> None:
-    """Free this process's memory at once (a clean exit that released its context)."""
+    """A clean exit: the process leaves the list, its memory is freed after the linger."""
     pid = os.getpid() if pid is None else pid
-    (Path(directory) / f"{PROC_PREFIX}{pid}.json").unlink(missing_ok=True)
+    path = Path(directory) / f"{PROC_PREFIX}{pid}.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    _write_json(path, {**record, "exited": True})
 
 
 @attrs.frozen
@@ -73,7 +78,7 @@ class SimulatedDevice:
             except (OSError, ValueError):
                 continue  # removed or replaced between glob and read
             pid, nbytes = int(record["pid"]), int(record["bytes"])
-            if _alive(pid):
+            if _alive(pid) and not record.get("exited"):
                 self._dead_since.pop(pid, None)
                 live[pid] = nbytes
                 used += nbytes

@@ -109,6 +109,7 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
         events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
         return detail
     handle.pid, handle.port = process.pid, port
+    scheduler.report_spawned(spec.name, generation, process.pid)
     events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv, generation=generation)
     base_url = f"http://{spec.host}:{port}" if ":" not in spec.host else f"http://[{spec.host}]:{port}"
 

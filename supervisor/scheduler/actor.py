@@ -18,7 +18,16 @@ import trio
 
 from supervisor.events import EventLog
 from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import Effect, Emit, Fail, Grant, SchedulerSnapshot, StartEngine, StopEngine
+from supervisor.scheduler.types import (
+    Effect,
+    Emit,
+    Fail,
+    Grant,
+    Measured,
+    SchedulerSnapshot,
+    StartEngine,
+    StopEngine,
+)
 
 
 class EngineControl(Protocol):
@@ -73,6 +82,13 @@ class Finish:
 
 
 @attrs.frozen
+class EngineSpawned:
+    engine: str
+    generation: int
+    pid: int
+
+
+@attrs.frozen
 class EngineReady:
     engine: str
     generation: int
@@ -93,7 +109,7 @@ class MemoryReading:
     processes: dict[int, int]
 
 
-Message = Submit | Finish | EngineReady | EngineExited | MemoryReading
+Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | MemoryReading
 
 
 @attrs.define(eq=False)
@@ -157,6 +173,9 @@ class SchedulerClient:
             else:
                 self._post(Finish(ticket.job_id, lease.status if lease else None))
 
+    def report_spawned(self, engine: str, generation: int, pid: int) -> None:
+        self._post(EngineSpawned(engine, generation, pid))
+
     def report_ready(self, engine: str, generation: int, endpoint: str, pid: int | None = None) -> None:
         self._post(EngineReady(engine, generation, endpoint, pid))
 
@@ -184,8 +203,12 @@ def open_scheduler_mailbox(core: Scheduler) -> tuple[SchedulerClient, trio.Memor
 
 async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Message],
                           engines: Mapping[str, EngineControl], events: EventLog, *,
+                          on_measured: Callable[[str, int], None] | None = None,
                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Own the scheduler state: apply each message to the core and carry out its effects."""
+    """Own the scheduler state: apply each message to the core and carry out its effects.
+
+    *on_measured* is told when an engine's measured memory replaces its estimate.
+    """
     tickets: dict[int, Ticket] = {}
 
     def perform(effects: list[Effect]) -> None:
@@ -202,6 +225,9 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                     engines[engine].start(generation)
                 case StopEngine(engine, generation):
                     engines[engine].stop(generation)
+                case Measured(engine, nbytes):
+                    if on_measured is not None:
+                        on_measured(engine, nbytes)
 
     def apply(message: Message) -> list[Effect]:
         now = trio.current_time()
@@ -213,6 +239,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
             case Finish(job_id, status):
                 tickets.pop(job_id, None)
                 return core.finish(job_id, now, status)
+            case EngineSpawned(engine, generation, pid):
+                return core.engine_spawned(engine, generation, pid, now)
             case EngineReady(engine, generation, endpoint, pid):
                 return core.engine_ready(engine, generation, endpoint, now, pid)
             case EngineExited(engine, generation, detail):

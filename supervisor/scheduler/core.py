@@ -51,6 +51,7 @@ from supervisor.scheduler.types import (
     Fail,
     Grant,
     Job,
+    Measured,
     SchedulerSnapshot,
     SchedulingPolicy,
     StartEngine,
@@ -81,6 +82,7 @@ class Scheduler:
     mode: str = "idle"
     exclusive_holder: int | None = None
     outside_memory: int | None = None  # memory used by processes that are not engines
+    settle_polls_left: int = 0  # readings to go before the outside estimate may move again
     now: float = 0.0
     _deadlines: list[tuple[float, int]] = attrs.Factory(list)
     _effects: list[Effect] = attrs.Factory(list)
@@ -174,6 +176,13 @@ class Scheduler:
                    step=f"{job.step}/{job.steps}", status=status,
                    duration_s=_round(now - (job.dispatched or now)))
 
+    def engine_spawned(self, name: str, generation: int, pid: int, now: float) -> list[Effect]:
+        """The engine's process exists: its memory in GPU readings is its own, not outside use."""
+        engine = self.engines[name]
+        if generation == engine.generation and engine.status is EngineStatus.STARTING:
+            engine.pid = pid
+        return self._flush()
+
     def engine_ready(self, name: str, generation: int, endpoint: str, now: float,
                      pid: int | None = None) -> list[Effect]:
         engine = self.engines[name]
@@ -181,7 +190,7 @@ class Scheduler:
             return self._flush()
         engine.status = EngineStatus.READY
         engine.endpoint = endpoint
-        engine.pid = pid
+        engine.pid = pid if pid is not None else engine.pid
         engine.ready_at = now
         engine.last_used = now
         self._emit("ready", "info", engine=name, load_s=_round(now - engine.start_decided_at), endpoint=endpoint)
@@ -226,24 +235,51 @@ class Scheduler:
         return self._decide(now)
 
     def observe(self, now: float, used: int, processes: dict[int, int]) -> list[Effect]:
-        """A GPU reading: total memory used, and the per-process list (taken separately).
+        """A memory reading: the device's total use, and the per-process list (taken separately).
 
-        An exited engine's memory counts as freed once its process is gone from the list
-        and the memory nobody accounts for is back to what it was before its stop: the
-        driver may still hold a dead process's memory for a while (research: NVML).
+        Memory not attributed to a live engine is outside use and is subtracted from what
+        the ledger can hand out. Phantom guard: while an engine stops, and for
+        ``settle_polls`` readings after, that estimate stays frozen, because a process that
+        exited between the two NVML calls is gone from the list while its memory still
+        counts, and would look like outside use (GridCore evicted a healthy model over it).
+        An exited engine's reservation is released once its process is gone from the list
+        and the unattributed memory is back to the frozen estimate.
         """
-        outside = used - sum(processes.values())
-        settling = any(e.releasing or e.status is EngineStatus.STOPPING for e in self.engines.values())
-        if not settling:
-            self.outside_memory = outside  # frozen while an engine stops: it would look like outside use
+        live = {e.pid: e for e in self.engines.values()
+                if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY,
+                                                      EngineStatus.STOPPING)}
+        unattributed = used - sum(nbytes for pid, nbytes in processes.items() if pid in live)
+        if any(e.releasing or e.status is EngineStatus.STOPPING for e in self.engines.values()):
+            self.settle_polls_left = self.policy.settle_polls
+        elif self.settle_polls_left > 0:
+            self.settle_polls_left -= 1
+        else:
+            self.outside_memory = max(0, unattributed)
+            self.ledger.outside = self.outside_memory
         for engine in self.engines.values():
-            if not engine.releasing or engine.pid in processes:
-                continue
-            baseline = engine.outside_baseline if engine.outside_baseline is not None else outside
-            if outside <= baseline + self.policy.release_tolerance:
-                released = self._release(engine)
-                self._emit("released", "info", engine=engine.name, released=released, free=self.ledger.free)
+            if engine.releasing and engine.pid not in processes:
+                baseline = engine.outside_baseline if engine.outside_baseline is not None else unattributed
+                if unattributed <= baseline + self.policy.release_tolerance:
+                    released = self._release(engine)
+                    self._emit("released", "info", engine=engine.name, released=released, free=self.ledger.free)
+        for pid, engine in live.items():
+            if engine.status is EngineStatus.READY and pid in processes:
+                self._measure(engine, processes[pid])
         return self._decide(now)
+
+    def _measure(self, engine: EngineState, nbytes: int) -> None:
+        """Keep the most the process has used; it replaces the estimate once it differs by 1 %."""
+        if nbytes <= engine.measured:
+            return
+        engine.measured = nbytes
+        reserved = self.ledger.reservations.get(engine.name, 0)
+        if abs(nbytes - reserved) <= reserved // 100:
+            return
+        previous = self.ledger.resize(engine.name, nbytes)
+        engine.profile = attrs.evolve(engine.profile, memory=nbytes)
+        self._emit("measured", "info", engine=engine.name, measured=nbytes, estimate=previous,
+                   free=self.ledger.free)
+        self._effects.append(Measured(engine.name, nbytes))
 
     def tick(self, now: float) -> list[Effect]:
         """Time passed: deadlines, backoffs, the window and starvation clocks may have come due."""
@@ -274,7 +310,8 @@ class Scheduler:
 
     def snapshot(self) -> SchedulerSnapshot:
         return SchedulerSnapshot(
-            budget=self.ledger.budget, reserved=self.ledger.reserved, mode=self.mode, queued=len(self.waiting),
+            budget=self.ledger.budget, reserved=self.ledger.reserved, outside=self.ledger.outside, mode=self.mode,
+            queued=len(self.waiting),
             queued_by_class={k: q.size for k, q in self.queues.items()},
             running_by_class=dict(self.running_by_class),
             releasing=sum(e.releasing for e in self.engines.values()),
@@ -510,6 +547,7 @@ class Scheduler:
         engine.start_decided_at = now
         engine.ready_at = None
         engine.pid = None
+        engine.measured = 0
         self._emit("restart" if restart else "load", "info", engine=engine.name, memory=engine.profile.memory,
                    reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
                    generation=engine.generation)

@@ -17,8 +17,10 @@ class LedgerError(Exception):
 @attrs.define
 class Ledger:
     budget: int
-    # engine name -> bytes reserved; sum never exceeds budget.
+    # engine name -> bytes reserved; a new reservation must fit in what is free.
     reservations: dict[str, int] = attrs.Factory(dict)
+    # Memory the device reports used by processes that are not steward's engines.
+    outside: int = 0
 
     @property
     def reserved(self) -> int:
@@ -26,7 +28,7 @@ class Ledger:
 
     @property
     def free(self) -> int:
-        return self.budget - self.reserved
+        return self.budget - self.reserved - self.outside
 
     def reserve(self, owner: str, nbytes: int) -> None:
         if owner in self.reservations:
@@ -37,3 +39,9 @@ class Ledger:
 
     def release(self, owner: str) -> int:
         return self.reservations.pop(owner, 0)
+
+    def resize(self, owner: str, nbytes: int) -> int:
+        """A measurement replaced an estimate; returns the previous reservation."""
+        previous = self.reservations[owner]
+        self.reservations[owner] = nbytes
+        return previous

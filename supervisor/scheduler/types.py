@@ -47,6 +47,7 @@ class EngineState:
     # Exited, but its memory not yet observed free: the reservation is still held.
     release_deadline: float | None = None
     outside_baseline: int | None = None  # memory used outside engines when its stop began
+    measured: int = 0  # the most this generation's process has been seen to use
 
     @property
     def name(self) -> str:
@@ -121,6 +122,9 @@ class SchedulingPolicy:
     release_timeout: float = 10.0
     # How much memory not attributed to any process may remain after an exit and still count as freed.
     release_tolerance: int = 64 * 1024**2
+    # Readings after the last engine stopped during which the outside estimate stays
+    # frozen: NVML's totals and its process list are separate calls (research: phantom memory).
+    settle_polls: int = 2
     backoff: BackoffPolicy = attrs.Factory(BackoffPolicy)
 
 
@@ -154,13 +158,21 @@ class StopEngine:
 
 
 @attrs.frozen
+class Measured:
+    """An engine's memory as measured; replaces the estimate for its model and arguments."""
+
+    engine: str
+    nbytes: int
+
+
+@attrs.frozen
 class Emit:
     event: str
     level: str
     fields: dict[str, object]
 
 
-Effect = Grant | Fail | StartEngine | StopEngine | Emit
+Effect = Grant | Fail | StartEngine | StopEngine | Measured | Emit
 
 
 @attrs.frozen
@@ -182,6 +194,7 @@ class EngineSnapshot:
 class SchedulerSnapshot:
     budget: int
     reserved: int
+    outside: int  # memory used by processes that are not engines (frozen while engines stop)
     mode: str
     queued: int
     queued_by_class: dict[str, int]
