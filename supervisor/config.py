@@ -23,7 +23,7 @@ PositiveInt = NewType("PositiveInt", int)
 Fraction = NewType("Fraction", float)
 
 RuntimeName = Literal["llama-server"]
-ProbeName = Literal["auto", "nvml", "simulated", "none"]
+ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
 LogLevel = Literal["debug", "info", "warning"]
 
 

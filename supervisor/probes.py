@@ -1,13 +1,15 @@
-"""GPU probes: what the device says it has and who uses it.
+"""Memory probes: what the device says it has and who uses it.
 
-One interface for NVML and the simulated GPU. The gateway process only ever talks
-to NVML (never CUDA), so it creates no context and holds no GPU memory itself.
+One interface for NVML, the simulated GPU and host RAM (CPU-only hosts, where the
+ledger accounts RAM with the engines' measured RSS). The gateway process only ever
+talks to NVML (never CUDA), so it creates no context and holds no GPU memory itself.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import attrs
@@ -82,19 +84,49 @@ class NvmlProbe:
         return readings
 
 
-def open_probe(config: GpuConfig) -> tuple[GpuProbe | None, str]:
-    """The configured probe, or None; the second value says what was chosen and why."""
+@attrs.define(eq=False)
+class HostMemoryProbe:
+    """Host RAM: the total, and the resident set of each engine process (VmRSS)."""
+
+    engine_pids: Callable[[], Iterable[int]]
+    kind: str = "host"
+
+    def read(self) -> list[GpuReading]:
+        processes = {pid: rss for pid in self.engine_pids() if (rss := process_rss(pid)) is not None}
+        # Other processes' use of RAM is not the ledger's to count: gpu.budget is the share
+        # the engines may have, so only the engines' own memory is "used".
+        return [GpuReading("host", "host RAM", host_memory_total(), sum(processes.values()), processes)]
+
+
+def process_rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None  # exited between the listing and the read
+    return None
+
+
+def open_probe(config: GpuConfig, engine_pids: Callable[[], Iterable[int]] = tuple) -> tuple[GpuProbe | None, str]:
+    """The configured probe, or None; the second value says what was chosen and why.
+
+    ``auto``: the simulated GPU if configured, else NVML, else host RAM (said once).
+    """
     if config.probe == "none":
         return None, "gpu.probe is 'none'"
     if config.probe == "simulated" or (config.probe == "auto" and config.simulated_dir):
         assert config.simulated_dir is not None
         return SimulatedGpuProbe(config.simulated_dir), f"simulated GPU in {config.simulated_dir}"
+    if config.probe == "host":
+        return HostMemoryProbe(engine_pids), "host RAM (gpu.probe is 'host'): engines measured by RSS"
     try:
         probe = NvmlProbe()
     except ProbeUnavailable as exc:
         if config.probe == "nvml":
             raise
-        return None, f"no NVIDIA GPU: {exc}"
+        return HostMemoryProbe(engine_pids), f"no NVIDIA GPU ({exc}); accounting host RAM, engines measured by RSS"
     return probe, f"NVML, {len(probe._handles)} device(s)"
 
 

@@ -100,7 +100,8 @@ async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]],
 
 async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], events: EventLog,
                     task_status: trio.TaskStatus[Steward]) -> None:
-    probe, probe_note = open_probe(config.gpu)
+    engines: dict[str, EngineHandle] = {}
+    probe, probe_note = open_probe(config.gpu, lambda: [h.pid for h in engines.values() if h.pid is not None])
     readings = probe.read() if probe else []
     budget, budget_source = resolve_budget(config, readings)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
@@ -109,7 +110,6 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
     core = build_scheduler(config, specs, budget, observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
-        engines: dict[str, EngineHandle] = {}
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
         await root.start(serve_scheduler, core, mailbox, engines, events)

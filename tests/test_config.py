@@ -51,7 +51,7 @@ def test_the_issue_example_message() -> None:
      "classes.batch.queue_timeout: must be a duration like 2s or 5m, got 'soon'"),
     ({"models": {"chat": GOOD}, "classes": {"urgent": {}}}, "classes.urgent: unknown key"),
     ({"models": {"chat": GOOD}, "gpu": {"probe": "cuda"}},
-     "gpu.probe: must be one of 'auto', 'nvml', 'simulated', 'none', got 'cuda'"),
+     "gpu.probe: must be one of 'auto', 'nvml', 'simulated', 'host', 'none', got 'cuda'"),
     ({"models": {"chat": {**GOOD, "pinned": "yes"}}}, "models.chat.pinned: must be true or false, got 'yes'"),
     ({"models": {"chat": GOOD}, "listen": "localhost"},
      "listen: must be HOST:PORT like 127.0.0.1:8080, got 'localhost'"),
