@@ -19,7 +19,9 @@ from supervisor.config import Config, ConfigError, load_config
 from supervisor.engine import EngineSpec
 from supervisor.events import EventLogUnavailable
 from supervisor.probes import ProbeUnavailable, open_probe
-from supervisor.tree import Steward, resolve_budget, run_steward
+from supervisor.measurements import MeasurementStore
+from supervisor.memory_plan import plan_all
+from supervisor.tree import Steward, memory_device, resolve_budget, run_steward
 from supervisor.units import format_size, parse_duration
 
 EXIT_CONFIG = 2
@@ -76,19 +78,26 @@ def _check(config: Config) -> int:
         print(f"steward: gpu.probe: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     budget, source = resolve_budget(config, readings)
+    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
+    try:
+        plans = plan_all(config, {name: spec.command(0) for name, spec in specs.items()},
+                         MeasurementStore.open(config.state_file), memory_device(probe))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"steward: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     print(f"listen   {config.listen}")
     print(f"probe    {note}")
     print(f"budget   {format_size(budget)} ({budget} bytes) from {source}")
-    total = 0
     problems = []
     for name, model in config.models.items():
-        spec = EngineSpec.from_config(name, config)
+        spec, plan = specs[name], plans[name]
         aliases = [alias for alias, target in config.alias_table().items() if target == name and alias != name]
-        total += model.memory
         tier = "pinned" if model.pinned else "on demand"
         print(f"\nmodel {name}  ({model.runtime}, {tier})")
         print(f"  command  {shlex.join(spec.command('<port>'))}")
-        print(f"  memory   {format_size(model.memory)} ({model.memory} bytes) reserved while loaded")
+        print(f"  memory   {format_size(plan.nbytes)} ({plan.nbytes} bytes) reserved while loaded, "
+              f"{_SOURCES[plan.source]}")
         print(f"  slots    {spec.slots}")
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
@@ -96,10 +105,11 @@ def _check(config: Config) -> int:
             print(f"  warning  {model.command[0]} is not an executable program here")
         if model.model is not None and not os.path.exists(model.model):
             print(f"  warning  model file {model.model} does not exist here")
-        if model.memory > budget:
-            problems.append(f"models.{name}.memory: {format_size(model.memory)} exceeds the budget "
+        if plan.nbytes > budget:
+            problems.append(f"models.{name}.memory: {format_size(plan.nbytes)} exceeds the budget "
                             f"{format_size(budget)}; it could never load")
-    pinned = sum(m.memory for m in config.models.values() if m.pinned)
+    total = sum(plan.nbytes for plan in plans.values())
+    pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.pinned)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
     if pinned > budget:
         problems.append(f"models: pinned models need {format_size(pinned)}, more than the budget")
@@ -108,11 +118,20 @@ def _check(config: Config) -> int:
     return EXIT_CONFIG if problems else 0
 
 
+_SOURCES = {"config": "set by hand", "measured": "measured on an earlier load",
+            "estimate": "estimated from the GGUF header (replaced by a measurement after the first load)"}
+
+
 def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
     try:
         trio.run(_serve_until_signalled, config, on_ready)
-    except (ProbeUnavailable, EventLogUnavailable, OSError, BaseExceptionGroup) as exc:
+    except (ProbeUnavailable, EventLogUnavailable, ConfigError, OSError, BaseExceptionGroup) as exc:
         # Startup failures arrive wrapped in the nursery tree's exception groups.
+        config_error = _find(exc, ConfigError)
+        if config_error is not None:
+            for problem in config_error.problems:
+                print(f"steward: {problem}", file=sys.stderr)
+            return EXIT_CONFIG
         probe_error = _find(exc, ProbeUnavailable)
         if probe_error is not None:
             print(f"steward: gpu.probe: {probe_error}", file=sys.stderr)

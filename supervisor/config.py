@@ -38,7 +38,9 @@ class ConfigError(Exception):
 @attrs.frozen
 class ModelConfig:
     command: list[str]
-    memory: Size
+    # Set by hand, or left out: then measured after the first load, estimated from the
+    # GGUF header until then (supervisor/memory_plan.py).
+    memory: Size | None = None
     runtime: RuntimeName = "llama-server"
     model: str | None = None
     args: list[str] = attrs.Factory(list)
@@ -118,6 +120,8 @@ class Config:
     classes: ClassesConfig = attrs.Factory(ClassesConfig)
     engines: EngineDefaults = attrs.Factory(EngineDefaults)
     log: LogConfig = attrs.Factory(LogConfig)
+    # Measured memory per model and arguments, kept across restarts; null: not kept.
+    state_file: str | None = "steward-state.json"
 
     @property
     def listen_host(self) -> str:
@@ -280,7 +284,10 @@ def _check_semantics(config: Config) -> list[str]:
             problems.append(f"models.{name}.parallel: set here and as --parallel in args; keep one")
         if model.memory == 0:
             problems.append(f"models.{name}.memory: must be the engine's memory size, e.g. 8.3GiB (got 0)")
-        if config.gpu.budget is not None and model.memory > config.gpu.budget:
+        if model.memory is None and model.model is None:
+            problems.append(f"models.{name}.memory: required when models.{name}.model names no GGUF file "
+                            f"to estimate it from")
+        if config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget:
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
                             f"({config.gpu.budget} bytes); it could never load")
         for alias in model.aliases:

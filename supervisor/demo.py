@@ -55,6 +55,7 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "gpu": {"probe": "simulated", "simulated_dir": str(gpu_dir), "poll_interval": "1s"},
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
+        "state_file": str(workdir / "state.json"),
     }
 
 

@@ -30,6 +30,8 @@ from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import create_app
 from supervisor.gateway.gate import RequestGate
+from supervisor.measurements import MeasurementStore
+from supervisor.memory_plan import Device, MemoryPlan, plan_all
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
@@ -78,11 +80,17 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max))
 
 
-def build_scheduler(config: Config, specs: dict[str, EngineSpec], budget: int, *, observe_memory: bool,
-                    ) -> Scheduler:
-    profiles = [EngineProfile(name, model.memory, specs[name].slots, model.pinned)
+def build_scheduler(config: Config, specs: dict[str, EngineSpec], plans: dict[str, MemoryPlan], budget: int, *,
+                    observe_memory: bool) -> Scheduler:
+    profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.pinned,
+                              fixed_memory=plans[name].source == "config")
                 for name, model in config.models.items()]
     return Scheduler.create(budget, profiles, scheduling_policy(config), observe_memory=observe_memory)
+
+
+def memory_device(probe: GpuProbe | None) -> Device:
+    """Where the engines' memory lives: the GPU, or host RAM on a CPU-only host."""
+    return "gpu" if probe is not None and probe.kind != "host" else "cpu"
 
 
 async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]], *,
@@ -107,12 +115,20 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
                 budget=budget, budget_text=format_size(budget), budget_source=budget_source)
     specs = {name: EngineSpec.from_config(name, config) for name in config.models}
-    core = build_scheduler(config, specs, budget, observe_memory=probe is not None)
+    store = MeasurementStore.open(config.state_file)
+    plans = plan_all(config, {name: spec.command(0) for name, spec in specs.items()}, store, memory_device(probe))
+    for name, plan in plans.items():
+        events.emit("memory_plan", "info", engine=name, memory=plan.nbytes, memory_text=format_size(plan.nbytes),
+                    source=plan.source)
+    core = build_scheduler(config, specs, plans, budget, observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
+
+    def remember(engine: str, nbytes: int) -> None:
+        store.record(plans[engine].key, engine, nbytes)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
-        await root.start(serve_scheduler, core, mailbox, engines, events)
+        await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember))
         steward = Steward([], events, client, engines, probe, readings)
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)

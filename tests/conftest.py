@@ -158,7 +158,8 @@ def launch_steward(run_dir: Path, models: dict[str, Any], registry: list[Running
     events_path = run_dir / "events.jsonl"
     config = {"listen": f"127.0.0.1:{free_port()}", "models": models,
               "log": {"file": str(events_path), "terminal": "debug"},
-              "engines": {"stop_grace": "3s", "restart_backoff": "0.2s"}, **sections}
+              "engines": {"stop_grace": "3s", "restart_backoff": "0.2s"},
+              "state_file": str(run_dir / "state.json"), **sections}
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     stderr_path = run_dir / "stderr.log"

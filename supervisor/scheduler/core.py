@@ -273,7 +273,7 @@ class Scheduler:
             return
         engine.measured = nbytes
         reserved = self.ledger.reservations.get(engine.name, 0)
-        if abs(nbytes - reserved) <= reserved // 100:
+        if abs(nbytes - reserved) <= reserved // 100 or engine.profile.fixed_memory:
             return
         previous = self.ledger.resize(engine.name, nbytes)
         engine.profile = attrs.evolve(engine.profile, memory=nbytes)

@@ -27,6 +27,8 @@ class EngineProfile:
     memory: int
     slots: int
     pinned: bool = False
+    # Set by hand: a measurement is reported but does not replace it.
+    fixed_memory: bool = False
 
 
 @attrs.define
