@@ -9,6 +9,16 @@ import httpx
 from supervisor.config import ModelConfig
 
 
+class LogReader(Protocol):
+    """Reads an engine's output line by line for what it says about its memory."""
+
+    def feed(self, line: str) -> None: ...
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """device -> component -> bytes, as the engine reported them."""
+        ...
+
+
 class RuntimeAdapter(Protocol):
     name: str
 
@@ -22,4 +32,8 @@ class RuntimeAdapter(Protocol):
 
     async def is_ready(self, http: httpx.AsyncClient, base_url: str) -> bool:
         """One readiness probe; False while loading or not yet listening."""
+        ...
+
+    def log_reader(self) -> LogReader | None:
+        """A fresh reader of one process's output, or None if the runtime says nothing useful."""
         ...

@@ -5,7 +5,7 @@
 #     ${STEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-steward}/llama-server-<version>/bin/llama-server
 # The version is LLAMA_CPP_PYTHON_VERSION in fakes/llama_binary.py (the one place to change it).
 # Prints the binary's path as the last line of stdout; progress goes to stderr.
-# When the binary is cached and runs, it returns at once. A build takes ~25 min on 2 cores;
+# When the binary is cached and runs, it returns at once. A build takes ~5 min on 2 cores;
 # an interrupted build resumes where it stopped, and the binary appears only once complete.
 # Needs cmake, a C++ compiler and make (or ninja); when they are missing and this runs as
 # root on Debian/Ubuntu, they are installed with apt-get.
@@ -54,6 +54,15 @@ if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; f
 # resumes (download, unpack and compiled objects are reused); removed afterwards.
 work="$root/.build-llama-server-$version"
 mkdir -p "$work"
+if have flock; then  # one build at a time; a run that waited finds the binary built
+    exec 9>"$root/.build-llama-server-$version.lock"
+    flock 9
+    if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+        echo "$bin"
+        exit 0
+    fi
+    mkdir -p "$work"
+fi
 sdist="$work/sdist/llama_cpp_python-$version.tar.gz"
 if [ ! -f "$sdist" ]; then
     log "downloading the llama-cpp-python $version sdist from PyPI"
@@ -102,7 +111,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
         -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_OPENSSL=OFF >&2 || { rm -f "$build/CMakeCache.txt"; die "cmake configure failed"; }
 fi
-log "building llama-server with $jobs jobs (about 25 minutes on 2 cores)"
+log "building llama-server with $jobs jobs (about 5 minutes on 2 cores)"
 started=$(date +%s)
 cmake --build "$build" --target llama-server -j "$jobs" >&2 || die "build failed (see above)"
 log "built in $(( $(date +%s) - started )) s"

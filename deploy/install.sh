@@ -28,6 +28,6 @@ sys.exit(main(["install", "--quiet", path]))
 PY
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extra}"
-# the tests also run a real llama.cpp llama-server: build it once into the cache (~25 min on 2 cores)
+# the tests also run a real llama.cpp llama-server: build it once into the cache (~5 min on 2 cores)
 if [ "${1:-}" = "test" ]; then sh deploy/build-llama-server.sh; fi
 echo "install.sh: installed into $(pwd)/.venv" >&2

@@ -9,7 +9,11 @@ a close after an error, the ``Server`` header). What it does for every fake:
   bare 400 and a close;
 * keep-alive as the client and the policy allow, an idle close after ``idle_timeout``;
 * responses with a length, or streamed chunked (SSE events, NDJSON lines, raw bytes);
-* :meth:`Exchange.run_until_client_leaves`: work cancelled the moment the client goes away.
+* :meth:`Exchange.run_until_client_leaves`: work cancelled the moment the client goes away;
+* ``HEAD`` answered with the headers of the ``GET`` answer and no body;
+* :meth:`Exchange.accept_websocket`: the RFC 6455 upgrade, then a :class:`WebSocket` (wsproto)
+  that owns the connection until the handler returns;
+* :func:`watch_signals`: SIGTERM/SIGINT cancel a scope, for a fake's ``main``.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ from __future__ import annotations
 import http
 import itertools
 import json
+import signal
 from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl
 
 import attrs
 import h11
 import trio
+import wsproto
+import wsproto.events as ws_events
+from wsproto.utilities import generate_accept_token
 
 RECV_BYTES = 65536
 READ_TIMEOUT_S = 600.0        # once a request has started arriving
@@ -36,7 +45,7 @@ def dump_json(value: object) -> bytes:
 class ConnectionPolicy:
     """The connection habits of the HTTP library a fake imitates."""
 
-    server: bytes                        # the Server header of every response
+    server: bytes                        # the Server header of every response (b"": none, like Go)
     idle_timeout: float = 5.0            # close a kept-alive connection idle this long
     max_requests: int | None = None      # the max_requests-th response says "Connection: close"
     close_after_error: bool = False      # no reuse after a response >= 400 (cpp-httplib)
@@ -70,6 +79,18 @@ class Request:
         # h11 never keeps an HTTP/1.0 connection alive, so neither do we.
         keep_alive = head.http_version == b"1.1" and "close" not in tokens
         return cls(head.method.decode(), path, query, headers, body, client, keep_alive)
+
+    @property
+    def query_params(self) -> dict[str, str]:
+        """The query string as a dict (the last value of a repeated name wins)."""
+        return dict(parse_qsl(self.query, keep_blank_values=True))
+
+    @property
+    def websocket_key(self) -> str | None:
+        """``Sec-WebSocket-Key`` of a websocket upgrade request, else None."""
+        if self.method != "GET" or self.headers.get("upgrade", "").lower() != "websocket":
+            return None
+        return self.headers.get("sec-websocket-key") or None
 
 
 @attrs.define(eq=False)
@@ -149,9 +170,13 @@ class Exchange:
             return [(b"connection", b"close")]
         return [(b"keep-alive", policy.keep_alive_value)] if policy.keep_alive_header else []
 
+    def _server_header(self) -> list[tuple[bytes, bytes]]:
+        server = self.conn.policy.server
+        return [(b"server", server)] if server else []
+
     def _head(self, status: int, content_type: bytes, length: int | None) -> h11.Response:
         self.status = status
-        headers = [(b"content-type", content_type), (b"server", self.conn.policy.server)]
+        headers = [(b"content-type", content_type)] + self._server_header()
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
         headers += self._connection_headers(status)
@@ -159,7 +184,7 @@ class Exchange:
 
     async def respond(self, status: int, body: bytes, content_type: bytes = JSON_TYPE) -> None:
         events: list[h11.Event] = [self._head(status, content_type, len(body))]
-        if body:
+        if body and self.request.method != "HEAD":  # HEAD: GET's headers, no body
             events.append(h11.Data(data=body))
         await self.conn.send(*events, h11.EndOfMessage())
 
@@ -185,6 +210,23 @@ class Exchange:
     async def end_stream(self) -> None:
         await self.conn.send(h11.EndOfMessage())
 
+    async def accept_websocket(self, extra_headers: list[tuple[bytes, bytes]] | None = None) -> WebSocket:
+        """Answer ``101 Switching Protocols``; the connection is the returned websocket's from now on.
+
+        Only for a request whose :attr:`Request.websocket_key` is set. The connection closes
+        when the handler returns.
+        """
+        key = self.request.websocket_key
+        if key is None:
+            raise ValueError("not a websocket upgrade request")
+        headers = [(b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
+                   (b"sec-websocket-accept", generate_accept_token(key.encode("latin-1"))),
+                   *self._server_header(), *(extra_headers or [])]
+        await self.conn.send(h11.InformationalResponse(status_code=101, headers=headers))
+        self.status, self.keep_alive = 101, False
+        trailing, _closed = self.conn.h11.trailing_data
+        return WebSocket(self.conn.stream, trailing)
+
     async def run_until_client_leaves(self, work: Callable[[], Awaitable[None]]) -> bool:
         """Run *work*, cancelling it as soon as the client disconnects. True if it did."""
         gone = False
@@ -204,6 +246,85 @@ class Exchange:
         if gone:
             self.keep_alive = False
         return gone
+
+
+@attrs.define(eq=False)
+class WebSocket:
+    """The server end of an accepted websocket: messages in and out, pings answered.
+
+    One task may :meth:`receive` while others send (sends are serialized). A peer that
+    closes or drops the connection makes :meth:`receive` return None and sends raise
+    ``trio.BrokenResourceError``/``trio.ClosedResourceError``.
+    """
+
+    stream: trio.abc.Stream
+    initial: bytes = b""
+    _ws: wsproto.connection.Connection = attrs.field(init=False)
+    _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _eof: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._ws = wsproto.connection.Connection(wsproto.ConnectionType.SERVER)
+        if self.initial:
+            self._ws.receive_data(self.initial)
+
+    @property
+    def open(self) -> bool:
+        return not self._eof and self._ws.state is wsproto.connection.ConnectionState.OPEN
+
+    async def _send(self, event: ws_events.Event) -> None:
+        async with self._send_lock:
+            try:
+                data = self._ws.send(event)
+            except wsproto.utilities.LocalProtocolError:
+                raise trio.ClosedResourceError("websocket is closing") from None
+            await self.stream.send_all(data)
+
+    async def send_text(self, text: str) -> None:
+        await self._send(ws_events.TextMessage(data=text))
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._send(ws_events.BytesMessage(data=data))
+
+    async def send_json(self, value: object) -> None:
+        await self.send_text(dump_json(value).decode())
+
+    async def receive(self) -> str | bytes | None:
+        """The next whole message, or None once the peer has closed (or dropped) the connection."""
+        parts: list[str | bytes] = []
+        while not self._eof:
+            for event in self._ws.events():
+                if isinstance(event, ws_events.Ping):
+                    await self._reply(event.response())
+                elif isinstance(event, ws_events.CloseConnection):
+                    if self._ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
+                        await self._reply(event.response())
+                    self._eof = True
+                    return None
+                elif isinstance(event, ws_events.Message):
+                    parts.append(event.data)
+                    if event.message_finished:
+                        return "".join(parts) if isinstance(event, ws_events.TextMessage) else b"".join(parts)
+            try:
+                data = await self.stream.receive_some(RECV_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self._eof = True
+                return None
+            self._ws.receive_data(data)
+        return None
+
+    async def _reply(self, event: ws_events.Event) -> None:
+        try:
+            await self._send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._eof = True
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Send a close frame (if still open); the handler returning closes the TCP connection."""
+        if self.open:
+            await self._reply(ws_events.CloseConnection(code=code, reason=reason))
 
 
 Handler = Callable[[Exchange], Awaitable[None]]
@@ -264,3 +385,15 @@ class HttpServer:
                 return
             conn.h11.start_next_cycle()
 
+
+
+async def watch_signals(cancel_scope: trio.CancelScope, on_signal: Callable[[int], None] | None = None, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Cancel *cancel_scope* at the first SIGTERM or SIGINT (after calling ``on_signal(signum)``)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            if on_signal is not None:
+                on_signal(signum)
+            cancel_scope.cancel()
+            return

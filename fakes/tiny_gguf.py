@@ -146,7 +146,9 @@ class _Spec:
     build: Callable[[_Builder], None]
     defaults: dict[str, Any]
     tokenizer: str = "gpt2"
-    # built-in SWA period of the architecture in llama.cpp (used when no pattern key is written)
+    # sliding-window support in llama.cpp: "none"; "period" (every swa_period-th layer is global
+    # unless a pattern key is written); "attention" (lfm2: a window makes every attention layer SWA)
+    swa: str = "none"
     swa_period: int = 0
     # hybrids: default attention layers are those with il % attn_every == attn_every - 1
     attn_every: int = 0
@@ -199,7 +201,7 @@ class _Builder:
 
         qtype = self.wtype if matmul else _GGML.F32
         block, _ = gguf.GGML_QUANT_SIZES[qtype]
-        if ne[0] % block:
+        if ne[0] % block:  # rows too short for the block size: stay unquantized
             qtype = _GGML.F16 if matmul else _GGML.F32
         if qtype == _GGML.F16:
             data = data.astype(np.float16)
@@ -394,14 +396,14 @@ SPECS: dict[str, _Spec] = {
     "gemma3": _Spec(MODEL_ARCH.GEMMA3, _build_gemma3,
                     dict(n_layer=6, n_embd=64, n_head=4, n_head_kv=1, head_dim=32, n_ff=128,
                          sliding_window=128, tied_output=True),
-                    swa_period=6),
+                    swa="period", swa_period=6),
     "qwen3moe": _Spec(MODEL_ARCH.QWEN3MOE, _build_qwen3moe,
                       dict(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=128,
                            n_expert=8, n_expert_used=2, n_ff_exp=64)),
     "lfm2": _Spec(MODEL_ARCH.LFM2, _build_lfm2,
                   dict(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, shortconv_l_cache=3,
                        tied_output=True),
-                  attn_every=2),
+                  attn_every=2, swa="attention"),
     "granitehybrid": _Spec(MODEL_ARCH.GRANITE_HYBRID, _build_granitehybrid,
                            dict(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, ssm_d_conv=4,
                                 ssm_d_state=16, ssm_n_group=1, ssm_dt_rank=4),
@@ -413,7 +415,7 @@ SPECS: dict[str, _Spec] = {
     "gemma3n": _Spec(MODEL_ARCH.GEMMA3N, _build_gemma3n,
                      dict(n_layer=22, n_embd=64, n_head=2, n_head_kv=1, head_dim=32, n_ff=128,
                           n_vocab=320, sliding_window=64, tied_output=True, weight_type="q8_0"),
-                     swa_period=5, kv_from_start=_GEMMA3N_KV_FROM_START),
+                     swa="period", swa_period=5, kv_from_start=_GEMMA3N_KV_FROM_START),
 }
 
 ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
@@ -423,12 +425,23 @@ ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
 # parameters
 
 
+# overrides that only make sense where the architecture's defaults already use them
+_ARCH_SPECIFIC = {"n_expert", "n_expert_used", "n_ff_exp", "shortconv_l_cache", "ssm_d_conv",
+                  "ssm_d_state", "ssm_n_group", "ssm_dt_rank", "pooling"}
+
+
 def _resolve(spec: _Spec, overrides: dict[str, Any]) -> dict[str, Any]:
     unknown = set(overrides) - set(_BASE)
     if unknown:
         raise TypeError(f"unknown tiny-model parameter(s): {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(sorted(_BASE))}")
-    p = {**_BASE, **spec.defaults, **{k: v for k, v in overrides.items() if v is not None}}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    for key in _ARCH_SPECIFIC & set(overrides):
+        if not spec.defaults.get(key):
+            raise ValueError(f"{key} does not apply to {spec.model_arch.name.lower()}")
+    if "swa_pattern" in overrides and spec.swa != "period":
+        raise ValueError(f"swa_pattern does not apply to {spec.model_arch.name.lower()}")
+    p = {**_BASE, **spec.defaults, **overrides}
     n_layer, n_head = p["n_layer"], p["n_head"]
     if n_layer < 1:
         raise ValueError("n_layer must be >= 1")
@@ -451,23 +464,23 @@ def _resolve(spec: _Spec, overrides: dict[str, Any]) -> dict[str, Any]:
         attn = set(attn)
         kv = [h if il in attn else 0 for il, h in enumerate(kv)]
     elif p["attention_layers"] is not None:
-        raise ValueError(f"attention_layers only applies to hybrid architectures")
+        raise ValueError("attention_layers only applies to hybrid architectures")
     p["n_head_kv"] = tuple(kv)
 
     # sliding-window layout (what llama.cpp will compute)
     pattern = p["swa_pattern"]
     if not p["sliding_window"]:
         swa = [False] * n_layer
+    elif spec.swa == "none":
+        raise ValueError(f"llama.cpp has no sliding-window attention for {spec.model_arch.name.lower()}")
+    elif spec.swa == "attention":
+        swa = [h > 0 for h in kv]
     elif isinstance(pattern, (list, tuple)):
         swa = [bool(x) for x in pattern]
         if len(swa) != n_layer:
             raise ValueError(f"swa_pattern has {len(swa)} entries for {n_layer} layers")
-    elif spec.attn_every:  # lfm2 with a window: every attention layer slides
-        swa = [h > 0 for h in kv]
-    else:
-        period = pattern if pattern is not None else spec.swa_period
-        if not period and pattern is None:
-            raise ValueError(f"{spec.model_arch.name.lower()} has no built-in SWA period; give swa_pattern")
+    else:  # llama_hparams::set_swa_pattern(period): layer il is global iff il % period == period - 1
+        period = spec.swa_period if pattern is None else int(pattern)
         swa = [period == 0 or il % period < period - 1 for il in range(n_layer)]
     p["swa_layers"] = tuple(swa)
 

@@ -20,6 +20,7 @@ import httpx
 import trio
 
 from adapters import ADAPTERS, RuntimeAdapter
+from adapters.base import LogReader
 from supervisor.config import Config, ModelConfig
 from supervisor.events import EventLog
 from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, stop_child
@@ -113,8 +114,12 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
     events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv, generation=generation)
     base_url = f"http://{spec.host}:{port}" if ":" not in spec.host else f"http://[{spec.host}]:{port}"
 
+    log_reader = spec.adapter.log_reader()
+
     def on_line(line: str) -> None:
         handle.output_tail.append(line)
+        if log_reader is not None:
+            log_reader.feed(line)
         events.emit("engine_output", "debug", engine=spec.name, line=line)
 
     stop_requested = False
@@ -125,7 +130,8 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
             nursery.start_soon(_notify_exit, process, output_done, send, generation)
             nursery.start_soon(_notify_ready, spec, http, base_url, send, generation)
             nursery.start_soon(_notify_too_slow, spec.start_timeout, send, generation)
-            detail = await _follow(spec, generation, process, handle, receive, events, scheduler, base_url)
+            detail = await _follow(spec, generation, process, handle, receive, events, scheduler, base_url,
+                                   log_reader)
             stop_requested = detail.startswith("stopped")
             nursery.cancel_scope.cancel(reason="engine process ended")
         return detail
@@ -143,7 +149,7 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
 
 async def _follow(spec: EngineSpec, generation: int, process: ChildProcess, handle: EngineHandle,
                   receive: trio.MemoryReceiveChannel[_Command], events: EventLog, scheduler: SchedulerClient,
-                  base_url: str) -> str:
+                  base_url: str, log_reader: LogReader | None) -> str:
     """Handle the engine's mailbox until its process is gone; returns why it ended."""
     ready = False
     async for command in receive:
@@ -152,6 +158,9 @@ async def _follow(spec: EngineSpec, generation: int, process: ChildProcess, hand
         if command.kind == "ready" and not ready:
             ready = True
             scheduler.report_ready(spec.name, generation, base_url, process.pid)
+            if log_reader is not None and (buffers := log_reader.summary()):
+                # The engine's own account of its memory, from its log: the measured breakdown.
+                events.emit("buffers", "info", engine=spec.name, devices=buffers)
         elif command.kind == "too_slow" and not ready:
             events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
             await stop_child(process, spec.stop_grace)

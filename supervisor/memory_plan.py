@@ -11,6 +11,8 @@ from typing import Literal
 
 import attrs
 
+from supervisor.accounting.estimate import estimate
+from supervisor.accounting.gguf_header import GGUFError
 from supervisor.config import Config, ConfigError, ModelConfig
 from supervisor.measurements import MeasurementStore, measurement_key
 
@@ -26,6 +28,7 @@ class MemoryPlan:
 
 def plan_memory(name: str, model: ModelConfig, argv: list[str], store: MeasurementStore, device: Device,
                 ) -> MemoryPlan:
+    """*argv*: the engine's flags (without the program), as steward will start it."""
     key = measurement_key(model)
     if model.memory is not None:
         return MemoryPlan(model.memory, "config", key)
@@ -33,22 +36,21 @@ def plan_memory(name: str, model: ModelConfig, argv: list[str], store: Measureme
     if measured is not None:
         return MemoryPlan(measured, "measured", key)
     assert model.model is not None  # the config requires one of the two
-    from supervisor.accounting.estimate import EstimateError, estimate_memory
-
     try:
-        estimate = estimate_memory(model.model, argv, device=device)
-    except EstimateError as exc:
+        result = estimate(model.model, argv, device=device)
+    except (GGUFError, ValueError, OSError) as exc:
         raise ConfigError([f"models.{name}.model: cannot estimate its memory: {exc}; "
                            f"set models.{name}.memory by hand"]) from None
-    return MemoryPlan(estimate.total_for(device), "estimate", key)
+    return MemoryPlan(result.gpu_total if device == "gpu" else result.host.total, "estimate", key)
 
 
 def plan_all(config: Config, argvs: dict[str, list[str]], store: MeasurementStore, device: Device,
              ) -> dict[str, MemoryPlan]:
+    """*argvs*: each engine's full command line; the program's own words are left out."""
     problems, plans = [], {}
     for name, model in config.models.items():
         try:
-            plans[name] = plan_memory(name, model, argvs[name], store, device)
+            plans[name] = plan_memory(name, model, argvs[name][len(model.command):], store, device)
         except ConfigError as exc:
             problems += exc.problems
     if problems:

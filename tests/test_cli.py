@@ -39,7 +39,7 @@ def test_check_prints_the_resolved_plan(tmp_path: Path) -> None:
     out = result.stdout
     assert "budget   16.0 GiB (17179869184 bytes) from gpu.budget" in out
     assert ("command  /opt/llama/llama-server --model /models/gemma.gguf --host 127.0.0.1 --port '<port>' "
-            "--parallel 2 -c 8192 -ngl 99") in out
+            "--parallel 2 -lv 4 -c 8192 -ngl 99") in out
     assert "memory   8.3 GiB (8912057139 bytes) reserved while loaded" in out
     assert "aliases  gpt-4o" in out
     assert "slots    4" in out  # embed: llama-server's automatic --parallel
