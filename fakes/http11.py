@@ -161,6 +161,7 @@ class Exchange:
     keep_alive: bool
     status: int = 0
     last_send: float = 0.0
+    headers: list[tuple[bytes, bytes]] = attrs.field(factory=list)  # extra headers for the response head
 
     def _connection_headers(self, status: int) -> list[tuple[bytes, bytes]]:
         policy = self.conn.policy
@@ -179,7 +180,7 @@ class Exchange:
         headers = [(b"content-type", content_type)] + self._server_header()
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
-        headers += self._connection_headers(status)
+        headers += self._connection_headers(status) + self.headers
         return h11.Response(status_code=status, headers=headers, reason=http.HTTPStatus(status).phrase.encode())
 
     async def respond(self, status: int, body: bytes, content_type: bytes = JSON_TYPE) -> None:
@@ -221,7 +222,7 @@ class Exchange:
             raise ValueError("not a websocket upgrade request")
         headers = [(b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
                    (b"sec-websocket-accept", generate_accept_token(key.encode("latin-1"))),
-                   *self._server_header(), *(extra_headers or [])]
+                   *self._server_header(), *self.headers, *(extra_headers or [])]
         await self.conn.send(h11.InformationalResponse(status_code=101, headers=headers))
         self.status, self.keep_alive = 101, False
         trailing, _closed = self.conn.h11.trailing_data
