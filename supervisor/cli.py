@@ -37,8 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config", help="path to the YAML config")
     demo = commands.add_parser("demo", help="run on a simulated GPU with fake engines (no GPU, no config)")
     demo.add_argument("--port", type=int, default=8080, help="port to listen on (0 picks a free one)")
+    demo.add_argument("--real", action="store_true",
+                      help="real llama-server engines (CPU) with tiny models written on the fly")
     load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
     load.add_argument("--url", help="a running steward (default: start one on the demo's fake engines)")
+    load.add_argument("--real", action="store_true",
+                      help="start the steward on real llama-server engines (steward demo --real)")
     load.add_argument("--duration", type=parse_duration, default=30.0, help="how long clients keep asking (30s)")
     for kind, count, model in (("chat", 3, "gemma4-12b"), ("background", 4, "gemma4-e4b"),
                                ("batch", 2, "gemma4-e2b"), ("embedding", 1, "nomic-embed")):
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        return _demo(args.port)
+        return _demo(args.port, real=args.real)
     if args.command == "loadtest":
         return _loadtest(args)
     if args.command == "simulate":
@@ -209,19 +213,29 @@ def _loadtest(args: argparse.Namespace) -> int:
     kinds = ("chat", "background", "batch", "embedding")
     counts = {kind: getattr(args, kind) for kind in kinds}
     models = {kind: getattr(args, f"{kind}_model") for kind in kinds}
-    report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed)
+    try:
+        report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed, real=args.real)
+    except RuntimeError as exc:
+        print(f"steward: loadtest: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     print(json.dumps(report.to_json()) if args.json else loadtest.format_report(report))
     return 0
 
 
-def _demo(port: int) -> int:
+def _demo(port: int, *, real: bool = False) -> int:
     from supervisor import demo
+    from supervisor.config import parse_config
 
     workdir = demo.make_workdir()
-    config = demo.demo_config(workdir, port)
+    try:
+        raw = demo.real_demo_config_dict(workdir, port) if real else demo.demo_config_dict(workdir, port)
+    except demo.RealEnginesUnavailable as exc:
+        print(f"steward: demo --real needs a llama-server binary: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    config = parse_config(raw)
 
     def announce(steward: Steward) -> None:
-        print(demo.banner(steward.url, workdir), flush=True)
+        print(demo.banner(steward.url, workdir, real=real), flush=True)
 
     return _run(config, on_ready=announce)
 

@@ -2,6 +2,8 @@
 
 Needs no GPU, no model files and no config: four fake llama-servers shaped like the
 GridCore article's models (research: seeds/gridcore-article.md) behind one gateway.
+``--real``: the same four names on real llama-server engines (CPU) with tiny models
+written on the fly; their memory is estimated, then measured.
 """
 
 from __future__ import annotations
@@ -59,14 +61,58 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
     }
 
 
+# name: (tiny architecture, writer overrides, engine args); same names as the fake demo.
+REAL_MODELS: dict[str, tuple[str, dict[str, object], list[str]]] = {
+    "gemma4-12b": ("llama", {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2}, ["-c", "4096"]),
+    "gemma4-e4b": ("qwen3moe", {}, ["-c", "4096"]),
+    "gemma4-e2b": ("gemma3", {}, ["-c", "4096"]),
+    "nomic-embed": ("bert", {}, ["-c", "2048", "--embeddings"]),
+}
+REAL_BUDGET = "1GiB"
+
+
+class RealEnginesUnavailable(Exception):
+    pass
+
+
+def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
+    """Real llama-server engines on this host's CPU, with tiny models written into *workdir*."""
+    from fakes.llama_binary import llama_server_path
+    from fakes.tiny_gguf import write_tiny_model
+
+    try:
+        binary = str(llama_server_path())
+    except FileNotFoundError as exc:
+        raise RealEnginesUnavailable(str(exc)) from None
+    models_dir = workdir / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    models = {}
+    for name, (arch, overrides, args) in REAL_MODELS.items():
+        written = write_tiny_model(models_dir / f"{name}.gguf", arch, **overrides)
+        fake = DEMO_MODELS[name]
+        models[name] = {"command": binary, "model": str(written.path), "parallel": fake["parallel"],
+                        "aliases": fake.get("aliases", []), "pinned": fake.get("pinned", False),
+                        "args": [*args, "--threads", "1"]}
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "models": models,
+        "gpu": {"probe": "host", "budget": REAL_BUDGET, "poll_interval": "0.5s"},
+        "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
+        "log": {"file": str(workdir / "events.jsonl")},
+        "state_file": str(workdir / "state.json"),
+    }
+
+
 def make_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="steward-demo-"))
 
 
-def banner(url: str, workdir: Path) -> str:
+def banner(url: str, workdir: Path, *, real: bool = False) -> str:
+    kind = ("real llama-server engines on this CPU, tiny models" if real
+            else "a simulated 16 GiB GPU, fake llama-servers")
     base = f"{url}/v1"
     return f"""
-gpu-steward demo: a simulated 16 GiB GPU, four fake llama-servers, one front door.
+gpu-steward demo: four engines behind one front door ({kind}).
 
   OpenAI base URL   {base}
   event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)

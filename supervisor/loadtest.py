@@ -189,11 +189,14 @@ def format_report(report: LoadReport) -> str:
     return "\n".join(lines)
 
 
-def start_demo_steward(workdir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """A steward on the demo's simulated GPU and fake engines, as a child process."""
-    from supervisor.demo import demo_config_dict
+def start_demo_steward(workdir: Path, *, real: bool = False) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A steward on the demo's engines (fake, or real with ``real``), as a child process."""
+    from supervisor.demo import RealEnginesUnavailable, demo_config_dict, real_demo_config_dict
 
-    config = demo_config_dict(workdir, port=0)
+    try:
+        config = real_demo_config_dict(workdir, port=0) if real else demo_config_dict(workdir, port=0)
+    except RealEnginesUnavailable as exc:
+        raise RuntimeError(str(exc)) from None
     config["log"] = {"file": str(workdir / "events.jsonl"), "terminal": "warning"}
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -225,13 +228,13 @@ def stop_steward(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_loadtest(url: str | None, counts: dict[str, int], duration: float, models: dict[str, str],
-                 seed: int = 7) -> LoadReport:
+                 seed: int = 7, *, real: bool = False) -> LoadReport:
     kinds = {kind: counts[kind.name] for kind in default_kinds(models) if counts.get(kind.name)}
     if url is not None:
         outcomes = trio.run(run_clients, f"{url.rstrip('/')}", kinds, duration, seed)
         return LoadReport(duration, outcomes)
     workdir = Path(tempfile.mkdtemp(prefix="steward-loadtest-"))
-    process, steward_url, events = start_demo_steward(workdir)
+    process, steward_url, events = start_demo_steward(workdir, real=real)
     try:
         outcomes = trio.run(run_clients, steward_url, kinds, duration, seed)
     finally:

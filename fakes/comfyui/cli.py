@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--port", type=int, default=DEFAULT_PORT)
     g.add_argument("--enable-cors-header", dest="cors_origin", nargs="?", const="*", default=None)
     g.add_argument("--disable-smart-memory", action="store_true")
-    g.add_argument("--verbose", nargs="?", const="DEBUG", default=None, help="one stderr line per request")
+    g.add_argument("-v", "--verbose", nargs="?", const="DEBUG", default=None, help="one stderr line per request")
     f = p.add_argument_group("fake-only flags")
     f.add_argument("--sim-gpu", default=None, metavar="DIR", help="fakes.simgpu device to register with")
     f.add_argument("--vram", type=parse_size, default=16 * 1024**3, help="device size without --sim-gpu")
