@@ -48,6 +48,8 @@ class ModelConfig:
     aliases: list[str] = attrs.Factory(list)
     pinned: bool = False
     env: dict[str, str] = attrs.Factory(dict)
+    # A fixed port for the engine; default: a free one picked at each start.
+    port: PositiveInt | None = None
 
 
 @attrs.frozen

@@ -100,7 +100,7 @@ async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
                     receive: trio.MemoryReceiveChannel[_Command], send: trio.MemorySendChannel[_Command],
                     events: EventLog, http: httpx.AsyncClient, scheduler: SchedulerClient) -> str:
     """Run one process of the engine from spawn to exit; returns why it ended."""
-    port = pick_port(spec.host)
+    port = spec.model.port or pick_port(spec.host)
     argv = spec.command(port)
     handle.output_tail.clear()
     try:
