@@ -114,7 +114,7 @@ def ndjson(response: httpx.Response) -> list[dict[str, object]]:
 
 
 def test_official_ollama_client(start_ollama: Callable[..., Fake]) -> None:
-    ollama = pytest.importorskip("ollama")
+    import ollama  # the official client, a test dependency
     fake = start_ollama()
     client = ollama.Client(host=fake.url)
     messages = [{"role": "user", "content": "hello there"}]
@@ -271,15 +271,15 @@ def test_embedding_only_model(start_ollama: Callable[..., Fake]) -> None:
 
 def test_midstream_error_line(start_ollama: Callable[..., Fake]) -> None:
     fake = start_ollama()
-    r = fake.post("/api/chat", {"model": "gemma3:4b", "messages": [{"role": "user", "content": "FAKE_ERROR_MIDSTREAM"}]})
+    hook = [{"role": "user", "content": "FAKE_ERROR_MIDSTREAM"}]
+    r = fake.post("/api/chat", {"model": "gemma3:4b", "messages": hook})
     lines = ndjson(r)
     assert r.status_code == 200 and len(lines) == 3
     assert [line["message"]["content"] for line in lines[:2]] == [" the", " quick"]
     assert set(lines[2]) == {"error"} and "FAKE_ERROR_MIDSTREAM" in lines[2]["error"]
     r = fake.post("/api/generate", {"model": "gemma3:4b", "prompt": "FAKE_ERROR_MIDSTREAM", "stream": False})
     assert r.status_code == 500 and set(r.json()) == {"error"}
-    r = fake.post("/v1/chat/completions", {"model": "gemma3:4b", "stream": True,
-                                           "messages": [{"role": "user", "content": "FAKE_ERROR_MIDSTREAM"}]})
+    r = fake.post("/v1/chat/completions", {"model": "gemma3:4b", "stream": True, "messages": hook})
     events = [e for e in r.text.split("\n\n") if e]
     assert len(events) == 3 and "[DONE]" not in r.text
     assert json.loads(events[2].removeprefix("data: "))["error"]["type"] == "api_error"

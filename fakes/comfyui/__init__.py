@@ -24,10 +24,13 @@ A real HTTP/1.1 + websocket server in its own process (trio + h11 + wsproto thro
   ``/system_stats`` (``devices[0].vram_total/vram_free`` in bytes, from the simulated GPU if
   given), ``/features``, ``/object_info`` (small), ``/view`` (a tiny PNG for images the fake
   produced), ``/embeddings``, ``/extensions``;
-* websocket ``/ws?clientId=ID``: ``status`` with ``sid`` first, then per prompt of that client
+* websocket ``/ws?clientId=ID``: ``status`` with ``sid`` first; ``status`` to everyone whenever the
+  queue changes (a prompt queued, taken, finished, deleted); per prompt of that client
   ``execution_start``, ``execution_cached``, ``executing`` per node, ``progress`` (value/max),
-  ``executed`` for outputs, ``execution_success`` (or ``execution_error`` / broadcast
-  ``execution_interrupted``), ``status``, and ``executing`` with ``node: null``. Text frames only;
+  ``executed`` for outputs, ``execution_success`` (or ``execution_error`` /
+  ``execution_interrupted``), ``status``, and ``executing`` with ``node: null``. A prompt without
+  ``client_id`` sends only ``progress`` and ``execution_interrupted``, to every socket. Pings are
+  answered; ``feature_flags`` is answered. Text frames only (no binary previews);
 * every route also under ``/api``; ComfyUI's Origin middleware: a loopback ``Host`` with an
   ``Origin`` naming another host -> 403 with an empty body (``--enable-cors-header`` turns it
   off and adds CORS headers); ``OPTIONS`` -> 200;

@@ -170,6 +170,7 @@ class Prompts:
 
     async def _execute(self, item: Item) -> None:
         self.running, self._stop, self._scope = item, None, trio.CancelScope()
+        self.queue_updated()  # PromptQueue.get() announces the take too
         scope, sid, pid = self._scope, item.client_id, item.prompt_id
         messages: list[list[Any]] = []
 
