@@ -20,9 +20,10 @@ import attrs
 import trio
 
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_body, error_headers, sse_error_event
+from supervisor.gateway.errors import error_body, error_headers
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs, step_body
-from supervisor.gateway.upstream import UpstreamError, fetch_upstream, open_upstream_request
+from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
+from supervisor.gateway.upstream import UpstreamError, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 from supervisor.scheduler.types import CLASSES
 
@@ -33,8 +34,6 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 EMBEDDINGS_PATH = "/v1/embeddings"
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS_PATH})
 CLASS_HEADER = b"x-steward-class"
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-                         b"proxy-connection"})
 _FORWARDED_REQUEST_HEADERS = frozenset({b"accept", b"authorization", b"x-api-key"})
 
 
@@ -121,7 +120,7 @@ class InferenceHandler:
                 lease.status = status
                 if status != 200:
                     # The engine's own error, unchanged, like a single-step request would get it.
-                    await _send_whole(send, status, [(k, v) for k, v in headers if k not in _HOP_BY_HOP], body)
+                    await _send_whole(send, status, [(k, v) for k, v in headers if k not in HOP_BY_HOP], body)
                     return
                 try:
                     assembly.add(json.loads(body))
@@ -195,30 +194,13 @@ async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]
 
 
 async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
-    headers = _request_headers(scope)
-    response_started = False
-    is_sse = False
-    try:
-        async with open_upstream_request(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                                         headers, routed.body) as upstream:
-            out_headers = [(k, v) for k, v in upstream.headers if k not in _HOP_BY_HOP]
-            is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in out_headers)
-            lease.status = upstream.status
-            await send({"type": "http.response.start", "status": upstream.status, "headers": out_headers})
-            response_started = True
-            async for chunk in upstream.iter_body():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except UpstreamError as exc:
-        lease.status = 502
-        message = f"engine {lease.grant.engine!r} failed during the request: {exc}"
-        if not response_started:
-            await send_error(send, 502, message, code="engine_error")
-        elif is_sse:
-            await send({"type": "http.response.body", "body": sse_error_event(message, code="engine_error"),
-                        "more_body": False})
-        else:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                              _request_headers(scope), routed.body)
+
+    def on_status(status: int) -> None:
+        lease.status = status
+
+    await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status)
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:

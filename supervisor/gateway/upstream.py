@@ -23,6 +23,10 @@ class UpstreamError(Exception):
     """The engine could not be reached, or broke the connection or the protocol."""
 
 
+class UpstreamUnreachable(UpstreamError):
+    """The connection itself failed: no byte of the request was sent, so a retry is safe."""
+
+
 @attrs.define(eq=False)
 class UpstreamResponse:
     status: int
@@ -51,7 +55,7 @@ async def open_upstream_request(host: str, port: int, method: bytes, target: byt
         try:
             await sock.connect((host, port))
         except OSError as exc:
-            raise UpstreamError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+            raise UpstreamUnreachable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         conn = h11.Connection(h11.CLIENT)
         request_headers = [(b"host", f"{host}:{port}".encode()), (b"content-length", str(len(body)).encode()),
                            (b"connection", b"close"), *headers]

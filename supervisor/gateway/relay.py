@@ -1,0 +1,105 @@
+"""Relaying one request to an upstream and its answer back, unbuffered.
+
+Shared by the OpenAI gateway (to engines) and the service listeners (to Ollama and
+ComfyUI). One fresh upstream connection per request. If the upstream cannot be reached
+at all (down, restarting), the request may be retried with exponential backoff until it
+answers or the client goes: no byte was sent, so that is safe. An upstream that breaks
+mid-answer ends the answer with an error in the stream's own framing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from supervisor.gateway.errors import error_body, error_headers, sse_error_event
+from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, open_upstream_request
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+                        b"proxy-connection", b"host", b"content-length"})
+
+
+@attrs.frozen
+class Backoff:
+    initial: float = 1.0
+    maximum: float = 60.0
+
+    def delays(self) -> Any:
+        delay = self.initial
+        while True:
+            yield delay
+            delay = min(delay * 2, self.maximum)
+
+
+@attrs.frozen
+class UpstreamRequest:
+    host: str
+    port: int
+    method: bytes
+    target: bytes
+    headers: Sequence[tuple[bytes, bytes]]
+    body: bytes
+
+
+async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
+                retry: Backoff | None = None, on_retry: Callable[[float, str], None] | None = None) -> None:
+    """Send *request* upstream and stream the answer to *send*; *what* names the upstream in errors."""
+    delays = retry.delays() if retry is not None else None
+    while True:
+        try:
+            await _relay_once(send, request, what=what, on_status=on_status)
+            return
+        except UpstreamUnreachable as exc:
+            if delays is None:
+                on_status(502)
+                await _send_error(send, 502, f"{what} cannot be reached: {exc}")
+                return
+            delay = next(delays)
+            if on_retry is not None:
+                on_retry(delay, str(exc))
+            await trio.sleep(delay)  # the client leaving cancels this wait
+
+
+async def _relay_once(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None]) -> None:
+    started = False
+    framing = b""
+    try:
+        async with open_upstream_request(request.host, request.port, request.method, request.target,
+                                         request.headers, request.body) as upstream:
+            headers = [(k, v) for k, v in upstream.headers if k not in HOP_BY_HOP]
+            framing = next((v for k, v in headers if k == b"content-type"), b"")
+            on_status(upstream.status)
+            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            started = True
+            async for chunk in upstream.iter_body():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except UpstreamUnreachable:
+        raise
+    except UpstreamError as exc:
+        on_status(502)
+        message = f"{what} failed during the request: {exc}"
+        if not started:
+            await _send_error(send, 502, message)
+        else:
+            await send({"type": "http.response.body", "body": _error_in_stream(framing, message), "more_body": False})
+
+
+def _error_in_stream(content_type: bytes, message: str) -> bytes:
+    if content_type.startswith(b"text/event-stream"):
+        return sse_error_event(message, code="engine_error")  # as llama-server does: no [DONE] after it
+    if content_type.startswith(b"application/x-ndjson"):
+        return json.dumps({"error": message}).encode() + b"\n"  # as Ollama does mid-stream
+    return b""  # a plain body cut short: the client sees it was incomplete
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    body = error_body(status, message, code="engine_error")
+    await send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
