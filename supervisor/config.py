@@ -111,6 +111,31 @@ class LogConfig:
     terminal: LogLevel = "info"
 
 
+ClassName = Literal["interactive", "background", "batch"]
+
+
+@attrs.frozen
+class OllamaConfig:
+    """Ollama behind steward: its clients talk to ``listen``; steward talks to ``upstream``."""
+
+    upstream: str  # HOST:PORT of the real Ollama (e.g. started with OLLAMA_HOST=127.0.0.1:11435)
+    listen: str | None = "127.0.0.1:11434"  # null: no Ollama listener
+    # Supervise `ollama serve` as a child (OLLAMA_HOST is set to upstream); default: attach.
+    command: list[str] | None = None
+    parallel: PositiveInt = PositiveInt(4)  # inference requests steward lets through at once
+    # Reserved while Ollama may hold models; grows to what /api/ps reports.
+    memory: Size = Size(8 * 1024**3)
+    default_class: ClassName = "interactive"
+    unload_timeout: Duration = Duration(60.0)
+    unload_poll: Duration = Duration(0.5)
+    ps_poll: Duration = Duration(2.0)
+    retry_initial: Duration = Duration(1.0)
+    retry_max: Duration = Duration(60.0)
+
+
+OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and the ledger
+
+
 @attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
@@ -124,6 +149,7 @@ class Config:
     log: LogConfig = attrs.Factory(LogConfig)
     # Measured memory per model and arguments, kept across restarts; null: not kept.
     state_file: str | None = "steward-state.json"
+    ollama: OllamaConfig | None = None
 
     @property
     def listen_host(self) -> str:
@@ -271,13 +297,20 @@ def _type_problem(exc: BaseException) -> str:
     return f"invalid value ({text})"
 
 
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):([0-9]{1,5})")
+
+
+def _is_host_port(value: str) -> bool:
+    match = _HOST_PORT.fullmatch(value)
+    return match is not None and int(match.group(2)) <= 65535
+
+
 def _check_semantics(config: Config) -> list[str]:
     problems = []
-    listen = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):([0-9]{1,5})", config.listen)
-    if not listen or int(listen.group(2)) > 65535:
+    if not _is_host_port(config.listen):
         problems.append(f"listen: must be HOST:PORT like 127.0.0.1:8080, got {config.listen!r}")
-    if not config.models:
-        problems.append("models: must name at least one model")
+    if not config.models and config.ollama is None:
+        problems.append("models: must name at least one model (or configure ollama)")
     seen: dict[str, str] = {}
     for name, model in config.models.items():
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name) or "@" in name:
@@ -302,6 +335,13 @@ def _check_semantics(config: Config) -> list[str]:
             problems.append(f"aliases.{alias}: names model {target!r}, which is not under models")
         if alias in config.models or alias in seen:
             problems.append(f"aliases.{alias}: already names {seen.get(alias, alias)!r}")
+    if config.ollama is not None:
+        if OLLAMA_ENGINE in config.models:
+            problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
+        for key in ("upstream", "listen"):
+            value = getattr(config.ollama, key)
+            if value is not None and not _is_host_port(value):
+                problems.append(f"ollama.{key}: must be HOST:PORT like 127.0.0.1:11434, got {value!r}")
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems

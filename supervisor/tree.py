@@ -25,17 +25,19 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from supervisor.config import Config
+from supervisor.config import OLLAMA_ENGINE, Config
 from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import create_app
 from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, MemoryPlan, plan_all
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
+from supervisor.services.ollama import serve_ollama
 from supervisor.units import format_size
 
 
@@ -49,6 +51,7 @@ class Steward:
     engines: dict[str, EngineHandle]
     probe: GpuProbe | None
     readings: list[GpuReading]
+    ollama_urls: list[str] = attrs.Factory(list)
 
     @property
     def url(self) -> str:
@@ -85,6 +88,8 @@ def build_scheduler(config: Config, specs: dict[str, EngineSpec], plans: dict[st
     profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.pinned,
                               fixed_memory=plans[name].source == "config")
                 for name, model in config.models.items()]
+    if config.ollama is not None:
+        profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel))
     return Scheduler.create(budget, profiles, scheduling_policy(config), observe_memory=observe_memory)
 
 
@@ -124,53 +129,65 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
     client, mailbox = open_scheduler_mailbox(core)
 
     def remember(engine: str, nbytes: int) -> None:
-        store.record(plans[engine].key, engine, nbytes)
+        if engine in plans:
+            store.record(plans[engine].key, engine, nbytes)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
+        if config.ollama is not None:
+            engines[OLLAMA_ENGINE] = await root.start(serve_ollama, config.ollama, client, events, http)
         await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember))
         steward = Steward([], events, client, engines, probe, readings)
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
         gate = RequestGate()
-        app = create_app(config, client, events, gate)
+        apps = [(create_app(config, client, events, gate), config.listen)]
+        if config.ollama is not None and config.ollama.listen is not None:
+            apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size),
+                         config.ollama.listen))
 
         async def shutdown_trigger() -> None:
             await shutdown()
             events.emit("shutdown", "info", detail="no new connections; draining requests in flight",
                         timeout_s=config.limits.shutdown_timeout)
 
-        urls = await root.start(_serve_gateway_then_stop, app, gate, config, shutdown_trigger, root.cancel_scope)
-        steward.urls = urls
-        events.emit("listening", "info", urls=urls, models=list(config.models))
+        urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, root.cancel_scope)
+        steward.urls = urls[0]
+        steward.ollama_urls = urls[1] if len(urls) > 1 else []
+        events.emit("listening", "info", urls=urls[0], models=list(config.models),
+                    ollama=steward.ollama_urls or None)
         task_status.started(steward)
 
 
-async def _serve_gateway_then_stop(app: object, gate: RequestGate, config: Config,
+async def _serve_gateway_then_stop(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
                                    shutdown: Callable[[], Awaitable[object]], root: trio.CancelScope, *,
-                                   task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    await serve_gateway(app, gate, config, shutdown, task_status=task_status)
+                                   task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
+    await serve_gateway(apps, gate, config, shutdown, task_status=task_status)
     # The gateway has drained: no request is in flight, so the engines may go.
     root.cancel(reason="gateway drained")
 
 
-async def serve_gateway(app: object, gate: RequestGate, config: Config, shutdown: Callable[[], Awaitable[object]],
-                        *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until *shutdown* returns; then stop accepting and wait for requests in flight."""
-    hc = hypercorn.config.Config()
-    hc.bind = [config.listen]
-    hc.graceful_timeout = config.limits.shutdown_timeout
-    hc.accesslog = None
-    hc.errorlog = None
-    hc.loglevel = "WARNING"
+async def serve_gateway(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
+                        shutdown: Callable[[], Awaitable[object]],
+                        *, task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve each app on its address until *shutdown* returns; then stop accepting and wait
+    for the requests in flight on all of them."""
     closed = trio.Event()
 
     async def close_listeners() -> None:
         await closed.wait()
 
     async with trio.open_nursery() as nursery:
-        urls = await nursery.start(functools.partial(hypercorn.trio.serve, app, hc,  # type: ignore[arg-type]
-                                                     shutdown_trigger=close_listeners))
+        urls = []
+        for app, listen in apps:
+            hc = hypercorn.config.Config()
+            hc.bind = [listen]
+            hc.graceful_timeout = config.limits.shutdown_timeout
+            hc.accesslog = None
+            hc.errorlog = None
+            hc.loglevel = "WARNING"
+            urls.append(await nursery.start(functools.partial(hypercorn.trio.serve, app, hc,  # type: ignore[arg-type]
+                                                              shutdown_trigger=close_listeners)))
         task_status.started(urls)
         await shutdown()
         gate.close()

@@ -65,7 +65,7 @@ class InferenceHandler:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await _read_body(scope, receive, self.max_body_size)
+            body = await read_body(scope, receive, self.max_body_size)
             if body is None:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases)
@@ -75,7 +75,7 @@ class InferenceHandler:
             await send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
             await self._serve(scope, routed, send)
             nursery.cancel_scope.cancel(reason="request finished")
 
@@ -153,7 +153,7 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> Rout
     if not isinstance(name, str) or not name:
         raise RequestError(400, "You must provide a model parameter.", param="model")
     changed = False
-    klass = _header(scope, CLASS_HEADER)
+    klass = header_value(scope, CLASS_HEADER)
     source = "header"
     if "steward" in payload:
         extra = payload.pop("steward")
@@ -203,8 +203,8 @@ async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send
     await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status)
 
 
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    declared = _header(scope, b"content-length")
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    declared = header_value(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"Request body of {declared} bytes is larger than the limit of {limit} bytes.",
                            code="request_too_large")
@@ -224,7 +224,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None
             return b"".join(chunks)
 
 
-async def _cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
+async def cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     cancel_scope.cancel(reason="client disconnected")
@@ -240,7 +240,7 @@ async def send_error(send: Send, status: int, message: str, *, param: str | None
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header_value(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
             return value.decode("latin-1")

@@ -104,12 +104,19 @@ class EngineExited:
 
 
 @attrs.frozen
+class ServiceMemory:
+    engine: str
+    generation: int
+    nbytes: int
+
+
+@attrs.frozen
 class MemoryReading:
     used: int
     processes: dict[int, int]
 
 
-Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | MemoryReading
+Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | ServiceMemory | MemoryReading
 
 
 @attrs.define(eq=False)
@@ -182,6 +189,9 @@ class SchedulerClient:
     def report_exited(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineExited(engine, generation, detail))
 
+    def report_service_memory(self, engine: str, generation: int, nbytes: int) -> None:
+        self._post(ServiceMemory(engine, generation, nbytes))
+
     def report_memory(self, used: int, processes: dict[int, int]) -> None:
         self._post(MemoryReading(used, processes))
 
@@ -245,6 +255,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_ready(engine, generation, endpoint, now, pid)
             case EngineExited(engine, generation, detail):
                 return core.engine_exited(engine, generation, now, detail)
+            case ServiceMemory(engine, generation, nbytes):
+                return core.service_memory(engine, generation, nbytes, now)
             case MemoryReading(used, processes):
                 return core.observe(now, used, processes)
         raise AssertionError(message)

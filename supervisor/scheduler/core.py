@@ -205,6 +205,7 @@ class Scheduler:
         engine.endpoint = None
         engine.in_flight = 0
         engine.draining = False
+        engine.external = 0
         if self.observe_memory and engine.pid is not None:
             engine.release_deadline = now + self.policy.release_timeout
             if engine.outside_baseline is None:
@@ -249,6 +250,7 @@ class Scheduler:
                 if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY,
                                                       EngineStatus.STOPPING)}
         unattributed = used - sum(nbytes for pid, nbytes in processes.items() if pid in live)
+        unattributed -= sum(e.external for e in self.engines.values() if e.status is EngineStatus.READY)
         if any(e.releasing or e.status is EngineStatus.STOPPING for e in self.engines.values()):
             self.settle_polls_left = self.policy.settle_polls
         elif self.settle_polls_left > 0:
@@ -280,6 +282,22 @@ class Scheduler:
         self._emit("measured", "info", engine=engine.name, measured=nbytes, estimate=previous,
                    free=self.ledger.free)
         self._effects.append(Measured(engine.name, nbytes))
+
+    def service_memory(self, name: str, generation: int, nbytes: int, now: float) -> list[Effect]:
+        """A service's own account of the memory it holds now (Ollama's /api/ps).
+
+        The reservation grows to it when it is more; it never shrinks below the configured
+        amount while the service is up, since it may load a model at any request.
+        """
+        engine = self.engines[name]
+        if generation != engine.generation or engine.status is not EngineStatus.READY:
+            return self._flush()
+        engine.external = nbytes
+        reserved = self.ledger.reservations.get(name, 0)
+        if nbytes > reserved:
+            self.ledger.resize(name, nbytes)
+            self._emit("measured", "info", engine=name, measured=nbytes, estimate=reserved, free=self.ledger.free)
+        return self._decide(now)
 
     def tick(self, now: float) -> list[Effect]:
         """Time passed: deadlines, backoffs, the window and starvation clocks may have come due."""
@@ -315,6 +333,7 @@ class Scheduler:
             queued_by_class={k: q.size for k, q in self.queues.items()},
             running_by_class=dict(self.running_by_class),
             releasing=sum(e.releasing for e in self.engines.values()),
+            exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
             engines=tuple(EngineSnapshot(
                 name=e.name, status=e.status.value, in_flight=e.in_flight, slots=e.profile.slots,
                 memory=e.profile.memory, reserved=self.ledger.reservations.get(e.name, 0),

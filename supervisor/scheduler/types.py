@@ -50,6 +50,9 @@ class EngineState:
     release_deadline: float | None = None
     outside_baseline: int | None = None  # memory used outside engines when its stop began
     measured: int = 0  # the most this generation's process has been seen to use
+    # What a service says it holds (Ollama's /api/ps): its processes are not ours to name,
+    # so this much of the device's unattributed memory is its, not outside use.
+    external: int = 0
 
     @property
     def name(self) -> str:
@@ -203,3 +206,4 @@ class SchedulerSnapshot:
     running_by_class: dict[str, int]
     engines: tuple[EngineSnapshot, ...]
     releasing: int  # engines whose memory is awaited free
+    exclusive_waiting: int = 0  # exclusive jobs (whole-GPU, e.g. images) waiting
