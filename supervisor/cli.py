@@ -54,6 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("scenario", nargs="?", help="scenario YAML (default: the built-in GridCore load test)")
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,lru-count,keepalive")
+    estimate = commands.add_parser("estimate", help="memory a llama-server would take: GGUF header + its flags",
+                                   usage="steward estimate [--json] [--device {gpu,cpu}] [--gpus N] "
+                                         "MODEL.gguf [-- LLAMA_SERVER_ARGS ...]")
+    estimate.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
+    estimate.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                          help="gpu: layers offloaded as the flags say; cpu: a CPU-only server, all host RAM")
+    estimate.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs to spread layers over (1)")
+    estimate.add_argument("model", help="the GGUF model file")
+    estimate.add_argument("server_args", nargs=argparse.REMAINDER, help="llama-server flags after --")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -62,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return _loadtest(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "estimate":
+        return _estimate(args, estimate, argv)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -261,6 +272,30 @@ def _simulate(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     report = simulate(scenario, chosen)
     print(json.dumps(report.as_json()) if args.json else format_report(report))
+    return 0
+
+
+def _estimate(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    from supervisor.accounting.estimate import estimate, format_estimate
+    from supervisor.accounting.gguf_header import GGUFError
+
+    # argparse keeps `--` (and our own options) in the remainder only when options follow
+    # MODEL; the raw argv says where the llama-server flags start.
+    raw = sys.argv[1:] if argv is None else argv
+    server_args = raw[raw.index("--") + 1:] if "--" in raw else []
+    own = args.server_args[:len(args.server_args) - len(server_args)]
+    own = own[:-1] if own[-1:] == ["--"] else own
+    if own:
+        args = parser.parse_args([*own, args.model], namespace=args)
+    try:
+        result = estimate(args.model, server_args, device=args.device, n_gpu=args.gpus)
+    except GGUFError as exc:
+        print(f"steward: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (OSError, ValueError) as exc:
+        print(f"steward: cannot estimate {args.model}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(result.to_json()) if args.json else format_estimate(result))
     return 0
 
 

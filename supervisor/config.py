@@ -137,6 +137,23 @@ OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and 
 
 
 @attrs.frozen
+class ComfyConfig:
+    """ComfyUI behind steward: each `/prompt` is an exclusive GPU job in steward's scheduler."""
+
+    upstream: str  # HOST:PORT of the real ComfyUI (e.g. started with --port 8189)
+    listen: str | None = "127.0.0.1:8188"  # null: no ComfyUI listener
+    command: list[str] | None = None  # supervise ComfyUI as a child; default: attach
+    job_class: ClassName = "interactive"  # image jobs wait in this class (writer preference within it)
+    memory: Size | None = None  # GPU memory a job needs; default: the whole budget
+    job_timeout: Duration = Duration(900.0)
+    history_poll: Duration = Duration(1.0)
+    free_timeout: Duration = Duration(30.0)
+    prompt_capture_limit: Size = Size(65536)
+    retry_initial: Duration = Duration(1.0)
+    retry_max: Duration = Duration(60.0)
+
+
+@attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
     listen: str = "127.0.0.1:8080"
@@ -150,6 +167,7 @@ class Config:
     # Measured memory per model and arguments, kept across restarts; null: not kept.
     state_file: str | None = "steward-state.json"
     ollama: OllamaConfig | None = None
+    comfyui: ComfyConfig | None = None
 
     @property
     def listen_host(self) -> str:
@@ -309,8 +327,8 @@ def _check_semantics(config: Config) -> list[str]:
     problems = []
     if not _is_host_port(config.listen):
         problems.append(f"listen: must be HOST:PORT like 127.0.0.1:8080, got {config.listen!r}")
-    if not config.models and config.ollama is None:
-        problems.append("models: must name at least one model (or configure ollama)")
+    if not config.models and config.ollama is None and config.comfyui is None:
+        problems.append("models: must name at least one model (or configure ollama or comfyui)")
     seen: dict[str, str] = {}
     for name, model in config.models.items():
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name) or "@" in name:
@@ -342,6 +360,11 @@ def _check_semantics(config: Config) -> list[str]:
             value = getattr(config.ollama, key)
             if value is not None and not _is_host_port(value):
                 problems.append(f"ollama.{key}: must be HOST:PORT like 127.0.0.1:11434, got {value!r}")
+    if config.comfyui is not None:
+        for key in ("upstream", "listen"):
+            value = getattr(config.comfyui, key)
+            if value is not None and not _is_host_port(value):
+                problems.append(f"comfyui.{key}: must be HOST:PORT like 127.0.0.1:8188, got {value!r}")
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems

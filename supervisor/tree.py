@@ -30,6 +30,7 @@ from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import create_app
 from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.comfy_app import create_comfy_app
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, MemoryPlan, plan_all
@@ -52,6 +53,7 @@ class Steward:
     probe: GpuProbe | None
     readings: list[GpuReading]
     ollama_urls: list[str] = attrs.Factory(list)
+    comfyui_urls: list[str] = attrs.Factory(list)
 
     @property
     def url(self) -> str:
@@ -145,6 +147,10 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         if config.ollama is not None and config.ollama.listen is not None:
             apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size),
                          config.ollama.listen))
+        if config.comfyui is not None and config.comfyui.listen is not None:
+            jobs = await root.start(_serve_job_nursery)
+            apps.append((create_comfy_app(config.comfyui, client, events, gate, http, jobs,
+                                          config.limits.max_body_size), config.comfyui.listen))
 
         async def shutdown_trigger() -> None:
             await shutdown()
@@ -152,11 +158,29 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
                         timeout_s=config.limits.shutdown_timeout)
 
         urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, root.cancel_scope)
-        steward.urls = urls[0]
-        steward.ollama_urls = urls[1] if len(urls) > 1 else []
-        events.emit("listening", "info", urls=urls[0], models=list(config.models),
-                    ollama=steward.ollama_urls or None)
+        listeners = dict(zip(("openai", *(_listener_names(config))), urls, strict=True))
+        steward.urls = listeners["openai"]
+        steward.ollama_urls = listeners.get("ollama", [])
+        steward.comfyui_urls = listeners.get("comfyui", [])
+        events.emit("listening", "info", urls=steward.urls, models=list(config.models),
+                    ollama=steward.ollama_urls or None, comfyui=steward.comfyui_urls or None)
         task_status.started(steward)
+
+
+def _listener_names(config: Config) -> list[str]:
+    names = []
+    if config.ollama is not None and config.ollama.listen is not None:
+        names.append("ollama")
+    if config.comfyui is not None and config.comfyui.listen is not None:
+        names.append("comfyui")
+    return names
+
+
+async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
+    """Where image jobs live: they outlast the request that started them."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
 
 
 async def _serve_gateway_then_stop(apps: list[tuple[object, str]], gate: RequestGate, config: Config,

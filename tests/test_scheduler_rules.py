@@ -383,3 +383,16 @@ async def test_a_due_guard_step_waits_for_a_moment_without_interactive_compute(
             await trio.sleep(2.5)
             clients.start_soon(hold, h.client, "agent", 1.0, background, "background")  # due at 7.5
         assert [t - start for _, t in background] == [expected]
+
+
+def test_regression_the_image_services_own_cache_does_not_block_the_next_exclusive_job() -> None:
+    # Found with the ComfyUI listener: after a job whose /free never came (force-released),
+    # ComfyUI still caches 6 GiB. That is outside use to the ledger; holding it against the
+    # next exclusive job (which needs "the whole budget") blocked every image for good.
+    s = Scheduler.create(16 * GIB, [EngineProfile("a", 6 * GIB, 1)], observe_memory=True)
+    s.observe(0.0, used=6 * GIB, processes={})
+    assert s.ledger.outside == 6 * GIB
+    effects = s.submit(1, None, "interactive", 1.0)
+    assert Grant(1, None, None) in effects
+    s.finish(1, 2.0)
+    assert Grant(2, None, None) in s.submit(2, None, "interactive", 3.0)

@@ -157,3 +157,31 @@ def estimate_from(header: GGUFHeader, hp: ModelHParams, args: ServerArgs, *, n_g
         mmproj=mmproj_weights + mmproj_compute if mmproj_device == HOST else 0, output=output,
     )
     return Estimate(header.path, devices, host, ctx, tuple(notes))
+
+
+def format_estimate(result: Estimate) -> str:
+    """A table: one row per component, one column per device and the host."""
+    from supervisor.units import format_size
+
+    ctx = result.context
+    streams = f"{ctx.n_stream} x {ctx.n_ctx_seq}" if ctx.n_stream > 1 else "unified" if ctx.n_seq_max > 1 else "1 slot"
+    lines = [
+        f"model    {result.model}",
+        f"context  {ctx.n_ctx} cells ({streams}), {ctx.n_seq_max} slot(s), ubatch {ctx.n_ubatch}, "
+        f"flash attention {'on' if ctx.flash_attn else 'off'}",
+        "",
+    ]
+    columns = [(name, attrs.asdict(device)) for name, device in result.devices.items()]
+    columns.append(("host", attrs.asdict(result.host)))
+    rows = ["weights", "kv", "recurrent", "compute", "mmproj", "output", "reserve", "total"]
+    lines.append(f"{'':10}" + "".join(f"{name:>12}" for name, _ in columns))
+    for row in rows:
+        cells = [format_size(values[row]) if row in values else "-" for _, values in columns]
+        lines.append(f"{row:10}" + "".join(f"{cell:>12}" for cell in cells))
+    if result.devices:
+        lines.append(f"\nGPU total {format_size(result.gpu_total)} ({result.gpu_total} bytes), "
+                     f"host total {format_size(result.host.total)} ({result.host.total} bytes)")
+    else:
+        lines.append(f"\nhost total {format_size(result.host.total)} ({result.host.total} bytes)")
+    lines += [f"note: {note}" for note in result.notes]
+    return "\n".join(lines)

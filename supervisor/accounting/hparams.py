@@ -92,6 +92,14 @@ class ModelHParams:
     n_ff_exp: int
     n_embd_per_layer: int
     pooling: int | None
+    n_ff_shexp: int = 0
+    n_layer_dense_lead: int = 0
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    shortconv_l_cache: int = 0
 
     @property
     def n_layer(self) -> int:
@@ -172,6 +180,12 @@ def read_hparams(header: GGUFHeader) -> ModelHParams:
         n_ff_exp=int(get("expert_feed_forward_length", 0)),
         n_embd_per_layer=int(get("embedding_length_per_layer_input", 0)),
         pooling=None if pooling is None else int(pooling),
+        n_ff_shexp=int(get("expert_shared_feed_forward_length", 0)),
+        n_layer_dense_lead=int(get("leading_dense_block_count", 0)),
+        ssm_d_conv=int(get("ssm.conv_kernel", 0)), ssm_d_inner=int(get("ssm.inner_size", 0)),
+        ssm_d_state=int(get("ssm.state_size", 0)), ssm_n_group=int(get("ssm.group_count", 0)),
+        ssm_dt_rank=int(get("ssm.time_step_rank", 0)),
+        shortconv_l_cache=int(get("shortconv.l_cache", 0)),
     )
 
 

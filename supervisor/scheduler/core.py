@@ -603,21 +603,24 @@ class Scheduler:
         """Drain and unload what the job needs, then grant it the GPU (rule 8)."""
         rank = RANK[job.klass]
         need = job.exclusive_memory
-        if self.exclusive_holder is None and need > self.ledger.free - self._freeing():
+        # Outside use is not held against the job: the service that runs it (ComfyUI keeps
+        # its models cached between jobs) is itself "outside" steward's engines.
+        unreserved = self.ledger.budget - self.ledger.reserved
+        if self.exclusive_holder is None and need > unreserved + self._freeing():
             candidates = [e for e in self.engines.values()
                           if e.status is EngineStatus.READY and not e.draining
                           and wanted.get(e.name, NO_DEMAND)[0] >= rank]
             candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, e.last_used))
-            gain = self.ledger.free + self._freeing()
+            gain = unreserved + self._freeing()
             for candidate in candidates:
                 if gain >= need:
                     break
                 gain += self.ledger.reservations.get(candidate.name, 0)
-                self._evict(candidate, now, for_what="exclusive", need=need, free=self.ledger.free)
+                self._evict(candidate, now, for_what="exclusive", need=need, free=unreserved)
         still_running = sum(self.running_by_class[k] for k in CLASSES[rank:])
-        if self.exclusive_holder is None and still_running == 0 and need <= self.ledger.free:
+        if self.exclusive_holder is None and still_running == 0 and need <= self.ledger.budget - self.ledger.reserved:
             self._unqueue(job)
-            self.ledger.reserve(_exclusive_owner(job.id), need)
+            self.ledger.reserve(_exclusive_owner(job.id), need, count_outside=False)
             job.dispatched = now
             self.running[job.id] = job
             self.running_by_class[job.klass] += 1

@@ -30,11 +30,12 @@ class Ledger:
     def free(self) -> int:
         return self.budget - self.reserved - self.outside
 
-    def reserve(self, owner: str, nbytes: int) -> None:
+    def reserve(self, owner: str, nbytes: int, *, count_outside: bool = True) -> None:
         if owner in self.reservations:
             raise LedgerError(f"{owner} already holds a reservation")
-        if nbytes > self.free:
-            raise LedgerError(f"{owner} needs {nbytes} bytes, only {self.free} free")
+        room = self.free if count_outside else self.budget - self.reserved
+        if nbytes > room:
+            raise LedgerError(f"{owner} needs {nbytes} bytes, only {room} free")
         self.reservations[owner] = nbytes
 
     def release(self, owner: str) -> int:

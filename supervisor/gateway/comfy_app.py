@@ -1,0 +1,215 @@
+"""The ComfyUI-compatible listener: ComfyUI's clients point here instead of at ComfyUI.
+
+`POST /prompt` (and `/api/prompt`, where ComfyUI's own page posts) is an exclusive GPU
+job in steward's scheduler: once it heads its class, no new work of that class or lower
+starts, running work drains, LLM engines and Ollama unload; then the prompt goes to
+ComfyUI and its answer comes back unchanged; steward follows the job to its end,
+`POST /free`s, waits for the memory, and releases the GPU. A rejected prompt releases at
+once; a client that leaves before the prompt was sent leaves the queue cleanly.
+Everything else passes through untouched, with the Host and Origin ComfyUI expects.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from quart_trio import QuartTrio
+
+from supervisor.config import ComfyConfig
+from supervisor.events import EventLog
+from supervisor.gateway.errors import error_body, error_headers
+from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.inference import Receive, Scope, Send, cancel_on_disconnect, read_body
+from supervisor.gateway.ollama_app import turnstile_health
+from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
+from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
+from supervisor.scheduler.actor import JobFailed, SchedulerClient
+from supervisor.services.comfyui import find_prompt_id, follow_prompt, free_gpu, used_vram
+
+PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
+RELEASE_PATH = "/steward/release"
+
+
+@attrs.define(eq=False)
+class ImageJob:
+    """One `/prompt` from the handler's side: the answer to hand back, and the job's scope."""
+
+    body: bytes
+    answered: trio.Event = attrs.Factory(trio.Event)
+    answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+    forwarded: bool = False  # the prompt went to ComfyUI: the job runs on whoever waits
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    prompt_id: str | None = None
+
+
+@attrs.define(eq=False)
+class ComfyListener:
+    config: ComfyConfig
+    scheduler: SchedulerClient
+    events: EventLog
+    http: httpx.AsyncClient
+    jobs: trio.Nursery
+    max_body_size: int
+    running: set[ImageJob] = attrs.Factory(set)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.upstream}"
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.config.retry_initial, self.config.retry_max)
+
+    async def prompt(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(scope, receive, self.max_body_size)
+        if body is None:
+            return
+        job = ImageJob(body)
+        self.jobs.start_soon(self._run, job, scope["raw_path"] or scope["path"].encode())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_client, receive, job, nursery.cancel_scope)
+            await job.answered.wait()
+            nursery.cancel_scope.cancel(reason="answered")
+        if job.answer is not None:
+            status, headers, content = job.answer
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": content, "more_body": False})
+
+    async def _watch_client(self, receive: Receive, job: ImageJob, waiting: trio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not job.forwarded:
+            job.scope.cancel(reason="client left before the prompt was sent")  # leaves the queue or releases
+            self.events.emit("image_abandoned", "info", detail="the client left while waiting for the GPU")
+        waiting.cancel(reason="client left")
+
+    async def _run(self, job: ImageJob, target: bytes) -> None:
+        queued = time.monotonic()
+        self.events.emit("image_queued", "info", klass=self.config.job_class)
+        try:
+            with job.scope:
+                async with self.scheduler.open_grant(None, self.config.job_class,
+                                                     exclusive_memory=self.config.memory) as lease:
+                    self.running.add(job)
+                    granted = time.monotonic()
+                    try:
+                        self.events.emit("image_granted", "info", waited_s=round(granted - queued, 3))
+                        lease.status = await self._forward_and_follow(job, target)
+                    finally:
+                        self.running.discard(job)
+                        self.events.emit("image_released", "info", prompt_id=job.prompt_id,
+                                         held_s=round(time.monotonic() - granted, 3))
+        except JobFailed as exc:
+            failure = exc.failure
+            content = json.dumps({"error": {"type": failure.code, "message": failure.message, "details": "",
+                                            "extra_info": {}}, "node_errors": {}}).encode()
+            job.answer = (failure.status, error_headers(content, failure.retry_after), content)
+        finally:
+            job.answered.set()
+
+    async def _forward_and_follow(self, job: ImageJob, target: bytes) -> int:
+        baseline = await used_vram(self.http, self.base_url)
+        job.forwarded = True
+        status, headers, content = await self._post_prompt(target, job.body)
+        job.answer = (status, [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+                      + [(b"content-length", str(len(content)).encode())], content)
+        job.answered.set()
+        job.prompt_id = find_prompt_id(content[: self.config.prompt_capture_limit]) if status == 200 else None
+        self.events.emit("image_forwarded", "info", prompt_id=job.prompt_id, status=status)
+        if job.prompt_id is None:
+            return status  # rejected (or unreadable): release at once
+        outcome = await follow_prompt(self.config, self.http, self.base_url, job.prompt_id)
+        self.events.emit("image_finished", "info" if outcome in ("success", "error") else "warning",
+                         prompt_id=job.prompt_id, outcome=outcome)
+        freed = await free_gpu(self.config, self.http, self.base_url, baseline, self.events, job.prompt_id)
+        self.events.emit("image_freed", "info" if freed else "warning", prompt_id=job.prompt_id,
+                         observed_free=freed)
+        return status
+
+    async def _post_prompt(self, target: bytes, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        host, _, port = self.config.upstream.rpartition(":")
+        headers = [(b"content-type", b"application/json")]
+        for delay in self.backoff.delays():
+            try:
+                return await fetch_upstream(host, int(port), b"POST", target, headers, body)
+            except UpstreamUnreachable as exc:
+                self.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc), retry_in_s=delay)
+                await trio.sleep(delay)
+            except UpstreamError as exc:
+                content = error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
+                return 502, error_headers(content), content
+        raise AssertionError("unreachable")
+
+    def force_release(self) -> int:
+        """Admin: end every image job steward holds the GPU for (a stuck lock)."""
+        for job in list(self.running):
+            job.scope.cancel(reason="force-released by an operator")
+        return len(self.running)
+
+    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(scope, receive, self.max_body_size)
+        if body is None:
+            return
+        host, _, port = self.config.upstream.rpartition(":")
+        target = scope["raw_path"] or scope["path"].encode()
+        if scope.get("query_string"):
+            target += b"?" + scope["query_string"]
+        request = UpstreamRequest(host, int(port), scope["method"].encode(), target,
+                                  upstream_headers(scope["headers"], self.config.upstream), body)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
+            await relay(send, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
+                        on_retry=lambda delay, detail: self.events.emit(
+                            "upstream_retry", "warning", service="comfyui", detail=detail, retry_in_s=delay))
+            nursery.cancel_scope.cancel(reason="request finished")
+
+
+def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: str) -> list[tuple[bytes, bytes]]:
+    """ComfyUI refuses a request whose Origin does not match its Host: speak as its own page would."""
+    out = [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+    return [(k, f"http://{upstream}".encode() if k == b"origin" else v) for k, v in out]
+
+
+def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
+                     http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int) -> QuartTrio:
+    app = QuartTrio("steward-comfyui")
+    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size)
+    quart_asgi = app.asgi_app
+
+    async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await quart_asgi(scope, receive, send)
+            return
+        if not gate.enter():
+            content = error_body(503, "steward is shutting down.", code="shutting_down")
+            await send({"type": "http.response.start", "status": 503, "headers": error_headers(content, 5)})
+            await send({"type": "http.response.body", "body": content, "more_body": False})
+            return
+        try:
+            if scope["path"] in ("/healthz", RELEASE_PATH):
+                await quart_asgi(scope, receive, send)
+            elif scope["method"] == "POST" and scope["path"] in PROMPT_PATHS:
+                await listener.prompt(scope, receive, send)
+            else:
+                await listener.passthrough(scope, receive, send)
+        finally:
+            gate.leave()
+
+    app.asgi_app = asgi_app  # type: ignore[method-assign]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {**turnstile_health(scheduler), "image_running": len(listener.running)}
+
+    @app.post(RELEASE_PATH)
+    async def release() -> dict[str, Any]:
+        released = listener.force_release()
+        events.emit("image_force_release", "warning", released=released)
+        return {"released": released}
+
+    return app

@@ -1,0 +1,182 @@
+"""The ComfyUI-compatible listener in front of a fake ComfyUI (a real process): image jobs
+as exclusive GPU jobs in steward's scheduler, and the turnstile spec's lock semantics."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fakes import simgpu
+from supervisor.units import parse_size
+from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
+
+
+def workflow(seconds: float, *, invalid: bool = False) -> dict[str, Any]:
+    sampler = "FAKE_INVALID" if invalid else "KSampler"
+    return {"prompt": {"4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x.safetensors"}},
+                       "3": {"class_type": sampler, "inputs": {"model": ["4", 0], "steps": 2,
+                                                               "fake_seconds": seconds}},
+                       "9": {"class_type": "SaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "t"}}},
+            "client_id": "test"}
+
+
+@pytest.fixture
+def comfy(tmp_path: Path) -> Iterator[Callable[..., tuple[int, Path]]]:
+    """A fake ComfyUI on the simulated GPU; returns (port, gpu dir). Always stopped."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> tuple[int, Path]:
+        port = free_port()
+        gpu = simgpu.create_device(tmp_path / "gpu", total_bytes=parse_size("16GiB"), linger_s=0.1)
+        log = open(tmp_path / "comfy.log", "wb")  # noqa: SIM115 - closed with the process below
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "fakes.comfyui", "--port", str(port), "--sim-gpu", str(gpu),
+             "--model-memory", "6GiB", "--free-delay", "0.2s", "--job-time", "0.5s", *args],
+            cwd=ROOT, stdout=log, stderr=log))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/system_stats", timeout=1)
+                return port, gpu
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError("fake ComfyUI did not start")
+
+    yield start
+    for process in started:
+        process.send_signal(signal.SIGTERM)
+        process.wait(10)
+
+
+def steward_with(start_steward: StewardFactory, comfy_port: int, gpu: Path, models: dict[str, Any] | None = None,
+                 **extra: Any) -> tuple[RunningSteward, str]:
+    steward = start_steward(models or {}, comfyui={
+        "upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{free_port()}", "history_poll": "0.1s",
+        "free_timeout": "5s", "job_timeout": "30s", **extra},
+        gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"})
+    return steward, steward.wait_event("listening")["comfyui"][0]
+
+
+def names(steward: RunningSteward, *wanted: str) -> list[str]:
+    return [e["event"] for e in steward.events() if e["event"] in wanted]
+
+
+def test_the_call_sequence_of_one_image_job(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    answer = httpx.post(f"{url}/prompt", json=workflow(0.5), timeout=30)
+    assert answer.status_code == 200 and answer.json()["node_errors"] == {}  # ComfyUI's answer, unchanged
+    prompt_id = answer.json()["prompt_id"]
+    steward.wait_event("image_released", timeout=20)
+    phases = ["image_queued", "image_granted", "image_forwarded", "image_finished", "image_freed", "image_released"]
+    assert names(steward, *phases) == phases
+    assert steward.wait_event("image_finished")["prompt_id"] == prompt_id
+    assert steward.wait_event("image_finished")["outcome"] == "success"
+    assert steward.wait_event("image_freed")["observed_free"] is True
+    stats = httpx.get(f"http://127.0.0.1:{port}/fake/stats").json()
+    assert stats["free_calls"] == 1
+
+
+def test_an_image_waits_for_llm_work_to_drain_and_new_llm_work_waits_behind_it(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu,
+                                {"chat": fake_model("6GiB", tps=20, gpu_dir=gpu)})
+    body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 20}  # ~1 s
+    results: dict[str, float] = {}
+
+    def timed(name: str, call: Callable[[], object]) -> None:
+        call()
+        results[name] = time.monotonic()
+
+    first_chat = threading.Thread(target=timed, args=("chat1", lambda: httpx.post(
+        f"{steward.base_url}/chat/completions", json=body, timeout=60)))
+    first_chat.start()
+    steward.wait_event("dispatch", model="chat")  # the chat runs
+    image = threading.Thread(target=timed, args=("image", lambda: httpx.post(f"{url}/prompt", json=workflow(0.5),
+                                                                            timeout=60)))
+    image.start()
+    steward.wait_event("image_queued")
+    second_chat = threading.Thread(target=timed, args=("chat2", lambda: httpx.post(
+        f"{steward.base_url}/chat/completions", json={**body, "max_tokens": 1}, timeout=60)))
+    second_chat.start()
+    for thread in (first_chat, image, second_chat):
+        thread.join(60)
+    granted = steward.wait_event("image_granted")["mono"]
+    chat_dispatches = [e["mono"] for e in steward.events("dispatch") if e["model"] == "chat"]
+    freed = steward.wait_event("image_freed")["mono"]
+    assert chat_dispatches[0] < granted  # the running chat drained first
+    assert chat_dispatches[1] > freed  # the chat that came during the image waited for /free
+    assert [e["engine"] for e in steward.events("evict")] == ["chat"]  # the engine was unloaded
+
+
+def test_a_rejected_prompt_releases_at_once(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    answer = httpx.post(f"{url}/api/prompt", json=workflow(0.5, invalid=True), timeout=30)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "prompt_outputs_failed_validation"
+    released = steward.wait_event("image_released")
+    assert released["prompt_id"] is None
+    assert "image_finished" not in names(steward, "image_finished")
+
+
+def test_a_client_that_leaves_while_waiting_is_removed(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    first = httpx.post(f"{url}/prompt", json=workflow(2.0), timeout=60).json()["prompt_id"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/prompt", json=workflow(0.5), timeout=0.5)  # waits behind the first, then leaves
+    steward.wait_event("image_abandoned")
+    steward.wait_event("image_released", prompt_id=first, timeout=20)
+    time.sleep(0.5)
+    assert len(steward.events("image_forwarded")) == 1  # the one that left never reached ComfyUI
+    assert httpx.get(f"{url}/healthz").json()["state"] == "idle"
+
+
+def test_a_prompt_that_vanishes_from_comfyui_is_noticed_through_the_queue(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu, job_timeout="60s")
+    prompt_id = httpx.post(f"{url}/prompt", json=workflow(10.0), timeout=30).json()["prompt_id"]
+    httpx.post(f"http://127.0.0.1:{port}/fake/drop", json={"prompt_id": prompt_id})
+    finished = steward.wait_event("image_finished", timeout=10)
+    assert finished["outcome"] == "vanished"  # long before the 60 s job timeout
+
+
+def test_images_are_served_in_order_and_an_operator_can_force_release(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    first = httpx.post(f"{url}/prompt", json=workflow(30.0), timeout=30).json()["prompt_id"]
+    second_answer: list[str] = []
+    second = threading.Thread(target=lambda: second_answer.append(
+        httpx.post(f"{url}/prompt", json=workflow(0.2), timeout=60).json()["prompt_id"]))
+    second.start()
+    time.sleep(0.5)
+    assert httpx.get(f"{url}/healthz").json()["image_pending"] is True
+    assert httpx.post(f"{url}/steward/release").json() == {"released": 1}  # the first job is stuck: let go
+    second.join(30)
+    forwarded = [e["prompt_id"] for e in steward.events("image_forwarded")]
+    assert forwarded == [first, second_answer[0]]  # FIFO
+
+
+def test_everything_else_passes_through_with_the_origin_comfyui_expects(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    for path in ("/system_stats", "/api/system_stats", "/queue", "/object_info"):
+        response = httpx.get(f"{url}{path}", headers={"Origin": url})
+        assert response.status_code == 200, path
+    direct = httpx.get(f"http://127.0.0.1:{port}/system_stats", headers={"Origin": url})
+    assert direct.status_code == 403  # what ComfyUI itself does with a foreign Origin
+    assert not steward.events("image_queued")  # none of these took the GPU
