@@ -180,3 +180,34 @@ def test_everything_else_passes_through_with_the_origin_comfyui_expects(
     direct = httpx.get(f"http://127.0.0.1:{port}/system_stats", headers={"Origin": url})
     assert direct.status_code == 403  # what ComfyUI itself does with a foreign Origin
     assert not steward.events("image_queued")  # none of these took the GPU
+
+
+async def test_websocket_progress_passes_through_without_the_lock(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import trio
+    import trio_websocket
+
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    host, _, listen_port = url.removeprefix("http://").rpartition(":")
+    async with trio_websocket.open_websocket(host, int(listen_port), "/ws?clientId=t1", use_ssl=False,
+                                             extra_headers=[(b"origin", url.encode())]) as ws:
+        with trio.fail_after(10):
+            assert json.loads(await ws.get_message())["type"] == "status"
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(f"{url}/prompt", json={**workflow(0.3), "client_id": "t1"}, timeout=30)
+        prompt_id = answer.json()["prompt_id"]
+        seen = []
+        with trio.fail_after(20):
+            while True:
+                message = await ws.get_message()
+                if isinstance(message, bytes):
+                    continue
+                data = json.loads(message)
+                seen.append(data["type"])
+                if data["type"] == "executing" and data["data"].get("node") is None \
+                        and data["data"].get("prompt_id") == prompt_id:
+                    break
+    assert {"execution_start", "progress", "executed"} <= set(seen)
+    assert len(steward.events("image_queued")) == 1  # the prompt took the GPU; the websocket never did

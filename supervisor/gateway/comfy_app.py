@@ -28,10 +28,12 @@ from supervisor.gateway.inference import Receive, Scope, Send, cancel_on_disconn
 from supervisor.gateway.ollama_app import turnstile_health
 from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
+from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 from supervisor.services.comfyui import find_prompt_id, follow_prompt, free_gpu, used_vram
 
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
+WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
 RELEASE_PATH = "/steward/release"
 
 
@@ -182,6 +184,13 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
     quart_asgi = app.asgi_app
 
     async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
+            # Outside the gate: a websocket only reports, and must not hold a shutdown open.
+            host, _, port = config.upstream.rpartition(":")
+            await proxy_websocket(scope, receive, send, host, int(port),
+                                  [(k, v) for k, v in upstream_headers(scope["headers"], config.upstream)
+                                   if k == b"origin"])
+            return
         if scope["type"] != "http":
             await quart_asgi(scope, receive, send)
             return
