@@ -38,7 +38,10 @@ from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_prob
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
+from supervisor.gateway.relay import Backoff
+from supervisor.services.comfyui import probe_comfyui
 from supervisor.services.ollama import serve_ollama
+from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
 
 
@@ -116,7 +119,8 @@ async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]],
 async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], events: EventLog,
                     task_status: trio.TaskStatus[Steward]) -> None:
     engines: dict[str, EngineHandle] = {}
-    probe, probe_note = open_probe(config.gpu, lambda: [h.pid for h in engines.values() if h.pid is not None])
+    probe, probe_note = open_probe(config.gpu, lambda: [pid for h in engines.values()
+                                                        if (pid := getattr(h, "pid", None)) is not None])
     readings = probe.read() if probe else []
     budget, budget_source = resolve_budget(config, readings)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
@@ -147,6 +151,11 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         if config.ollama is not None and config.ollama.listen is not None:
             apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size),
                          config.ollama.listen))
+        if config.comfyui is not None and config.comfyui.command:
+            await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
+                             Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
+        if config.comfyui is not None:
+            await probe_comfyui(http, config.comfyui, events)
         if config.comfyui is not None and config.comfyui.listen is not None:
             jobs = await root.start(_serve_job_nursery)
             apps.append((create_comfy_app(config.comfyui, client, events, gate, http, jobs,

@@ -211,3 +211,40 @@ async def test_websocket_progress_passes_through_without_the_lock(start_steward:
                     break
     assert {"execution_start", "progress", "executed"} <= set(seen)
     assert len(steward.events("image_queued")) == 1  # the prompt took the GPU; the websocket never did
+
+
+def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_supervised(
+        start_steward: StewardFactory, tmp_path: Path) -> None:
+    gpu = simgpu.create_device(tmp_path / "gpu2", total_bytes=parse_size("16GiB"), linger_s=0.1)
+    ollama_port, comfy_port = free_port(), free_port()
+    steward = start_steward({}, gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"},
+                            ollama={"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{free_port()}",
+                                    "memory": "4GiB", "ps_poll": "0.2s", "unload_poll": "0.1s",
+                                    "command": [sys.executable, "-m", "fakes.ollama", "--port", str(ollama_port),
+                                                "--sim-gpu", str(gpu), "--model", "gemma3:4b,size=4GiB,load=0.2s"]},
+                            comfyui={"upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{free_port()}",
+                                     "history_poll": "0.1s", "free_timeout": "5s",
+                                     "command": [sys.executable, "-m", "fakes.comfyui", "--port", str(comfy_port),
+                                                 "--sim-gpu", str(gpu), "--model-memory", "6GiB",
+                                                 "--free-delay", "0.3s"]})
+    listening = steward.wait_event("listening")
+    ollama_url, comfy_url = listening["ollama"][0], listening["comfyui"][0]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # both children up
+        try:
+            httpx.get(f"{comfy_url}/system_stats", timeout=1).raise_for_status()
+            httpx.get(f"{ollama_url}/api/version", timeout=1).raise_for_status()
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    chat = {"model": "gemma3:4b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    assert httpx.post(f"{ollama_url}/api/chat", json=chat, timeout=30).status_code == 200  # Ollama holds 4 GiB
+    prompt_id = httpx.post(f"{comfy_url}/prompt", json=workflow(1.0), timeout=30).json()["prompt_id"]
+    steward.wait_event("image_forwarded", prompt_id=prompt_id)
+    assert httpx.get(f"http://127.0.0.1:{ollama_port}/api/ps").json()["models"] == []  # unloaded first
+    held = httpx.post(f"{ollama_url}/api/chat", json=chat, timeout=30)  # arrives during the image
+    assert held.status_code == 200
+    freed = steward.wait_event("image_freed", prompt_id=prompt_id)["mono"]
+    ollama_dispatches = [e["mono"] for e in steward.events("dispatch") if e["model"] == "ollama"]
+    assert ollama_dispatches[-1] > freed  # held until /free was called and the memory came back
+    assert [e["engine"] for e in steward.events("spawn")] == ["ollama", "comfyui"]

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from supervisor.accounting.gguf_header import GGUFError, ggml_row_bytes, read_gguf_header
+from supervisor.accounting.gguf_header import GGUFError, ggml_row_bytes, read_gguf_header, read_gguf_model
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
@@ -160,3 +160,26 @@ def test_row_bytes_of_quantized_types() -> None:
     assert ggml_row_bytes(8, 128) == 4 * 34  # q8_0: 32 values in 34 bytes
     assert ggml_row_bytes(2, 64) == 2 * 18  # q4_0
     assert ggml_row_bytes(12, 256) == 144  # q4_K
+
+
+def test_split_model_parts_are_read_together(tmp_path: Path) -> None:
+    for no in range(2):
+        w = gguf.GGUFWriter(tmp_path / f"m-{no + 1:05d}-of-00002.gguf", "llama")
+        w.add_uint16("split.no", no)
+        w.add_uint16("split.count", 2)
+        if no == 0:
+            w.add_block_count(2)
+        w.add_tensor(f"blk.{no}.ffn_up.weight", np.zeros((8, 64), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    model = read_gguf_model(tmp_path / "m-00001-of-00002.gguf")
+    assert model.arch_get("block_count") == 2
+    assert [t.name for t in model.tensors] == ["blk.0.ffn_up.weight", "blk.1.ffn_up.weight"]
+    assert model.tensors[1].offset == 8 * 64 * 4  # right after the first part's data
+    assert model.tensor_bytes == 2 * 8 * 64 * 4
+    lone = tmp_path / "lone.gguf"
+    lone.write_bytes((tmp_path / "m-00001-of-00002.gguf").read_bytes())
+    with pytest.raises(GGUFError, match="split model"):
+        read_gguf_model(lone)

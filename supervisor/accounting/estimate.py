@@ -31,7 +31,7 @@ import attrs
 
 from supervisor.accounting.compute import compute_bytes
 from supervisor.accounting.context import ContextPlan, plan_context
-from supervisor.accounting.gguf_header import GGUFHeader, read_gguf_header
+from supervisor.accounting.gguf_header import GGUFHeader, read_gguf_header, read_gguf_model
 from supervisor.accounting.hparams import ModelHParams, read_hparams
 from supervisor.accounting.kv_cache import QUANTIZED_CACHE_TYPES, kv_layers, recurrent_layers
 from supervisor.accounting.mmproj import estimate_projector
@@ -105,7 +105,7 @@ def estimate(model: str | os.PathLike[str] | GGUFHeader, argv: Sequence[str] = (
     """
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-    header = model if isinstance(model, GGUFHeader) else read_gguf_header(model)
+    header = model if isinstance(model, GGUFHeader) else read_gguf_model(model)
     args = parse_server_args(list(argv))
     hp = read_hparams(header)
     return estimate_from(header, hp, args, n_gpu=0 if device == "cpu" or args.gpu_disabled else n_gpu,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,32 @@ def read_gguf_header(path: str | os.PathLike[str], *, check_size: bool = True) -
         raise GGUFError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def read_gguf_model(path: str | os.PathLike[str]) -> GGUFHeader:
+    """The header of a model, with the tensors of every part of a split model (``gguf-split``).
+
+    Parts are named like llama.cpp's ``llama_split_path``: ``NAME-00001-of-00003.gguf``.
+    Tensor offsets of later parts are shifted so that they follow the earlier parts' data.
+    """
+    first = read_gguf_header(path)
+    count = int(first.get("split.count", 1) or 1)
+    if count <= 1:
+        return first
+    match = _SPLIT_NAME.match(str(path))
+    if match is None:
+        raise GGUFError(path, f"part of a {count}-file split model, but not named NAME-00001-of-{count:05d}.gguf")
+    parts = [read_gguf_header(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    tensors: list[TensorInfo] = []
+    shift = 0
+    for part in parts:
+        tensors += [attrs.evolve(t, offset=t.offset + shift) for t in part.tensors]
+        shift += max((t.offset + t.nbytes for t in part.tensors), default=0)
+    head = parts[0]
+    return attrs.evolve(head, tensors=tuple(tensors), file_size=sum(p.file_size for p in parts))
+
+
 def _parse(path: Path, buf: mmap.mmap, file_size: int, check_size: bool) -> GGUFHeader:
     magic = bytes(buf[:4])
     if magic != GGUF_MAGIC:
@@ -273,5 +300,7 @@ def _parse(path: Path, buf: mmap.mmap, file_size: int, check_size: bool) -> GGUF
                                   f"the file has {file_size} bytes")
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
-        raise GGUFError(path, "no general.architecture in the metadata")
+        if int(metadata.get("split.no", 0) or 0) == 0:
+            raise GGUFError(path, "no general.architecture in the metadata")
+        arch = ""  # a later part of a split model carries tensors, not the model's metadata
     return GGUFHeader(str(path), version, arch, metadata, tuple(tensors), file_size, alignment, data_offset)

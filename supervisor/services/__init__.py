@@ -1,1 +1,1 @@
-"""Managed services: runtimes that stay up and hold models themselves (Ollama)."""
+"""Managed services: runtimes that stay up and hold models themselves (Ollama, ComfyUI)."""

@@ -22,7 +22,7 @@ import trio
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.gateway.relay import Backoff
-from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, stop_child
+from supervisor.services.process import serve_service_process
 from supervisor.scheduler.actor import SchedulerClient
 
 
@@ -38,7 +38,6 @@ class OllamaHandle:
 
     _mailbox: trio.MemorySendChannel[_Command]
     base_url: str
-    pid: int | None = None
 
     def start(self, generation: int) -> None:
         self._mailbox.send_nowait(_Command("start", generation))
@@ -53,7 +52,9 @@ async def serve_ollama(config: OllamaConfig, scheduler: SchedulerClient, events:
     handle = OllamaHandle(send, f"http://{config.upstream}")
     async with trio.open_nursery() as nursery:
         if config.command:
-            handle.pid = (await nursery.start(_supervise_process, config, events)).pid
+            await nursery.start(serve_service_process, OLLAMA_ENGINE, config.command,
+                                {"OLLAMA_HOST": config.upstream}, events,
+                                Backoff(config.retry_initial, config.retry_max))
         await _probe(http, handle.base_url, events)
         task_status.started(handle)
         watcher: trio.CancelScope | None = None
@@ -145,24 +146,3 @@ async def _unload(http: httpx.AsyncClient, base_url: str, name: str, timeout: fl
                         timeout=timeout)
     except httpx.HTTPError:
         pass  # the poll of /api/ps below tells whether it went
-
-
-async def _supervise_process(config: OllamaConfig, events: EventLog, *,
-                             task_status: trio.TaskStatus[ChildProcess] = trio.TASK_STATUS_IGNORED) -> None:
-    """`ollama serve` as a child for as long as steward runs (its models come and go)."""
-    assert config.command is not None
-    process = open_child(config.command, {"OLLAMA_HOST": config.upstream})
-    events.emit("spawn", "info", engine=OLLAMA_ENGINE, pid=process.pid, argv=config.command)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump_lines, process.output,
-                               lambda line: events.emit("engine_output", "debug", engine=OLLAMA_ENGINE, line=line))
-            task_status.started(process)
-            status = await process.wait()
-            events.emit("exit", "error", engine=OLLAMA_ENGINE, pid=process.pid, status=describe_exit(status),
-                        requested=False)
-    finally:
-        with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                await stop_child(process, 10.0)
-            await process.output.aclose()
