@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import attrs
@@ -51,9 +52,13 @@ class EventLog:
     # Handy in tests and for /healthz: the last few events, newest last.
     recent: list[Event] = attrs.Factory(list)
     recent_max: int = 200
+    # Called with every event as it is emitted (metrics are counted from the events).
+    listeners: list[Callable[[Event], None]] = attrs.Factory(list)
 
     def emit(self, name: str, level: str = "info", **fields: Any) -> None:
         event = Event(name=name, level=level, fields=fields, wall=time.time(), mono=_now())
+        for listener in self.listeners:
+            listener(event)
         self.recent.append(event)
         if len(self.recent) > self.recent_max:
             del self.recent[: len(self.recent) - self.recent_max]

@@ -34,6 +34,7 @@ from supervisor.gateway.comfy_app import create_comfy_app
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, MemoryPlan, plan_all
+from supervisor.metrics import StewardMetrics
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
@@ -147,10 +148,13 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
         gate = RequestGate()
-        apps = [(create_app(config, client, events, gate), config.listen)]
+        metrics = StewardMetrics()
+        metrics.watch(client)
+        events.listeners.append(metrics.observe)
+        apps = [(create_app(config, client, events, gate, metrics), config.listen)]
         if config.ollama is not None and config.ollama.listen is not None:
-            apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size),
-                         config.ollama.listen))
+            apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size,
+                                           metrics), config.ollama.listen))
         if config.comfyui is not None and config.comfyui.command:
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
@@ -159,7 +163,7 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
         if config.comfyui is not None and config.comfyui.listen is not None:
             jobs = await root.start(_serve_job_nursery)
             apps.append((create_comfy_app(config.comfyui, client, events, gate, http, jobs,
-                                          config.limits.max_body_size), config.comfyui.listen))
+                                          config.limits.max_body_size, metrics), config.comfyui.listen))
 
         async def shutdown_trigger() -> None:
             await shutdown()

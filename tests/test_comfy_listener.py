@@ -84,6 +84,9 @@ def test_the_call_sequence_of_one_image_job(start_steward: StewardFactory, comfy
     assert steward.wait_event("image_freed")["observed_free"] is True
     stats = httpx.get(f"http://127.0.0.1:{port}/fake/stats").json()
     assert stats["free_calls"] == 1
+    metrics = httpx.get(f"{url}/metrics").text
+    assert "gpu_turnstile_image_jobs_total 1.0" in metrics
+    assert 'gpu_turnstile_lock_wait_seconds_count{kind="image"} 1.0' in metrics
 
 
 def test_an_image_waits_for_llm_work_to_drain_and_new_llm_work_waits_behind_it(

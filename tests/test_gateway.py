@@ -248,3 +248,14 @@ def test_metadata_fields_are_stripped_before_forwarding() -> None:
 
 def test_module_steward_wrote_its_log(steward: RunningSteward) -> None:
     assert Path(steward.events_path).stat().st_size > 0
+
+
+def test_prometheus_metrics_follow_the_events_and_the_scheduler(steward: RunningSteward, client: openai.OpenAI) -> None:
+    client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "m"}], max_tokens=1)
+    text = httpx.get(f"{steward.url}/metrics").text
+    assert 'gpu_turnstile_state{state="idle"} 1.0' in text
+    assert 'steward_engine_ready{engine="chat"} 1.0' in text
+    assert 'steward_queued{class="interactive"} 0.0' in text
+    waits = [line for line in text.splitlines() if line.startswith('steward_wait_seconds_count{class="interactive"}')]
+    assert waits and float(waits[0].split()[-1]) >= 1
+    assert 'steward_loads_total{engine="chat"} 1.0' in text

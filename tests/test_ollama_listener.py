@@ -62,6 +62,9 @@ def test_class_by_header_or_model_suffix_and_the_turnstile_health(start_steward:
     assert bad.status_code == 400 and "urgent" in bad.json()["error"]  # Ollama's own error shape
     health = httpx.get(f"{url}/healthz").json()
     assert health["state"] == "idle" and health["llm_inflight"] == 0 and health["image_pending"] is False
+    metrics = httpx.get(f"{url}/metrics").text  # the turnstile's metrics on the Ollama listener
+    assert "gpu_turnstile_llm_inflight 0.0" in metrics
+    assert 'gpu_turnstile_lock_wait_seconds_count{kind="llm"} 2.0' in metrics
 
 
 def test_steward_unloads_ollama_when_its_own_engine_needs_the_memory(start_steward: StewardFactory) -> None:

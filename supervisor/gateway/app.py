@@ -16,12 +16,15 @@ from werkzeug.exceptions import HTTPException
 from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body
+from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.metrics import StewardMetrics
 from supervisor.gateway.gate import RequestGate
 from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler, Receive, Scope, Send, send_error
 from supervisor.scheduler.actor import SchedulerClient
 
 
-def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate) -> QuartTrio:
+def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
+               metrics: StewardMetrics) -> QuartTrio:
     app = QuartTrio("steward")
     started = int(time.time())
     aliases = config.alias_table()
@@ -84,6 +87,10 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                                      "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
                                      "failures": e.failures}
                             for e in snapshot.engines}}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
+from quart import Response
 from quart_trio import QuartTrio
 
 from supervisor.config import ComfyConfig
@@ -29,6 +30,8 @@ from supervisor.gateway.ollama_app import turnstile_health
 from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.websocket_proxy import proxy_websocket
+from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 from supervisor.services.comfyui import find_prompt_id, follow_prompt, free_gpu, used_vram
 
@@ -178,7 +181,8 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: str) -> list[
 
 
 def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                     http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int) -> QuartTrio:
+                     http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int,
+                     metrics: StewardMetrics) -> QuartTrio:
     app = QuartTrio("steward-comfyui")
     listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size)
     quart_asgi = app.asgi_app
@@ -200,7 +204,7 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
             await send({"type": "http.response.body", "body": content, "more_body": False})
             return
         try:
-            if scope["path"] in ("/healthz", RELEASE_PATH):
+            if scope["path"] in ("/healthz", "/metrics", RELEASE_PATH):
                 await quart_asgi(scope, receive, send)
             elif scope["method"] == "POST" and scope["path"] in PROMPT_PATHS:
                 await listener.prompt(scope, receive, send)
@@ -214,6 +218,10 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return {**turnstile_health(scheduler), "image_running": len(listener.running)}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     @app.post(RELEASE_PATH)
     async def release() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import trio
+from quart import Response
 from quart_trio import QuartTrio
 
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
@@ -32,6 +33,8 @@ from supervisor.gateway.inference import (
     send_error,
 )
 from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
+from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 from supervisor.scheduler.types import CLASSES
 
@@ -149,7 +152,7 @@ async def _send_refusal(send: Send, native: bool, status: int, message: str, *, 
 
 
 def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                      max_body_size: int) -> QuartTrio:
+                      max_body_size: int, metrics: StewardMetrics) -> QuartTrio:
     app = QuartTrio("steward-ollama")
     listener = OllamaListener(config, scheduler, events, max_body_size)
     quart_asgi = app.asgi_app
@@ -164,7 +167,7 @@ def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: 
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         try:
-            if scope["path"] == "/healthz":
+            if scope["path"] in ("/healthz", "/metrics"):
                 await quart_asgi(scope, receive, send)
             elif scope["method"] == "POST" and scope["path"] in INFERENCE_PATHS:
                 await listener.inference(scope, receive, send)
@@ -178,6 +181,10 @@ def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return turnstile_health(scheduler)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     return app
 
