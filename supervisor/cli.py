@@ -246,7 +246,9 @@ def _demo(port: int, *, real: bool = False) -> int:
     config = parse_config(raw)
 
     def announce(steward: Steward) -> None:
-        print(demo.banner(steward.url, workdir, real=real), flush=True)
+        print(demo.banner(steward.url, workdir, real=real,
+                          ollama=steward.ollama_urls[0] if steward.ollama_urls else None,
+                          comfyui=steward.comfyui_urls[0] if steward.comfyui_urls else None), flush=True)
 
     return _run(config, on_ready=announce)
 

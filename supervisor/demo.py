@@ -8,6 +8,7 @@ written on the fly; their memory is estimated, then measured.
 
 from __future__ import annotations
 
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -51,6 +52,7 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
             "pinned": spec.get("pinned", False),
             "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), *spec["fake"]],  # type: ignore[misc]
         }
+    ollama_port, comfy_port = _free_port(), _free_port()
     return {
         "listen": f"127.0.0.1:{port}",
         "models": models,
@@ -58,7 +60,29 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
         "state_file": str(workdir / "state.json"),
+        # A fake Ollama and a fake ComfyUI behind their own listeners, on the same GPU.
+        "ollama": {"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{_beside(port, 1)}",
+                   "memory": "4GiB", "ps_poll": "1s",
+                   "command": [sys.executable, "-m", "fakes.ollama", "--port", str(ollama_port),
+                               "--sim-gpu", str(gpu_dir), "--model", "llama3.2:3b,size=3.5GiB,load=1s,tps=60",
+                               "--model", "nomic-embed-text,size=0.3GiB,load=0.3s,embed"]},
+        "comfyui": {"upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{_beside(port, 2)}",
+                    "history_poll": "0.5s",
+                    "command": [sys.executable, "-m", "fakes.comfyui", "--port", str(comfy_port),
+                                "--sim-gpu", str(gpu_dir), "--model-memory", "6GiB", "--job-time", "3s",
+                                "--free-delay", "0.5s"]},
     }
+
+
+def _beside(port: int, offset: int) -> int:
+    """The Ollama and ComfyUI listeners sit next to the OpenAI one (any free port with --port 0)."""
+    return 0 if port == 0 else port + offset
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # name: (tiny architecture, writer overrides, engine args); same names as the fake demo.
@@ -107,15 +131,31 @@ def make_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="steward-demo-"))
 
 
-def banner(url: str, workdir: Path, *, real: bool = False) -> str:
+def banner(url: str, workdir: Path, *, real: bool = False, ollama: str | None = None,
+           comfyui: str | None = None) -> str:
     kind = ("real llama-server engines on this CPU, tiny models" if real
-            else "a simulated 16 GiB GPU, fake llama-servers")
+            else "a simulated 16 GiB GPU, fake llama-servers, a fake Ollama and a fake ComfyUI")
     base = f"{url}/v1"
+    services = ""
+    if ollama:
+        services += f"""  Ollama            {ollama}   (OLLAMA_HOST for Open WebUI, n8n, the ollama client)
+"""
+    if comfyui:
+        services += f"""  ComfyUI           {comfyui}   (image jobs take the whole GPU, then give it back)
+"""
+    tries = ""
+    if ollama:
+        tries += f"""  curl -s {ollama}/api/chat -d '{{"model": "llama3.2:3b", "messages": [{{"role": "user", "content": "hi"}}]}}'
+"""
+    if comfyui:
+        tries += f"""  curl -s {comfyui}/prompt -H 'content-type: application/json' -d '{{"prompt": {{"3": {{"class_type": "KSampler", "inputs": {{}}}}, "9": {{"class_type": "SaveImage", "inputs": {{"images": ["3", 0]}}}}}}}}'
+"""
     return f"""
-gpu-steward demo: four engines behind one front door ({kind}).
+gpu-steward demo: one front door ({kind}).
 
   OpenAI base URL   {base}
-  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
+{services}  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
+  metrics           {url}/metrics
 
 Try:
   curl -s {base}/models | python3 -m json.tool
@@ -126,7 +166,7 @@ Try:
   curl -s {base}/embeddings -H 'content-type: application/json' \\
        -d '{{"model": "nomic-embed", "input": ["one", "two"]}}'
   curl -s {url}/healthz | python3 -m json.tool
-
+{tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
 
 Ctrl-C stops it (requests in flight finish first).
