@@ -251,3 +251,22 @@ def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_su
     ollama_dispatches = [e["mono"] for e in steward.events("dispatch") if e["model"] == "ollama"]
     assert ollama_dispatches[-1] > freed  # held until /free was called and the memory came back
     assert [e["engine"] for e in steward.events("spawn")] == ["ollama", "comfyui"]
+
+
+def test_an_image_proceeds_when_ollama_is_unreachable_and_a_job_past_its_timeout_is_released(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    dead = free_port()  # nothing listens there: Ollama is down
+    steward = start_steward({}, gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"},
+                            ollama={"upstream": f"127.0.0.1:{dead}", "listen": None, "retry_initial": "0.2s",
+                                    "retry_max": "0.5s"},
+                            comfyui={"upstream": f"127.0.0.1:{port}", "listen": f"127.0.0.1:{free_port()}",
+                                     "history_poll": "0.1s", "job_timeout": "1s", "free_timeout": "3s"})
+    url = steward.wait_event("listening")["comfyui"][0]
+    answer = httpx.post(f"{url}/prompt", json=workflow(10.0), timeout=30)  # runs longer than the job timeout
+    assert answer.status_code == 200
+    finished = steward.wait_event("image_finished", timeout=10)
+    assert finished["outcome"] == "timeout"  # released by the timeout, logged as a warning
+    assert finished["level"] == "warning"
+    steward.wait_event("image_released", prompt_id=finished["prompt_id"])
+    assert steward.wait_event("upstream_probe")["level"] == "warning"  # Ollama's absence: logged, not fatal
