@@ -151,6 +151,8 @@ class ComfyConfig:
     prompt_capture_limit: Size = Size(65536)
     retry_initial: Duration = Duration(1.0)
     retry_max: Duration = Duration(60.0)
+    # An Ollama model to load again after an image job, once the GPU is idle (batch class).
+    warm_model: str | None = None
 
 
 @attrs.frozen
@@ -360,6 +362,8 @@ def _check_semantics(config: Config) -> list[str]:
             value = getattr(config.ollama, key)
             if value is not None and not _is_host_port(value):
                 problems.append(f"ollama.{key}: must be HOST:PORT like 127.0.0.1:11434, got {value!r}")
+    if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
+        problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
     if config.comfyui is not None:
         for key in ("upstream", "listen"):
             value = getattr(config.comfyui, key)

@@ -41,7 +41,7 @@ from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
 from supervisor.gateway.relay import Backoff
 from supervisor.services.comfyui import probe_comfyui
-from supervisor.services.ollama import serve_ollama
+from supervisor.services.ollama import serve_ollama, warm_model
 from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
 
@@ -162,8 +162,11 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
             await probe_comfyui(http, config.comfyui, events)
         if config.comfyui is not None and config.comfyui.listen is not None:
             jobs = await root.start(_serve_job_nursery)
+            warm = None
+            if config.ollama is not None and config.comfyui.warm_model is not None:
+                warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
             apps.append((create_comfy_app(config.comfyui, client, events, gate, http, jobs,
-                                          config.limits.max_body_size, metrics), config.comfyui.listen))
+                                          config.limits.max_body_size, metrics, warm), config.comfyui.listen))
 
         async def shutdown_trigger() -> None:
             await shutdown()

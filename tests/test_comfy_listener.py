@@ -226,7 +226,7 @@ def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_su
                                     "command": [sys.executable, "-m", "fakes.ollama", "--port", str(ollama_port),
                                                 "--sim-gpu", str(gpu), "--model", "gemma3:4b,size=4GiB,load=0.2s"]},
                             comfyui={"upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{free_port()}",
-                                     "history_poll": "0.1s", "free_timeout": "5s",
+                                     "history_poll": "0.1s", "free_timeout": "5s", "warm_model": "gemma3:4b",
                                      "command": [sys.executable, "-m", "fakes.comfyui", "--port", str(comfy_port),
                                                  "--sim-gpu", str(gpu), "--model-memory", "6GiB",
                                                  "--free-delay", "0.3s"]})
@@ -251,6 +251,8 @@ def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_su
     ollama_dispatches = [e["mono"] for e in steward.events("dispatch") if e["model"] == "ollama"]
     assert ollama_dispatches[-1] > freed  # held until /free was called and the memory came back
     assert [e["engine"] for e in steward.events("spawn")] == ["ollama", "comfyui"]
+    warmed = steward.wait_event("ollama_warm")  # the chat model, loaded again once the GPU was idle
+    assert warmed["model"] == "gemma3:4b" and warmed["status"] == 200
 
 
 def test_an_image_proceeds_when_ollama_is_unreachable_and_a_job_past_its_timeout_is_released(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -60,6 +61,7 @@ class ComfyListener:
     http: httpx.AsyncClient
     jobs: trio.Nursery
     max_body_size: int
+    warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
     running: set[ImageJob] = attrs.Factory(set)
 
     @property
@@ -109,6 +111,8 @@ class ComfyListener:
                         self.running.discard(job)
                         self.events.emit("image_released", "info", prompt_id=job.prompt_id,
                                          held_s=round(time.monotonic() - granted, 3))
+            if job.prompt_id is not None and self.warm is not None:
+                self.jobs.start_soon(self.warm)
         except JobFailed as exc:
             failure = exc.failure
             content = json.dumps({"error": {"type": failure.code, "message": failure.message, "details": "",
@@ -182,9 +186,9 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: str) -> list[
 
 def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
                      http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int,
-                     metrics: StewardMetrics) -> QuartTrio:
+                     metrics: StewardMetrics, warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
     app = QuartTrio("steward-comfyui")
-    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size)
+    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size, warm)
     quart_asgi = app.asgi_app
 
     async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
