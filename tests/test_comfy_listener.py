@@ -272,3 +272,33 @@ def test_an_image_proceeds_when_ollama_is_unreachable_and_a_job_past_its_timeout
     assert finished["level"] == "warning"
     steward.wait_event("image_released", prompt_id=finished["prompt_id"])
     assert steward.wait_event("upstream_probe")["level"] == "warning"  # Ollama's absence: logged, not fatal
+
+
+def test_ollama_dying_before_an_image_does_not_block_it(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    port, gpu = comfy()
+    ollama_port = free_port()
+    steward = start_steward({}, gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"},
+                            ollama={"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{free_port()}",
+                                    "memory": "2GiB", "unload_timeout": "2s", "retry_initial": "5s",
+                                    "command": [sys.executable, "-m", "fakes.ollama", "--port", str(ollama_port),
+                                                "--model", "gemma3:4b,size=2GiB,load=0.1s"]},
+                            comfyui={"upstream": f"127.0.0.1:{port}", "listen": f"127.0.0.1:{free_port()}",
+                                     "history_poll": "0.1s", "free_timeout": "3s"})
+    listening = steward.wait_event("listening")
+    ollama_url, comfy_url = listening["ollama"][0], listening["comfyui"][0]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if httpx.post(f"{ollama_url}/api/generate", json={"model": "gemma3:4b", "prompt": "x", "stream": False},
+                          timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    os.kill(steward.wait_event("spawn", engine="ollama")["pid"], signal.SIGKILL)  # Ollama dies, still "loaded"
+    answer = httpx.post(f"{comfy_url}/prompt", json=workflow(0.3), timeout=30)
+    assert answer.status_code == 200
+    unload = steward.wait_event("ollama_unload")
+    assert unload["complete"] is False and "unreachable" in unload["detail"]  # logged, and the image went on
+    steward.wait_event("image_released", prompt_id=answer.json()["prompt_id"], timeout=15)

@@ -152,7 +152,7 @@ class WsClient:
             await self._fill()
         return self.pending.pop(0)
 
-    async def receive_json(self, timeout: float = 10.0) -> dict[str, Any]:
+    async def receive_json(self, timeout: float = 20.0) -> dict[str, Any]:
         parts = []
         with trio.fail_after(timeout):
             while True:
@@ -168,7 +168,7 @@ class WsClient:
     async def send_json(self, value: object) -> None:
         await self.stream.send_all(self.conn.send(TextMessage(data=json.dumps(value))))
 
-    async def until(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> list[dict[str, Any]]:
+    async def until(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> list[dict[str, Any]]:
         """Messages up to and including the first that matches."""
         seen = []
         with trio.fail_after(timeout):
@@ -376,7 +376,7 @@ async def test_websocket_message_sequence(start_comfy: Callable[..., Fake]) -> N
         hello = await ws.receive_json()
         assert hello == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}}, "sid": "me"}}
         await ws.stream.send_all(ws.conn.send(Ping(b"alive?")))
-        with trio.fail_after(5):
+        with trio.fail_after(15):
             while not isinstance(pong := await ws.event(), Pong):
                 pass
         assert pong.payload == b"alive?"

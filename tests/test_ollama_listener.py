@@ -127,3 +127,44 @@ def test_ndjson_streams_pass_through_unbuffered(start_steward: StewardFactory) -
     assert arrivals[0] < arrivals[-1] - 1.0  # the first line came long before the last was written
 
 
+
+
+def test_edge_cases_client_leaving_mid_stream_and_while_waiting_and_sse_on_v1(start_steward: StewardFactory) -> None:
+    port = free_port()
+    section = ollama_section(port, parallel=1)
+    section["command"] = [sys.executable, "-m", "fakes.ollama", "--port", str(port),
+                          "--model", "slow:1b,size=1GiB,load=0.1s,tps=10", "--num-predict", "40"]
+    steward = start_steward({}, ollama=section, gpu={"probe": "none", "budget": "16GiB"})
+    url = listener(steward)
+    stats = f"http://127.0.0.1:{port}/fake/stats"
+    # Leaving mid-stream: Ollama stops generating, the slot is free again.
+    with httpx.stream("POST", f"{url}/api/generate", json={"model": "slow:1b", "prompt": "go"}, timeout=30) as r:
+        next(r.iter_lines())
+    deadline = time.monotonic() + 5
+    while httpx.get(stats).json()["requests_cancelled"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(stats).json()["requests_cancelled"] == 1
+    assert httpx.get(f"{url}/healthz").json()["llm_inflight"] == 0
+    # Leaving while waiting: the only slot is busy; the second client gives up and is removed.
+    busy = threading.Thread(target=lambda: httpx.post(f"{url}/api/generate", timeout=30,
+                                                      json={"model": "slow:1b", "prompt": "x", "stream": False}))
+    busy.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{url}/healthz").json()["llm_inflight"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        httpx.post(f"{url}/api/generate", json={"model": "slow:1b", "prompt": "y", "stream": False}, timeout=0.5)
+    except httpx.ReadTimeout:
+        pass
+    assert steward.wait_event("withdraw", model="ollama")["waited_s"] < 1.0
+    busy.join(30)
+    # The OpenAI-compatible route streams SSE through, event by event.
+    started = time.monotonic()
+    arrivals = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "slow:1b", "stream": True, "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic() - started)
+    assert arrivals[0] < arrivals[-1] - 1.0

@@ -120,7 +120,8 @@ async def unload_all(config: OllamaConfig, http: httpx.AsyncClient, base_url: st
     started = time.monotonic()
     models = await loaded_models(http, base_url)
     if models is None:
-        events.emit("ollama_unload", "warning", detail="Ollama unreachable; continuing", seconds=0.0)
+        events.emit("ollama_unload", "warning", models=[], seconds=round(time.monotonic() - started, 3),
+                    complete=False, detail="Ollama unreachable; continuing without it")
         return "Ollama unreachable"
     names = [str(m.get("name") or m.get("model")) for m in models]
     for name in names:
