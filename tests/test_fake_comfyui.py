@@ -38,7 +38,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: 
         time.sleep(interval)
 
 
-async def await_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+async def await_until(predicate: Callable[[], object], timeout: float = 15.0) -> None:
     with trio.fail_after(timeout):
         while not predicate():
             await trio.sleep(0.02)
@@ -441,7 +441,7 @@ async def test_websocket_drop_and_restart(start_comfy: Callable[..., Fake]) -> N
         assert (await http.get(f"/history/{pid}")).json() == {}
         await http.post("/fake/restart")
         with pytest.raises(EOFError):
-            await ws.until(lambda m: False, timeout=2)  # the restart closed the socket
+            await ws.until(lambda m: False, timeout=15)  # the restart closed the socket
 
 
 async def test_websocket_origin_check(start_comfy: Callable[..., Fake]) -> None:

@@ -18,8 +18,8 @@ from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
-from supervisor.gateway.gate import RequestGate
-from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler, Receive, Scope, Send, send_error
+from supervisor.gateway.gate import RequestGate, gated
+from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler, Receive, Scope, Send
 from supervisor.scheduler.actor import SchedulerClient
 
 
@@ -32,23 +32,13 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                                  config.scheduler.embedding_chunk)
     quart_asgi = app.asgi_app
 
-    async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
+            await inference(scope, receive, send)
+        else:
             await quart_asgi(scope, receive, send)
-            return
-        if not gate.enter():
-            await send_error(send, 503, "steward is shutting down.", code="shutting_down", retry_after=5,
-                             close=True)
-            return
-        try:
-            if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
-                await inference(scope, receive, send)
-            else:
-                await quart_asgi(scope, receive, send)
-        finally:
-            gate.leave()
 
-    app.asgi_app = asgi_app  # type: ignore[method-assign]
+    app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
 
     async def served_by_inference_handler() -> Response:
         raise AssertionError("POSTs to inference routes never reach Quart")

@@ -25,7 +25,7 @@ from quart_trio import QuartTrio
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.errors import error_body, error_headers
-from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import Receive, Scope, Send, cancel_on_disconnect, read_body
 from supervisor.gateway.ollama_app import turnstile_health
 from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
@@ -191,33 +191,25 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
     listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size, warm)
     quart_asgi = app.asgi_app
 
-    async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in ("/healthz", "/metrics", RELEASE_PATH):
+            await quart_asgi(scope, receive, send)
+        elif scope["method"] == "POST" and scope["path"] in PROMPT_PATHS:
+            await listener.prompt(scope, receive, send)
+        else:
+            await listener.passthrough(scope, receive, send)
+
+    async def other(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
             # Outside the gate: a websocket only reports, and must not hold a shutdown open.
             host, _, port = config.upstream.rpartition(":")
             await proxy_websocket(scope, receive, send, host, int(port),
                                   [(k, v) for k, v in upstream_headers(scope["headers"], config.upstream)
                                    if k == b"origin"])
-            return
-        if scope["type"] != "http":
+        else:
             await quart_asgi(scope, receive, send)
-            return
-        if not gate.enter():
-            content = error_body(503, "steward is shutting down.", code="shutting_down")
-            await send({"type": "http.response.start", "status": 503, "headers": error_headers(content, 5)})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
-            return
-        try:
-            if scope["path"] in ("/healthz", "/metrics", RELEASE_PATH):
-                await quart_asgi(scope, receive, send)
-            elif scope["method"] == "POST" and scope["path"] in PROMPT_PATHS:
-                await listener.prompt(scope, receive, send)
-            else:
-                await listener.passthrough(scope, receive, send)
-        finally:
-            gate.leave()
 
-    app.asgi_app = asgi_app  # type: ignore[method-assign]
+    app.asgi_app = gated(gate, route, other)  # type: ignore[method-assign]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -19,8 +19,8 @@ from quart_trio import QuartTrio
 
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_body, error_headers
-from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.errors import error_headers
+from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import (
     CLASS_HEADER,
     Receive,
@@ -157,26 +157,15 @@ def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: 
     listener = OllamaListener(config, scheduler, events, max_body_size)
     quart_asgi = app.asgi_app
 
-    async def asgi_app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in ("/healthz", "/metrics"):
             await quart_asgi(scope, receive, send)
-            return
-        if not gate.enter():
-            body = error_body(503, "steward is shutting down.", code="shutting_down")
-            await send({"type": "http.response.start", "status": 503, "headers": error_headers(body, 5)})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-            return
-        try:
-            if scope["path"] in ("/healthz", "/metrics"):
-                await quart_asgi(scope, receive, send)
-            elif scope["method"] == "POST" and scope["path"] in INFERENCE_PATHS:
-                await listener.inference(scope, receive, send)
-            else:
-                await listener.passthrough(scope, receive, send)
-        finally:
-            gate.leave()
+        elif scope["method"] == "POST" and scope["path"] in INFERENCE_PATHS:
+            await listener.inference(scope, receive, send)
+        else:
+            await listener.passthrough(scope, receive, send)
 
-    app.asgi_app = asgi_app  # type: ignore[method-assign]
+    app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

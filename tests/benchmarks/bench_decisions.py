@@ -33,7 +33,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import trio  # noqa: E402
 
 from supervisor.events import EventLog  # noqa: E402
 from supervisor.scheduler.actor import open_scheduler_mailbox, serve_scheduler  # noqa: E402
