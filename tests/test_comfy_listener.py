@@ -4,7 +4,6 @@ as exclusive GPU jobs in steward's scheduler, and the turnstile spec's lock sema
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -17,7 +16,8 @@ import pytest
 
 from fakes import simgpu
 from supervisor.units import parse_size
-from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
+from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
+from tests.fake_processes import FakeProcess, fake_launcher
 
 
 def workflow(seconds: float, *, invalid: bool = False) -> dict[str, Any]:
@@ -32,29 +32,15 @@ def workflow(seconds: float, *, invalid: bool = False) -> dict[str, Any]:
 @pytest.fixture
 def comfy(tmp_path: Path) -> Iterator[Callable[..., tuple[int, Path]]]:
     """A fake ComfyUI on the simulated GPU; returns (port, gpu dir). Always stopped."""
-    started: list[subprocess.Popen[bytes]] = []
+    for launcher in fake_launcher(tmp_path):
+        def start(*args: str) -> tuple[int, Path]:
+            gpu = simgpu.create_device(tmp_path / "gpu", total_bytes=parse_size("16GiB"), linger_s=0.1)
+            fake = launcher.launch(FakeProcess, "fakes.comfyui",
+                                   ["--sim-gpu", str(gpu), "--model-memory", "6GiB", "--free-delay", "0.2s",
+                                    "--job-time", "0.5s", *args], ready_path="/system_stats")
+            return fake.port, gpu
 
-    def start(*args: str) -> tuple[int, Path]:
-        port = free_port()
-        gpu = simgpu.create_device(tmp_path / "gpu", total_bytes=parse_size("16GiB"), linger_s=0.1)
-        log = open(tmp_path / "comfy.log", "wb")  # noqa: SIM115 - closed with the process below
-        started.append(subprocess.Popen(
-            [sys.executable, "-m", "fakes.comfyui", "--port", str(port), "--sim-gpu", str(gpu),
-             "--model-memory", "6GiB", "--free-delay", "0.2s", "--job-time", "0.5s", *args],
-            cwd=ROOT, stdout=log, stderr=log))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/system_stats", timeout=1)
-                return port, gpu
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise AssertionError("fake ComfyUI did not start")
-
-    yield start
-    for process in started:
-        process.send_signal(signal.SIGTERM)
-        process.wait(10)
+        yield start
 
 
 def steward_with(start_steward: StewardFactory, comfy_port: int, gpu: Path, models: dict[str, Any] | None = None,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -23,19 +21,11 @@ from wsproto.events import (AcceptConnection, CloseConnection, Message, Ping, Po
                             TextMessage)
 
 from fakes import simgpu
-from tests.conftest import free_port
+from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process
 GiB = 1024**3
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
 
 
 async def await_until(predicate: Callable[[], object], timeout: float = 15.0) -> None:
@@ -45,23 +35,7 @@ async def await_until(predicate: Callable[[], object], timeout: float = 15.0) ->
 
 
 @attrs.define
-class Fake:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10, **kwargs)
-
-    def post(self, path: str, body: object = None, **kwargs: Any) -> httpx.Response:
-        if body is not None:
-            kwargs["json"] = body
-        return httpx.post(self.url + path, timeout=10, **kwargs)
-
+class Fake(FakeProcess):
     def submit(self, prompt: dict[str, Any], **extra: Any) -> str:
         r = self.post("/prompt", {"prompt": prompt, **extra})
         assert r.status_code == 200, r.text
@@ -77,45 +51,13 @@ class Fake:
     def vram_free(self) -> int:
         return self.get("/system_stats").json()["devices"][0]["vram_free"]
 
-    def stats(self) -> dict[str, Any]:
-        return self.get("/fake/stats").json()
-
-    def answers(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"fake exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-        try:
-            return self.get("/system_stats").status_code == 200
-        except httpx.TransportError:
-            return False
 
 
 @pytest.fixture
 def start_comfy(tmp_path: Path) -> Iterator[Callable[..., Fake]]:
     """Start ``python -m fakes.comfyui``; always stopped and reaped."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> Fake:
-        port = free_port()
-        log_path = tmp_path / f"comfyui-{len(started)}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "fakes.comfyui", "--port", str(port), *args],
-                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        started.append(proc)
-        fake = Fake(proc, port, log_path)
-        wait_until(fake.answers, timeout=10)
-        return fake
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    for launcher in fake_launcher(tmp_path):
+        yield lambda *args: launcher.launch(Fake, "fakes.comfyui", list(args), ready_path="/system_stats")
 
 
 def workflow(steps: int = 3, seconds: float | None = None, *, sampler_class: str = "KSampler",

@@ -19,78 +19,24 @@ import httpx
 import pytest
 
 from fakes import simgpu
+from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @attrs.define
-class Fake:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
+class Fake(FakeProcess):
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10)
-
-    def stats(self) -> dict[str, int]:
-        return httpx.get(self.url + "/fake/stats", timeout=5).json()
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
-
-
-def _healthy(fake: Fake) -> bool:
-    if fake.proc.poll() is not None:
-        raise AssertionError(f"fake exited with {fake.proc.returncode}:\n{fake.log()}")
-    try:
-        return httpx.get(fake.url + "/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture
 def start_fake(tmp_path: Path) -> Iterator[Callable[..., Fake]]:
     """Start ``python -m fakes.llama_server`` (waiting for /health 200 unless wait=False)."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str, wait: bool = True, port: int | None = None) -> Fake:
-        port = free_port() if port is None else port
-        log_path = tmp_path / f"fake-{len(started)}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "fakes.llama_server", "--port", str(port), *args],
-                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        started.append(proc)
-        fake = Fake(proc, port, log_path)
-        if wait:
-            wait_until(lambda: _healthy(fake), timeout=10)
-        return fake
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=5)
+    for launcher in fake_launcher(tmp_path):
+        yield lambda *args, wait=True, port=None: launcher.launch(
+            Fake, "fakes.llama_server", list(args), ready_path="/health", wait=wait, port=port)
 
 
 def chat_body(text: str = "hello there", **extra: object) -> dict[str, object]:
@@ -117,7 +63,7 @@ def test_503_while_loading_then_ok(start_fake: Callable[..., Fake]) -> None:
         assert r.status_code == 503
         assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
         assert r.headers["connection"] == "close"
-    wait_until(lambda: _healthy(fake), timeout=5)
+    wait_until(fake.answers, timeout=5)
     r = httpx.get(fake.url + "/v1/health")
     assert (r.status_code, r.json()) == (200, {"status": "ok"})
     assert "main: server is listening on http://127.0.0.1:" in fake.log()

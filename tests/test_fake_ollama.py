@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +15,7 @@ import pytest
 import trio
 
 from fakes import simgpu
-from tests.conftest import free_port
+from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process
@@ -28,73 +26,19 @@ ANSWER = " the quick brown fox jumps over a lazy"  # --num-predict 8 (the defaul
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
-
-
 @attrs.define
-class Fake:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10)
-
-    def post(self, path: str, body: object) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=10)
-
-    def stats(self) -> dict[str, object]:
-        return self.get("/fake/stats").json()
-
+class Fake(FakeProcess):
     def ps_names(self) -> list[str]:
         return [m["name"] for m in self.get("/api/ps").json()["models"]]
-
-    def answers(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"fake exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
-        try:
-            return self.get("/api/version").status_code == 200
-        except httpx.TransportError:
-            return False
 
 
 @pytest.fixture
 def start_ollama(tmp_path: Path) -> Iterator[Callable[..., Fake]]:
     """Start ``python -m fakes.ollama`` with the chat and embedding models; always stopped and reaped."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str, models: tuple[str, ...] = (CHAT, EMBED)) -> Fake:
-        port = free_port()
-        log_path = tmp_path / f"ollama-{len(started)}.log"
-        model_args = [a for spec in models for a in ("--model", spec)]
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "fakes.ollama", "--port", str(port), *model_args, *args],
-                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        started.append(proc)
-        fake = Fake(proc, port, log_path)
-        wait_until(fake.answers, timeout=10)
-        return fake
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    for launcher in fake_launcher(tmp_path):
+        yield lambda *args, models=(CHAT, EMBED): launcher.launch(
+            Fake, "fakes.ollama", [*(a for spec in models for a in ("--model", spec)), *args],
+            ready_path="/api/version")
 
 
 @pytest.fixture

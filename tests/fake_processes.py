@@ -1,0 +1,101 @@
+"""Starting the fake runtimes as real processes in tests: one launcher for all three."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import httpx
+
+from tests.conftest import ROOT, free_port
+
+F = TypeVar("F", bound="FakeProcess")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+@attrs.define
+class FakeProcess:
+    """A fake runtime in its own process; subclasses add what their runtime answers."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    ready_path: str = "/"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10, **kwargs)
+
+    def post(self, path: str, body: object = None, **kwargs: Any) -> httpx.Response:
+        if body is not None:
+            kwargs["json"] = body
+        return httpx.post(self.url + path, timeout=10, **kwargs)
+
+    def stats(self) -> dict[str, Any]:
+        return self.get("/fake/stats").json()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"fake exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            return self.get(self.ready_path).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+@attrs.define
+class FakeLauncher:
+    """Starts `python -m MODULE --port P ARGS`; every process is stopped (SIGTERM, then SIGKILL) at the end."""
+
+    tmp_path: Path
+    started: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+
+    def launch(self, kind: type[F], module: str, args: list[str], *, ready_path: str, wait: bool = True,
+               port: int | None = None) -> F:
+        port = free_port() if port is None else port
+        log_path = self.tmp_path / f"{module.rsplit('.', 1)[-1]}-{len(self.started)}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.started.append(proc)
+        fake = kind(proc, port, log_path, ready_path)
+        if wait:
+            wait_until(fake.answers, timeout=10)
+        return fake
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def fake_launcher(tmp_path: Path) -> Iterator[FakeLauncher]:
+    launcher = FakeLauncher(tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.stop_all()
