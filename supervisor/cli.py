@@ -123,6 +123,16 @@ def _check(config: Config) -> int:
         if plan.nbytes > budget:
             problems.append(f"models.{name}.memory: {format_size(plan.nbytes)} exceeds the budget "
                             f"{format_size(budget)}; it could never load")
+    for name, service in (("ollama", config.ollama), ("comfyui", config.comfyui)):
+        if service is not None:
+            how = f"supervised: {shlex.join(service.command)}" if service.command else "attached"
+            print(f"\n{name:<8} listen {service.listen or '(off)'} -> upstream {service.upstream} ({how})")
+    if config.ollama is not None:
+        print(f"  memory   {format_size(config.ollama.memory)} reserved while Ollama may hold models "
+              f"(grows to what /api/ps reports), {config.ollama.parallel} request(s) at once")
+    if config.comfyui is not None:
+        need = config.comfyui.memory or budget
+        print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
     total = sum(plan.nbytes for plan in plans.values())
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.pinned)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")

@@ -119,3 +119,14 @@ def test_every_example_config_is_valid() -> None:
     for path in examples:
         result = steward("check", str(path))
         assert result.returncode == 0, f"{path.name}: {result.stderr}"
+
+
+def test_check_shows_the_ollama_and_comfyui_listeners(tmp_path: Path) -> None:
+    path = write(tmp_path, {"gpu": {"probe": "none", "budget": "16GiB"}, "models": {},
+                            "ollama": {"upstream": "127.0.0.1:11435", "command": ["ollama", "serve"]},
+                            "comfyui": {"upstream": "127.0.0.1:8189", "listen": None}})
+    result = steward("check", path)
+    assert result.returncode == 0, result.stderr
+    assert "ollama   listen 127.0.0.1:11434 -> upstream 127.0.0.1:11435 (supervised: ollama serve)" in result.stdout
+    assert "comfyui  listen (off) -> upstream 127.0.0.1:8189 (attached)" in result.stdout
+    assert "images   exclusive jobs in the interactive class, 16.0 GiB each" in result.stdout
