@@ -14,13 +14,13 @@ from urllib.parse import urlparse, urlsplit
 import attrs
 import trio
 
-from fakes import simgpu
 from fakes.comfyui.assets import INDEX_HTML, PNG, object_info
 from fakes.comfyui.cli import VERSION, Config, parse_config
 from fakes.comfyui.memory import Gpu
 from fakes.comfyui.prompts import Prompts
 from fakes.comfyui.workflow import PromptRejected, no_prompt, validate
 from fakes.comfyui.ws import Hub
+from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, watch_signals
 from fakes.llama_server.cli import Log
 
@@ -340,13 +340,7 @@ async def run_server(cfg: Config, log: Log) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
     log = Log()
-    try:
-        return trio.run(run_server, cfg, log)
-    except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
-        return 0
-    finally:
-        if cfg.sim_gpu:
-            simgpu.unregister(cfg.sim_gpu)
+    return run_fake(run_server, cfg, log)
 
 
 __all__ = ["FakeComfyUI", "main", "origin_mismatch", "run_server"]

@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from fakes import simgpu
+from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, Request
 from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, parse_config
 from fakes.llama_server.engine import Engine
@@ -241,10 +242,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
     log = Log(enabled=not cfg.log_disabled)
     log(f"build: {BUILD_INFO.split('-')[0][1:]} ({BUILD_INFO.split('-')[1]}) with fakes.llama_server")
-    try:
-        return trio.run(run_server, cfg, log)
-    except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
-        return 0
-    finally:
-        if cfg.sim_gpu:
-            simgpu.unregister(cfg.sim_gpu)  # a clean exit frees the "GPU" memory at once
+    return run_fake(run_server, cfg, log)

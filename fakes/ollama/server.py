@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import trio
 
-from fakes import simgpu
+from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, watch_signals
 from fakes.llama_server.cli import Log
 from fakes.llama_server.formats import oai_embeddings
@@ -262,10 +262,4 @@ async def run_server(cfg: Config, log: Log) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
     log = Log()
-    try:
-        return trio.run(run_server, cfg, log)
-    except KeyboardInterrupt:  # a SIGINT before the signal receiver was installed
-        return 0
-    finally:
-        if cfg.sim_gpu:
-            simgpu.unregister(cfg.sim_gpu)  # the runners exit with us
+    return run_fake(run_server, cfg, log)

@@ -231,12 +231,9 @@ async def cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope)
 
 
 async def send_error(send: Send, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                     retry_after: float | None = None, close: bool = False) -> None:
+                     retry_after: float | None = None) -> None:
     body = error_body(status, message, param=param, code=code)
-    headers = error_headers(body, retry_after)
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": error_headers(body, retry_after)})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
