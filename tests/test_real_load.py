@@ -3,6 +3,7 @@ tiny models written here), called with the official openai SDK, under faults and
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -62,14 +63,23 @@ def test_chat_streaming_completions_and_model_list(steward: RunningSteward) -> N
                                            max_tokens=8)
     assert reply.object == "chat.completion" and reply.usage.completion_tokens <= 8
     chunks = list(client.chat.completions.create(model="chat", stream=True, max_tokens=8,
+                                                 extra_body={"ignore_eos": True},
                                                  messages=[{"role": "user", "content": "hi"}]))
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
-    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
-    # On the wire, event by event as llama-server wrote them: the role chunk first, [DONE] last.
+    assert chunks[-1].choices[0].finish_reason == "length"
+    # On the wire, event by event as llama-server wrote them, [DONE] last. llama-server sends
+    # the role chunk only when the first token is whole UTF-8 (n_decoded == 1 in
+    # server-task.cpp); a random tiny model often starts mid-character, so it is not asserted.
     with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=60, json={
-            "model": "chat", "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}) as r:
-        events = [line for line in r.iter_lines() if line.startswith("data: ")]
-    assert '"role":"assistant"' in events[0] and events[-1] == "data: [DONE]"
+            "model": "chat", "stream": True, "max_tokens": 4, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}]}) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    parsed = [json.loads(event) for event in events[:-1]]
+    assert {chunk["object"] for chunk in parsed} == {"chat.completion.chunk"}
+    assert parsed[-1]["choices"][0]["finish_reason"] == "length"
+    roles = [i for i, chunk in enumerate(parsed) if "role" in chunk["choices"][0]["delta"]]
+    assert roles in ([], [0])
     text = client.completions.create(model="chat", prompt="once upon", max_tokens=5)
     assert text.object == "text_completion"
     assert {m.id for m in client.models.list()} == {"chat", "gpt-4o", "embed"}
