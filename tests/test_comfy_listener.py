@@ -17,7 +17,7 @@ import pytest
 from fakes import simgpu
 from supervisor.units import parse_size
 from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
-from tests.fake_processes import FakeProcess, fake_launcher
+from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 
 def workflow(seconds: float, *, invalid: bool = False) -> dict[str, Any]:
@@ -151,8 +151,7 @@ def test_images_are_served_in_order_and_an_operator_can_force_release(
     second = threading.Thread(target=lambda: second_answer.append(
         httpx.post(f"{url}/prompt", json=workflow(0.2), timeout=60).json()["prompt_id"]))
     second.start()
-    time.sleep(0.5)
-    assert httpx.get(f"{url}/healthz").json()["image_pending"] is True
+    wait_until(lambda: httpx.get(f"{url}/healthz").json()["image_pending"] is True)
     assert httpx.post(f"{url}/steward/release").json() == {"released": 1}  # the first job is stuck: let go
     second.join(30)
     forwarded = [e["prompt_id"] for e in steward.events("image_forwarded")]

@@ -237,11 +237,15 @@ async def test_max_queue_503(start_ollama: Callable[..., Fake]) -> None:
         async def ask(i: int) -> None:
             results[i] = await client.post("/api/generate", json={"model": "slow:1b", "prompt": "x", "stream": False})
 
+        async def wait_for(key: str) -> None:
+            while (await client.get("/fake/stats")).json()[key] != 1:
+                await trio.sleep(0.01)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask, 0)
-            await trio.sleep(0.15)   # 0 generates (0.4 s)
+            await wait_for("active")    # 0 generates (0.4 s)
             nursery.start_soon(ask, 1)
-            await trio.sleep(0.1)    # 1 waits for its turn: the queue is full
+            await wait_for("waiting")   # 1 waits for its turn: the queue is full
             nursery.start_soon(ask, 2)
         oai = await client.post("/v1/completions", json={"model": "slow:1b", "prompt": "x"})
     assert results[0].status_code == results[1].status_code == 200

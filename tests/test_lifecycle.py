@@ -41,6 +41,14 @@ def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-unt
         time.sleep(0.02)
 
 
+def refuses_connections(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+    except httpx.TransportError:
+        return True
+    return False
+
+
 def test_load_then_evict_on_the_simulated_gpu_with_reservations_at_each_step(
         start_steward: StewardFactory, sim_gpu) -> None:  # type: ignore[no-untyped-def]
     gpu_dir = sim_gpu("10GiB")
@@ -97,10 +105,8 @@ def test_sigterm_lets_streams_in_flight_finish_then_stops_engines_and_exits_0(
     assert first_token.wait(15)
     engine_pid_holder.append(steward.engine_pid("chat"))
     steward.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
     # No new work is accepted once the signal has arrived.
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{steward.url}/healthz", timeout=2)
+    wait_until(lambda: refuses_connections(f"{steward.url}/healthz"))
     thread.join(20)
     assert not failure, failure
     assert len(received) == 30  # the whole answer, not cut short
@@ -181,7 +187,7 @@ def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) 
     chat(steward, "slow")  # loaded
     long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=20))  # holds the slot ~2 s
     long_one.start()
-    time.sleep(0.3)
+    wait_until(lambda: steward.health()["engines"]["slow"]["in_flight"] == 1)
     with pytest.raises(openai.APIStatusError) as caught:
         chat(steward, "slow")
     long_one.join()
@@ -196,7 +202,7 @@ def test_a_client_that_leaves_while_waiting_leaves_the_queue(start_steward: Stew
     chat(steward, "slow")  # loaded
     long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=20))  # holds the slot ~2 s
     long_one.start()
-    time.sleep(0.3)
+    wait_until(lambda: steward.health()["engines"]["slow"]["in_flight"] == 1)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{steward.base_url}/chat/completions", timeout=0.5,
                    json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
