@@ -79,6 +79,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; always reaped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
 def fake_model(memory: str = "1GiB", *, parallel: int = 2, load_time: str = "0.2s", tps: float = 200,
                gpu_dir: Path | None = None, extra: list[str] | None = None, **config: Any) -> dict[str, Any]:
     """A model entry whose engine is the fake llama-server."""

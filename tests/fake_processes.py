@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, stop_process
 
 F = TypeVar("F", bound="FakeProcess")
 
@@ -79,18 +78,12 @@ class FakeLauncher:
         self.started.append(proc)
         fake = kind(proc, port, log_path, ready_path)
         if wait:
-            wait_until(fake.answers, timeout=10)
+            wait_until(fake.answers, timeout=30)
         return fake
 
     def stop_all(self) -> None:
         for proc in self.started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def fake_launcher(tmp_path: Path) -> Iterator[FakeLauncher]:

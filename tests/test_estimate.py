@@ -12,18 +12,13 @@ binary and fails, never skips, when it is missing.
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 import gguf
-import httpx
 import numpy as np
 import pytest
 
@@ -34,6 +29,7 @@ from supervisor.accounting.hparams import read_hparams
 from supervisor.accounting.llama_logs import MeasuredBreakdown, parse_llama_log
 from supervisor.accounting.server_args import ServerArgsError, TensorOverride, parse_server_args
 from supervisor.cli import main
+from tests.bare_llama import open_bare_llama_server
 
 MIB = 1024 * 1024
 F32, F16 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16
@@ -531,7 +527,6 @@ PRINT_RESOLUTION = round(0.005 * MIB)  # the log's two decimals
 EXACT = 0.01  # weights, KV, recurrent state: within 1 % (or the print resolution)
 COMPUTE = 0.20
 TOTAL = (-0.02, 0.05)
-LOAD_TIMEOUT_S = 20.0
 
 
 @attrs.frozen
@@ -550,39 +545,10 @@ class Comparison:
         return abs(estimated - measured) <= max(tolerance * measured, PRINT_RESOLUTION)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_llama_server(binary: Path, model: Path, args: list[str], log: Path) -> MeasuredBreakdown:
     """Start llama-server, wait until it serves (every buffer is allocated by then), stop it, read its log."""
-    port = _free_port()
-    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-lv", "4", *args]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + LOAD_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server not ready within {LOAD_TIMEOUT_S}s; see {log}")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            proc.wait()
+    with open_bare_llama_server(binary, model, ["-lv", "4", *args], log):
+        pass
     return parse_llama_log(log.read_text(errors="replace"))
 
 

@@ -8,11 +8,7 @@ Each server's combined output is kept in $TMPDIR/tiny-gguf-<arch>.log for readin
 from __future__ import annotations
 
 import re
-import signal
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import gguf
@@ -22,9 +18,9 @@ import pytest
 from fakes import tiny_gguf
 from fakes.llama_binary import llama_server_path
 from fakes.tiny_gguf import ARCHITECTURES, TinyModel, write_tiny_model
+from tests.bare_llama import open_bare_llama_server
 
 SERVER_ARGS = ["-c", "1024", "-np", "1", "-lv", "4"]  # -lv 4: llama.cpp's own load log (buffer sizes)
-LOAD_TIMEOUT_S = 8.0
 
 
 def _field(reader: gguf.GGUFReader, key: str):
@@ -100,52 +96,20 @@ def test_cli(tmp_path: Path) -> None:
 # the real llama-server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    proc.wait()
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + LOAD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-            pytest.fail(f"llama-server exited with {proc.returncode} while loading:\n{tail}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"llama-server not healthy within {LOAD_TIMEOUT_S}s; see {log}")
-
-
 def _ask(model: TinyModel, base: str) -> None:
     if not model.causal:
-        r = httpx.post(f"{base}/v1/embeddings", json={"input": ["hello world", "tiny model"]}, timeout=10)
+        r = httpx.post(f"{base}/v1/embeddings", json={"input": ["hello world", "tiny model"]}, timeout=60)
         assert r.status_code == 200, r.text
         data = r.json()["data"]
         assert len(data) == 2 and all(len(d["embedding"]) == model.n_embd for d in data)
         return
-    r = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert 1 <= body["usage"]["completion_tokens"] <= 4
-    r = httpx.post(f"{base}/completion", timeout=10, json={"prompt": "the tiny", "n_predict": 3})
+    r = httpx.post(f"{base}/completion", timeout=60, json={"prompt": "the tiny", "n_predict": 3})
     assert r.status_code == 200, r.text
     assert r.json()["tokens_predicted"] >= 1
 
@@ -177,17 +141,8 @@ def test_real_llama_server_loads_and_answers(arch: str, tmp_path: Path) -> None:
     except FileNotFoundError as exc:
         pytest.fail(str(exc))
     model = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
     log = Path(tempfile.gettempdir()) / f"tiny-gguf-{arch}.log"
-    cmd = [str(binary), "-m", str(model.path), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
-    if not model.causal:
-        cmd.append("--embeddings")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(proc, base, log)
-            _ask(model, base)
-        finally:
-            _stop(proc)
+    args = [*SERVER_ARGS, *([] if model.causal else ["--embeddings"])]
+    with open_bare_llama_server(binary, model.path, args, log) as base:
+        _ask(model, base)
     _check_memory_log(model, log.read_text(errors="replace"))
