@@ -167,6 +167,19 @@ def test_chat_stream_shape_with_usage(start_fake: Callable[..., Fake]) -> None:
     assert len({c["id"] for c in (role, first, finish, usage)}) == 1
 
 
+def test_a_first_token_that_is_half_a_character_means_no_role_chunk(start_fake: Callable[..., Fake]) -> None:
+    """Seen on the real llama-server (a random tiny model): the role chunk comes only with a
+    first token that is whole UTF-8; otherwise the stream starts with content."""
+    fake = start_fake("--tokens-per-second", "0")
+    r = httpx.post(fake.url + "/v1/chat/completions",
+                   json=chat_body("FAKE_SPLIT_UTF8", stream=True, max_tokens=3))
+    chunks = sse_json(sse_blocks(r.text))
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "é"}, {"content": " brown"}, {}]
+    whole = httpx.post(fake.url + "/v1/chat/completions", json=chat_body("FAKE_SPLIT_UTF8", max_tokens=3)).json()
+    assert whole["choices"][0]["message"]["content"] == "é brown"
+    assert whole["usage"]["completion_tokens"] == 3
+
+
 def test_stream_without_usage_ends_with_finish_chunk_and_timings(start_fake: Callable[..., Fake]) -> None:
     fake = start_fake("--tokens-per-second", "0")
     r = httpx.post(fake.url + "/v1/chat/completions", json=chat_body(stream=True, max_tokens=1))

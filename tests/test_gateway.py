@@ -69,6 +69,21 @@ def test_streaming_chunks_arrive_while_the_engine_is_still_generating(client: op
     assert len(pieces) == 25
 
 
+def test_a_stream_without_a_role_chunk_passes_through_as_it_is(client: openai.OpenAI,
+                                                                steward: RunningSteward) -> None:
+    """llama-server skips the role chunk when its first token is half a character (found on the
+    real server in CI); steward neither invents one nor chokes on its absence."""
+    body = {"model": "chat", "stream": True, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "FAKE_SPLIT_UTF8"}]}
+    with httpx.stream("POST", f"{steward.base_url}/chat/completions", json=body, timeout=30) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert [json.loads(e)["choices"][0]["delta"] for e in events[:-1]] == [
+        {"content": "é"}, {"content": " brown"}, {}]
+    stream = client.chat.completions.create(**body)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "é brown"
+
+
 def test_embeddings(client: openai.OpenAI) -> None:
     result = client.embeddings.create(model="embed", input=["first text", "second text", "third"])
     assert [d.index for d in result.data] == [0, 1, 2]

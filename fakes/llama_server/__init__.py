@@ -27,7 +27,9 @@ Deterministic "tokenizer": a prompt costs one token per whitespace-separated wor
 
 Test hooks in the prompt text: ``FAKE_ERROR_MIDSTREAM`` sends an error event after two
 tokens and ends the stream without ``[DONE]``; ``FAKE_CRASH`` aborts the process
-(exit status 134) after two tokens.
+(exit status 134) after two tokens; ``FAKE_SPLIT_UTF8`` makes the answer start with a
+character split over two byte tokens, so the stream has no role chunk (llama-server sends
+it only with a first token that is whole UTF-8).
 
 ``GET /fake/stats`` -> ``{"started","completed","cancelled","active","deferred","connections"}``:
 requests that got a slot, that finished, that the client abandoned while generating,

@@ -14,7 +14,7 @@ from fakes.http11 import Exchange
 from fakes.llama_server.cli import Config, Log
 from fakes.llama_server.errors import ApiError, exceed_context, input_too_large, respond_error
 from fakes.llama_server.formats import (PREFILL_TOKENS_PER_S, Format, Outcome, embed, make_timings,
-                                        native_embeddings, oai_embeddings, token_piece)
+                                        native_embeddings, oai_embeddings, split_utf8_piece, token_piece)
 from fakes.llama_server.parsing import Job
 from fakes.llama_server.slots import Slot, SlotPool, Stats
 
@@ -80,9 +80,9 @@ class Engine:
                 return await self._inject_failure(ex, job)
             for i in range(n_target):
                 await self._wait_for_token(ex, job, start + (i + 1) * interval)
-                pieces.append(token_piece(i))
+                pieces.append(split_utf8_piece(i) if job.split_utf8_hook and i < 2 else token_piece(i))
                 slot.n_decoded, slot.n_remain = i + 1, n_target - i - 1
-                if job.stream:
+                if job.stream and pieces[-1]:  # an incomplete character is held back, as llama-server does
                     for event in fmt.token_events(pieces[-1], i + 1, slot.id):
                         await ex.send_event(event)
                 if i + 1 == hook_at:

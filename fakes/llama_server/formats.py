@@ -46,6 +46,13 @@ def token_piece(index: int) -> str:
     return " " + VOCAB[index % len(VOCAB)]
 
 
+def split_utf8_piece(index: int) -> str:
+    """Tokens 0 and 1 of a FAKE_SPLIT_UTF8 answer: "é" as two byte tokens. The first is not
+    whole UTF-8, so llama-server sends nothing for it, and the role chunk (sent only when
+    n_decoded == 1) never comes: the stream starts with a content chunk."""
+    return "" if index == 0 else "é"
+
+
 def make_timings(n_prompt: int, n_decoded: int, predicted_s: float) -> dict[str, Any]:
     prompt_ms = n_prompt / PREFILL_TOKENS_PER_S * 1000.0
     predicted_ms = predicted_s * 1000.0

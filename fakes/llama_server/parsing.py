@@ -16,6 +16,7 @@ from fakes.llama_server.errors import invalid_request
 
 ERROR_HOOK = "FAKE_ERROR_MIDSTREAM"
 CRASH_HOOK = "FAKE_CRASH"
+SPLIT_UTF8_HOOK = "FAKE_SPLIT_UTF8"
 
 
 @attrs.frozen
@@ -35,6 +36,10 @@ class Job:
     @property
     def crash_hook(self) -> bool:
         return CRASH_HOOK in self.prompt_text
+
+    @property
+    def split_utf8_hook(self) -> bool:
+        return SPLIT_UTF8_HOOK in self.prompt_text
 
 
 def body_json(request: Request) -> dict[str, Any]:
