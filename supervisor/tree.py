@@ -40,8 +40,8 @@ from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, 
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
 from supervisor.gateway.relay import Backoff
-from supervisor.services.comfyui import probe_comfyui
 from supervisor.services.ollama import serve_ollama, warm_model
+from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
 
@@ -159,7 +159,8 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
         if config.comfyui is not None:
-            await probe_comfyui(http, config.comfyui, events)
+            root.start_soon(probe_upstream, http, "comfyui", f"http://{config.comfyui.upstream}/system_stats", events,
+                            bool(config.comfyui.command))
         if config.comfyui is not None and config.comfyui.listen is not None:
             jobs = await root.start(_serve_job_nursery)
             warm = None

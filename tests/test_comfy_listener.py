@@ -217,14 +217,10 @@ def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_su
                                                  "--free-delay", "0.3s"]})
     listening = steward.wait_event("listening")
     ollama_url, comfy_url = listening["ollama"][0], listening["comfyui"][0]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:  # both children up
-        try:
-            httpx.get(f"{comfy_url}/system_stats", timeout=1).raise_for_status()
-            httpx.get(f"{ollama_url}/api/version", timeout=1).raise_for_status()
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    # Both children up. A service steward spawned gets time to bind its port: no warning.
+    probes = [steward.wait_event("upstream_probe", service=s, timeout=30) for s in ("ollama", "comfyui")]
+    assert [(p["level"], p["status"]) for p in probes] == [("info", 200), ("info", 200)]
+    assert all(p["version"] for p in probes)
     chat = {"model": "gemma3:4b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
     assert httpx.post(f"{ollama_url}/api/chat", json=chat, timeout=30).status_code == 200  # Ollama holds 4 GiB
     prompt_id = httpx.post(f"{comfy_url}/prompt", json=workflow(1.0), timeout=30).json()["prompt_id"]

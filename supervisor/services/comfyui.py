@@ -20,16 +20,6 @@ from supervisor.events import EventLog
 _PROMPT_ID = re.compile(rb'"prompt_id"\s*:\s*"([^"]+)"')
 
 
-async def probe_comfyui(http: httpx.AsyncClient, config: ComfyConfig, events: EventLog) -> None:
-    """Startup probe: logged, never fatal (ComfyUI may come up later)."""
-    url = f"http://{config.upstream}/system_stats"
-    try:
-        response = await http.get(url)
-        events.emit("upstream_probe", "info", service="comfyui", url=url, status=response.status_code)
-    except httpx.HTTPError as exc:
-        events.emit("upstream_probe", "warning", service="comfyui", url=url, detail=str(exc))
-
-
 def find_prompt_id(captured: bytes) -> str | None:
     """The prompt_id in the first bytes of ComfyUI's answer to /prompt (bounded capture)."""
     match = _PROMPT_ID.search(captured)

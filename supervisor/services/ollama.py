@@ -22,6 +22,7 @@ import trio
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.gateway.relay import Backoff
+from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 
@@ -55,7 +56,8 @@ async def serve_ollama(config: OllamaConfig, scheduler: SchedulerClient, events:
             await nursery.start(serve_service_process, OLLAMA_ENGINE, config.command,
                                 {"OLLAMA_HOST": config.upstream}, events,
                                 Backoff(config.retry_initial, config.retry_max))
-        await _probe(http, handle.base_url, events)
+        nursery.start_soon(probe_upstream, http, OLLAMA_ENGINE, f"{handle.base_url}/api/version", events,
+                           bool(config.command))
         task_status.started(handle)
         watcher: trio.CancelScope | None = None
         async for command in receive:
@@ -70,16 +72,6 @@ async def serve_ollama(config: OllamaConfig, scheduler: SchedulerClient, events:
             else:
                 detail = await unload_all(config, http, handle.base_url, events)
                 scheduler.report_exited(OLLAMA_ENGINE, command.generation, f"stopped ({detail})")
-
-
-async def _probe(http: httpx.AsyncClient, base_url: str, events: EventLog) -> None:
-    """Startup probe: logged, never fatal."""
-    try:
-        response = await http.get(f"{base_url}/api/version")
-        events.emit("upstream_probe", "info", service="ollama", url=base_url, status=response.status_code,
-                    version=response.json().get("version") if response.status_code == 200 else None)
-    except (httpx.HTTPError, ValueError) as exc:
-        events.emit("upstream_probe", "warning", service="ollama", url=base_url, detail=str(exc))
 
 
 async def _wait_until_up(http: httpx.AsyncClient, base_url: str, backoff: Backoff, events: EventLog) -> None:
