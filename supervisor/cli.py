@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config", help="path to the YAML config")
     demo = commands.add_parser("demo", help="run on a simulated GPU with fake engines (no GPU, no config)")
     demo.add_argument("--port", type=int, default=8080, help="port to listen on (0 picks a free one)")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo's folder (event log, simulated GPU) after it stops")
     demo.add_argument("--real", action="store_true",
                       help="real llama-server engines (CPU) with tiny models written on the fly")
     load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        return _demo(args.port, real=args.real)
+        return _demo(args.port, real=args.real, keep=args.keep)
     if args.command == "loadtest":
         return _loadtest(args)
     if args.command == "simulate":
@@ -243,24 +245,32 @@ def _loadtest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(port: int, *, real: bool = False) -> int:
+def _demo(port: int, *, real: bool = False, keep: bool = False) -> int:
+    import shutil
+
     from supervisor import demo
     from supervisor.config import parse_config
 
     workdir = demo.make_workdir()
     try:
-        raw = demo.real_demo_config_dict(workdir, port) if real else demo.demo_config_dict(workdir, port)
-    except demo.RealEnginesUnavailable as exc:
-        print(f"steward: demo --real needs a llama-server binary: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    config = parse_config(raw)
+        try:
+            raw = demo.real_demo_config_dict(workdir, port) if real else demo.demo_config_dict(workdir, port)
+        except demo.RealEnginesUnavailable as exc:
+            print(f"steward: demo --real needs a llama-server binary: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        config = parse_config(raw)
 
-    def announce(steward: Steward) -> None:
-        print(demo.banner(steward.url, workdir, real=real,
-                          ollama=steward.ollama_urls[0] if steward.ollama_urls else None,
-                          comfyui=steward.comfyui_urls[0] if steward.comfyui_urls else None), flush=True)
+        def announce(steward: Steward) -> None:
+            print(demo.banner(steward.url, workdir, real=real, keep=keep,
+                              ollama=steward.ollama_urls[0] if steward.ollama_urls else None,
+                              comfyui=steward.comfyui_urls[0] if steward.comfyui_urls else None), flush=True)
 
-    return _run(config, on_ready=announce)
+        return _run(config, on_ready=announce)
+    finally:
+        if keep:
+            print(f"steward: demo folder kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _simulate(args: argparse.Namespace) -> int:

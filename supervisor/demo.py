@@ -131,7 +131,7 @@ def make_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="steward-demo-"))
 
 
-def banner(url: str, workdir: Path, *, real: bool = False, ollama: str | None = None,
+def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, ollama: str | None = None,
            comfyui: str | None = None) -> str:
     kind = ("real llama-server engines on this CPU, tiny models" if real
             else "a simulated 16 GiB GPU, fake llama-servers, a fake Ollama and a fake ComfyUI")
@@ -150,6 +150,7 @@ def banner(url: str, workdir: Path, *, real: bool = False, ollama: str | None = 
     if comfyui:
         tries += f"""  curl -s {comfyui}/prompt -H 'content-type: application/json' -d '{{"prompt": {{"3": {{"class_type": "KSampler", "inputs": {{}}}}, "9": {{"class_type": "SaveImage", "inputs": {{"images": ["3", 0]}}}}}}}}'
 """
+    stops = f" and keeps {workdir}" if keep else f" and removes {workdir} (--keep keeps it)"
     return f"""
 gpu-steward demo: one front door ({kind}).
 
@@ -169,5 +170,5 @@ Try:
 {tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
 
-Ctrl-C stops it (requests in flight finish first).
+Ctrl-C stops it (requests in flight finish first){stops}.
 """

@@ -233,10 +233,10 @@ def run_loadtest(url: str | None, counts: dict[str, int], duration: float, model
     if url is not None:
         outcomes = trio.run(run_clients, f"{url.rstrip('/')}", kinds, duration, seed)
         return LoadReport(duration, outcomes)
-    workdir = Path(tempfile.mkdtemp(prefix="steward-loadtest-"))
-    process, steward_url, events = start_demo_steward(workdir, real=real)
-    try:
-        outcomes = trio.run(run_clients, steward_url, kinds, duration, seed)
-    finally:
-        stop_steward(process)
-    return LoadReport(duration, outcomes, summarize_events(events))
+    with tempfile.TemporaryDirectory(prefix="steward-loadtest-") as workdir:
+        process, steward_url, events = start_demo_steward(Path(workdir), real=real)
+        try:
+            outcomes = trio.run(run_clients, steward_url, kinds, duration, seed)
+        finally:
+            stop_steward(process)
+        return LoadReport(duration, outcomes, summarize_events(events))

@@ -89,14 +89,16 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
     process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "demo", "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     try:
-        base_url = None
+        base_url = event_log = None
         deadline = time.monotonic() + 30
         assert process.stdout is not None
-        while base_url is None and time.monotonic() < deadline:
+        while (base_url is None or event_log is None) and time.monotonic() < deadline:
             line = process.stdout.readline()
-            match = re.search(r"OpenAI base URL\s+(\S+)", line)
-            base_url = match.group(1) if match else None
-        assert base_url, "the demo did not print its URL"
+            if match := re.search(r"OpenAI base URL\s+(\S+)", line):
+                base_url = match.group(1)
+            if match := re.search(r"event log\s+(\S+)", line):
+                event_log = Path(match.group(1))
+        assert base_url and event_log, "the demo did not print its URL and event log"
         client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
         ids = {m.id for m in client.models.list()}
         assert {"gemma4-12b", "gemma4-e4b", "gemma4-e2b", "nomic-embed", "gpt-4o"} <= ids
@@ -111,6 +113,7 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
+    assert not event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
 
 def test_every_example_config_is_valid() -> None:
