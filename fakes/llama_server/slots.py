@@ -63,11 +63,16 @@ class SlotPool:
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[Slot]:
-        self.deferred += 1
         try:
-            await self._sem.acquire()
-        finally:
-            self.deferred -= 1
+            self._sem.acquire_nowait()
+        except trio.WouldBlock:
+            # Only a request that really waits counts as deferred (acquire() yields even when
+            # a slot is free, and /fake/stats could see that moment).
+            self.deferred += 1
+            try:
+                await self._sem.acquire()
+            finally:
+                self.deferred -= 1
         slot = self._free.popleft()
         slot.id_task, slot.n_decoded, slot.n_remain = next(self._task_ids), 0, -1
         try:
