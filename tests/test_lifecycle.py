@@ -207,7 +207,7 @@ def test_a_client_that_leaves_while_waiting_leaves_the_queue(start_steward: Stew
         httpx.post(f"{steward.base_url}/chat/completions", timeout=0.5,
                    json={"model": "slow", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
     withdrawn = steward.wait_event("withdraw", model="slow")
-    assert withdrawn["waited_s"] < 1.0
+    assert withdrawn["waited_s"] < 5.0  # when it left (0.5 s), not at the 60 s queue timeout
     long_one.join()
     health = steward.health()
     assert health["queued"] == 0 and health["engines"]["slow"]["in_flight"] == 0

@@ -155,7 +155,7 @@ def test_edge_cases_client_leaving_mid_stream_and_while_waiting_and_sse_on_v1(st
         httpx.post(f"{url}/api/generate", json={"model": "slow:1b", "prompt": "y", "stream": False}, timeout=0.5)
     except httpx.ReadTimeout:
         pass
-    assert steward.wait_event("withdraw", model="ollama")["waited_s"] < 1.0
+    assert steward.wait_event("withdraw", model="ollama")["waited_s"] < 5.0  # when it left, not at the 60 s timeout
     busy.join(30)
     # The OpenAI-compatible route streams SSE through, event by event.
     started = time.monotonic()
