@@ -106,7 +106,7 @@ def test_sigterm_exits_0_promptly_and_unregisters(start_fake: Callable[..., Fake
         t0 = time.monotonic()
         fake.proc.send_signal(signal.SIGTERM)
         assert fake.proc.wait(timeout=5) == 0
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 3.0  # not the 200 s the stream would take
     assert_freed_after_linger(gpu, 1 << 30)
 
 

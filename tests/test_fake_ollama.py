@@ -164,7 +164,7 @@ def test_load_unload_keep_alive_zero_and_ps_lag(start_ollama: Callable[..., Fake
     t0 = time.monotonic()
     assert fake.ps_names() == ["gemma3:4b"]  # still there while it unloads
     wait_until(lambda: fake.ps_names() == [])
-    assert 0.3 < time.monotonic() - t0 < 1.5
+    assert 0.3 < time.monotonic() - t0 < 3.0  # the 0.4 s lag, not at once
     assert registered(gpu_dir) == 0
     stats = fake.stats()
     assert (stats["loads"], stats["unloads"], stats["unload_calls"], stats["loaded"]) == (1, 1, 1, {})
