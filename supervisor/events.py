@@ -12,6 +12,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 import attrs
@@ -70,6 +71,12 @@ class EventLog:
 
     def close(self) -> None:
         self._send.close()
+
+
+def read_event_log(path: Path) -> list[dict[str, Any]]:
+    """The records of an event log file, whole lines only (a running steward may be mid-line)."""
+    text = path.read_text()
+    return [json.loads(line) for line in text.splitlines()[:text.count("\n")] if line.strip()]
 
 
 def _now() -> float:

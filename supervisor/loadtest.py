@@ -10,7 +10,6 @@ event log afterwards for loads, evictions and peak memory.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -27,6 +26,7 @@ import httpx
 import trio
 import yaml
 
+from supervisor.events import read_event_log
 from supervisor.scheduler.types import CLASSES
 
 
@@ -155,8 +155,7 @@ def summarize_events(path: Path) -> dict[str, Any]:
     loads = evictions = unnecessary = 0
     peak = 0
     evicted_needlessly: set[str] = set()
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    for record in read_event_log(path):
         name = record["event"]
         if name in ("load", "restart"):
             loads += 1
@@ -208,8 +207,7 @@ def start_demo_steward(workdir: Path, *, real: bool = False) -> tuple[subprocess
         if process.poll() is not None:
             raise RuntimeError(f"steward exited with status {process.returncode}")
         if events.exists():
-            for line in events.read_text().splitlines():
-                record = json.loads(line)
+            for record in read_event_log(events):
                 if record["event"] == "listening":
                     return process, record["urls"][0], events
         time.sleep(0.05)

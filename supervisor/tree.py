@@ -173,6 +173,7 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
             await shutdown()
             events.emit("shutdown", "info", detail="no new connections; draining requests in flight",
                         timeout_s=config.limits.shutdown_timeout)
+            client.close()  # requests still waiting for their turn are answered now
 
         urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, root.cancel_scope)
         listeners = dict(zip(("openai", *(_listener_names(config))), urls, strict=True))

@@ -8,7 +8,6 @@ its test.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from fakes import simgpu
+from supervisor.events import read_event_log
 
 ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_CHILD_SUBREAPER = 36
@@ -112,8 +112,7 @@ class RunningSteward:
         return f"{self.url}/v1"
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        lines = self.events_path.read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
+        records = read_event_log(self.events_path)
         return [r for r in records if name is None or r["event"] == name]
 
     def wait_event(self, name: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:

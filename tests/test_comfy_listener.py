@@ -132,6 +132,30 @@ def test_a_client_that_leaves_while_waiting_is_removed(start_steward: StewardFac
     assert httpx.get(f"{url}/healthz").json()["state"] == "idle"
 
 
+def test_an_image_for_a_comfyui_that_is_down_lets_go_of_the_gpu_when_its_client_leaves_or_steward_stops(
+        start_steward: StewardFactory) -> None:
+    steward = start_steward({"chat": fake_model("1GiB")}, gpu={"probe": "none", "budget": "16GiB"}, comfyui={
+        "upstream": f"127.0.0.1:{free_port()}", "listen": f"127.0.0.1:{free_port()}",
+        "retry_initial": "0.2s", "retry_max": "30s"})
+    url = steward.wait_event("listening")["comfyui"][0]
+    with pytest.raises(httpx.ReadTimeout):  # the job holds the GPU and retries; the client gives up
+        httpx.post(f"{url}/prompt", json=workflow(0.5), timeout=1.0)
+    steward.wait_event("image_abandoned")
+    steward.wait_event("image_released")
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert httpx.post(f"{steward.base_url}/chat/completions", json=chat, timeout=30).status_code == 200
+    # Retrying while steward stops: a clean 503 at once, not a drain held open for 30 s.
+    answer: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answer.append(httpx.post(f"{url}/prompt", json=workflow(0.5),
+                                                                       timeout=30)))
+    asking.start()
+    wait_until(lambda: len(steward.events("image_granted")) == 2)
+    steward.process.send_signal(signal.SIGTERM)
+    asking.join(10)
+    assert answer[0].status_code == 503 and answer[0].json()["error"]["code"] == "shutting_down"
+    assert steward.process.wait(10) == 0
+
+
 def test_a_prompt_that_vanishes_from_comfyui_is_noticed_through_the_queue(
         start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
     port, gpu = comfy()

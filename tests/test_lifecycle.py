@@ -181,6 +181,40 @@ def test_sigkill_of_steward_takes_its_engines_with_it(start_steward: StewardFact
     wait_until(lambda: not [p for p, _ in descendants() if p in engine_pids], timeout=5)
 
 
+def test_sigterm_answers_requests_still_waiting_for_their_turn_at_once(start_steward: StewardFactory) -> None:
+    steward = start_steward({"chat": fake_model("1GiB", parallel=1, tps=20)}, limits={"shutdown_timeout": "20s"})
+    chat(steward, "chat")  # loaded
+    finished: dict[str, float] = {}
+
+    def running() -> None:
+        chat(steward, "chat", max_tokens=30)  # ~1.5 s on the only slot
+        finished["running"] = time.monotonic()
+
+    refused: list[openai.APIStatusError] = []
+
+    def waiting() -> None:
+        try:
+            chat(steward, "chat")
+        except openai.APIStatusError as exc:
+            refused.append(exc)
+        finished["waiting"] = time.monotonic()
+
+    first = threading.Thread(target=running)
+    first.start()
+    wait_until(lambda: steward.health()["engines"]["chat"]["in_flight"] == 1)
+    second = threading.Thread(target=waiting)
+    second.start()
+    wait_until(lambda: len(steward.events("enqueue")) == 3)
+    steward.process.send_signal(signal.SIGTERM)
+    first.join(20)
+    second.join(20)
+    assert [(e.status_code, e.body["code"], e.response.headers["retry-after"]) for e in refused] == [
+        (503, "shutting_down", "5")]
+    assert finished["waiting"] < finished["running"]  # answered at once, not after the running one
+    assert steward.process.wait(20) == 0
+    assert steward.wait_event("reject")["reason"] == "shutting_down"
+
+
 def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) -> None:
     steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)},
                             classes={"interactive": {"queue_timeout": "0.5s"}})

@@ -5,6 +5,7 @@ Ollama is down, streams unbuffered."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,33 @@ def test_steward_unloads_ollama_when_its_own_engine_needs_the_memory(start_stewa
                        timeout=30)
     assert again.status_code == 200
     assert [e["engine"] for e in steward.events("evict")] == ["ollama", "chat"]
+
+
+def test_shutdown_ends_the_retries_of_an_ollama_that_is_down_with_ollama_shaped_503s(
+        start_steward: StewardFactory) -> None:
+    steward = start_steward({}, ollama=ollama_section(free_port(), supervised=False, retry_max="30s"),
+                            gpu={"probe": "none", "budget": "16GiB"})
+    url = listener(steward)
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(path: str, body: object = None) -> None:
+        answers[path] = httpx.request("POST" if body else "GET", f"{url}{path}", json=body, timeout=60)
+
+    asking = [threading.Thread(target=ask, args=("/api/tags",)),  # passed through: retried
+              threading.Thread(target=ask, args=("/api/generate", {"model": "gemma3:4b", "prompt": "x"}))]
+    for thread in asking:
+        thread.start()
+    steward.wait_event("upstream_retry", service="ollama")
+    steward.wait_event("enqueue", model="ollama")  # the generate waits for Ollama to come up
+    signalled = time.monotonic()
+    steward.process.send_signal(signal.SIGTERM)
+    assert steward.process.wait(20) == 0
+    assert time.monotonic() - signalled < 5  # not the 30 s drain timeout: nothing was running
+    for thread in asking:
+        thread.join(10)
+    assert {path: r.status_code for path, r in answers.items()} == {"/api/tags": 503, "/api/generate": 503}
+    assert set(answers["/api/tags"].json()) == set(answers["/api/generate"].json()) == {"error"}  # Ollama's shape
+    assert "shutting down" in answers["/api/tags"].json()["error"]
 
 
 def test_an_upstream_that_is_down_is_retried_until_it_answers(start_steward: StewardFactory, tmp_path: Path) -> None:

@@ -162,6 +162,24 @@ def test_withdrawn_job_leaves_the_queue() -> None:
     assert s.engines["a"].in_flight == 1
 
 
+def test_shutdown_answers_requests_not_yet_started_and_lets_running_work_and_later_steps_go_on() -> None:
+    s = make(10, engine("a", 4, slots=1), engine("b", 4, slots=1))
+    s.submit(1, "a", "interactive", 0.0, timeout=60)
+    load_ready(s, "a", 1.0)                                                   # 1 runs on a
+    s.submit(2, "a", "interactive", 1.0, timeout=60)                          # waits for a's slot
+    s.submit(3, "a", "interactive", 1.0, request=9, step=2, steps=3, timeout=60)  # a later step of a started request
+    s.submit(4, "b", "background", 1.0, timeout=60)                           # waits for b to load
+    effects = s.close(2.0)
+    refusal = "steward is shutting down; try again once it is back"
+    assert [a for a in actions(effects) if isinstance(a, Fail)] == [
+        Fail(2, 503, "shutting_down", refusal, 5.0), Fail(4, 503, "shutting_down", refusal, 5.0)]
+    assert events(effects).count("reject") == 2
+    assert set(s.waiting) == {3}
+    assert actions(s.submit(5, "a", "interactive", 2.5, timeout=60)) == [Fail(5, 503, "shutting_down", refusal, 5.0)]
+    # The running step finishes; the started request's next step still gets the slot.
+    assert actions(s.finish(1, 3.0, 200)) == [Grant(3, "a", s.engines["a"].endpoint)]
+
+
 def test_model_that_can_never_fit_is_rejected_at_once() -> None:
     s = make(8, engine("embed", 1, pinned=True), engine("huge", 7.5))
     effects = s.submit(1, "huge", "interactive", 0.0, timeout=60)

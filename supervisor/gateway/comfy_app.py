@@ -48,7 +48,8 @@ class ImageJob:
     body: bytes
     answered: trio.Event = attrs.Factory(trio.Event)
     answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
-    forwarded: bool = False  # the prompt went to ComfyUI: the job runs on whoever waits
+    forwarded: bool = False  # the prompt is on its way to ComfyUI: the job runs on whoever waits
+    client_left: bool = False
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     prompt_id: str | None = None
 
@@ -61,6 +62,7 @@ class ComfyListener:
     http: httpx.AsyncClient
     jobs: trio.Nursery
     max_body_size: int
+    shutting_down: trio.Event  # ends the retries of an unreachable ComfyUI
     warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
     running: set[ImageJob] = attrs.Factory(set)
 
@@ -70,7 +72,7 @@ class ComfyListener:
 
     @property
     def backoff(self) -> Backoff:
-        return Backoff(self.config.retry_initial, self.config.retry_max)
+        return Backoff(self.config.retry_initial, self.config.retry_max, self.shutting_down)
 
     async def prompt(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(scope, receive, self.max_body_size)
@@ -90,10 +92,14 @@ class ComfyListener:
     async def _watch_client(self, receive: Receive, job: ImageJob, waiting: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        job.client_left = True
         if not job.forwarded:
-            job.scope.cancel(reason="client left before the prompt was sent")  # leaves the queue or releases
-            self.events.emit("image_abandoned", "info", detail="the client left while waiting for the GPU")
+            self._abandon(job)
         waiting.cancel(reason="client left")
+
+    def _abandon(self, job: ImageJob) -> None:
+        job.scope.cancel(reason="client left before the prompt was sent")  # leaves the queue or releases
+        self.events.emit("image_abandoned", "info", detail="the client left before the prompt reached ComfyUI")
 
     async def _run(self, job: ImageJob, target: bytes) -> None:
         queued = time.monotonic()
@@ -123,8 +129,7 @@ class ComfyListener:
 
     async def _forward_and_follow(self, job: ImageJob, target: bytes) -> int:
         baseline = await used_vram(self.http, self.base_url)
-        job.forwarded = True
-        status, headers, content = await self._post_prompt(target, job.body)
+        status, headers, content = await self._post_prompt(job, target)
         job.answer = (status, [(k, v) for k, v in headers if k not in HOP_BY_HOP]
                       + [(b"content-length", str(len(content)).encode())], content)
         job.answered.set()
@@ -140,15 +145,26 @@ class ComfyListener:
                          observed_free=freed)
         return status
 
-    async def _post_prompt(self, target: bytes, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def _post_prompt(self, job: ImageJob, target: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """POST the prompt, retrying while ComfyUI refuses connections (nothing was sent then),
+        until the client leaves or steward shuts down."""
         host, _, port = self.config.upstream.rpartition(":")
         headers = [(b"content-type", b"application/json")]
-        for delay in self.backoff.delays():
+        backoff = self.backoff
+        for delay in backoff.delays():
+            job.forwarded = True  # from here on ComfyUI may have it: the job must not vanish
             try:
-                return await fetch_upstream(host, int(port), b"POST", target, headers, body)
+                return await fetch_upstream(host, int(port), b"POST", target, headers, job.body)
             except UpstreamUnreachable as exc:
+                job.forwarded = False
+                if job.client_left:
+                    self._abandon(job)
+                    await trio.lowlevel.checkpoint()  # raises Cancelled out of the job's scope
                 self.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc), retry_in_s=delay)
-                await trio.sleep(delay)
+                if not await backoff.sleep(delay):
+                    content = error_body(503, f"steward is shutting down and ComfyUI cannot be reached: {exc}",
+                                         code="shutting_down")
+                    return 503, error_headers(content), content
             except UpstreamError as exc:
                 content = error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
                 return 502, error_headers(content), content
@@ -188,7 +204,7 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
                      http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int,
                      metrics: StewardMetrics, warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
     app = QuartTrio("steward-comfyui")
-    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size, warm)
+    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size, gate.closed, warm)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

@@ -15,6 +15,11 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
 
 
+def ollama_error_body(status: int, message: str, *, code: str | None = None) -> bytes:
+    """Ollama's own error shape on its native /api routes: {"error": message}."""
+    return json.dumps({"error": message}).encode()
+
+
 def error_headers(body: bytes, retry_after: float | None = None) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after is not None:

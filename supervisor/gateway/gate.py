@@ -21,8 +21,12 @@ ASGI = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callab
 @attrs.define(eq=False)
 class RequestGate:
     in_flight: int = 0
-    closing: bool = False
+    closed: trio.Event = attrs.Factory(trio.Event)  # set once shutdown begins
     _idle: trio.Event = attrs.Factory(trio.Event)
+
+    @property
+    def closing(self) -> bool:
+        return self.closed.is_set()
 
     def enter(self) -> bool:
         """Admit one request; False once the gateway is closing."""
@@ -37,7 +41,7 @@ class RequestGate:
             self._idle.set()
 
     def close(self) -> None:
-        self.closing = True
+        self.closed.set()
         if self.in_flight == 0:
             self._idle.set()
 

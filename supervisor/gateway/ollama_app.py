@@ -19,7 +19,7 @@ from quart_trio import QuartTrio
 
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_headers
+from supervisor.gateway.errors import error_body, error_headers, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import (
     CLASS_HEADER,
@@ -32,7 +32,7 @@ from supervisor.gateway.inference import (
     read_body,
     send_error,
 )
-from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
+from supervisor.gateway.relay import HOP_BY_HOP, Backoff, ErrorShape, UpstreamRequest, relay
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
@@ -82,6 +82,7 @@ class OllamaListener:
     scheduler: SchedulerClient
     events: EventLog
     max_body_size: int
+    shutting_down: trio.Event  # ends the retries of an unreachable Ollama
     host: str = attrs.field(init=False)
     port: int = attrs.field(init=False)
 
@@ -91,7 +92,7 @@ class OllamaListener:
 
     @property
     def backoff(self) -> Backoff:
-        return Backoff(self.config.retry_initial, self.config.retry_max)
+        return Backoff(self.config.retry_initial, self.config.retry_max, self.shutting_down)
 
     async def inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         native = scope["path"].startswith("/api/")
@@ -112,7 +113,7 @@ class OllamaListener:
                         lease.status = status
 
                     await relay(send, self._request(scope, route.body), what="Ollama", on_status=on_status,
-                                retry=self.backoff, on_retry=self._log_retry)
+                                retry=self.backoff, on_retry=self._log_retry, error_shape=_error_shape(native))
             except JobFailed as exc:
                 failure = exc.failure
                 await _send_refusal(send, native, failure.status, failure.message, code=failure.code,
@@ -126,7 +127,8 @@ class OllamaListener:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
             await relay(send, self._request(scope, body), what="Ollama", on_status=lambda status: None,
-                        retry=self.backoff, on_retry=self._log_retry)
+                        retry=self.backoff, on_retry=self._log_retry,
+                        error_shape=_error_shape(scope["path"].startswith("/api/")))
             nursery.cancel_scope.cancel(reason="request finished")
 
     def _request(self, scope: Scope, body: bytes) -> UpstreamRequest:
@@ -140,12 +142,16 @@ class OllamaListener:
         self.events.emit("upstream_retry", "warning", service="ollama", detail=detail, retry_in_s=delay)
 
 
+def _error_shape(native: bool) -> ErrorShape:
+    return ollama_error_body if native else error_body
+
+
 async def _send_refusal(send: Send, native: bool, status: int, message: str, *, code: str | None = None,
                         retry_after: float | None = None) -> None:
     if not native:
         await send_error(send, status, message, code=code, retry_after=retry_after)
         return
-    body = json.dumps({"error": message}).encode()  # Ollama's own error shape
+    body = ollama_error_body(status, message)
     headers = error_headers(body, retry_after)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -154,7 +160,7 @@ async def _send_refusal(send: Send, native: bool, status: int, message: str, *, 
 def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
                       max_body_size: int, metrics: StewardMetrics) -> QuartTrio:
     app = QuartTrio("steward-ollama")
-    listener = OllamaListener(config, scheduler, events, max_body_size)
+    listener = OllamaListener(config, scheduler, events, max_body_size, gate.closed)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

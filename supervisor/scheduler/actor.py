@@ -116,7 +116,12 @@ class MemoryReading:
     processes: dict[int, int]
 
 
-Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | ServiceMemory | MemoryReading
+@attrs.frozen
+class Close:
+    """Shutdown began."""
+
+
+Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | ServiceMemory | MemoryReading | Close
 
 
 @attrs.define(eq=False)
@@ -195,6 +200,10 @@ class SchedulerClient:
     def report_memory(self, used: int, processes: dict[int, int]) -> None:
         self._post(MemoryReading(used, processes))
 
+    def close(self) -> None:
+        """Shutdown began: waiting requests that have not started get 503, new ones too."""
+        self._post(Close())
+
     def snapshot(self) -> SchedulerSnapshot:
         return self._snapshot()
 
@@ -259,6 +268,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.service_memory(engine, generation, nbytes, now)
             case MemoryReading(used, processes):
                 return core.observe(now, used, processes)
+            case Close():
+                return core.close(now)
         raise AssertionError(message)
 
     task_status.started()

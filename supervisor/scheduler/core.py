@@ -58,6 +58,9 @@ from supervisor.scheduler.types import (
     StopEngine,
 )
 
+SHUTTING_DOWN = "steward is shutting down; try again once it is back"
+SHUTDOWN_RETRY_AFTER = 5.0
+
 Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
 NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
 
@@ -80,6 +83,7 @@ class Scheduler:
     last_interactive_end: float = -math.inf
     guard_resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
     mode: str = "idle"
+    closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
     outside_memory: int | None = None  # memory used by processes that are not engines
     settle_polls_left: int = 0  # readings to go before the outside estimate may move again
@@ -114,6 +118,8 @@ class Scheduler:
                   deadline=now + (self.policy.queue_timeout[klass] if timeout is None else timeout),
                   request=job_id if request is None else request, step=step, steps=steps,
                   exclusive_memory=need if model is None else 0)
+        if self.closing and step == 1:
+            return self._refuse(job, 503, "shutting_down", SHUTTING_DOWN, retry_after=SHUTDOWN_RETRY_AFTER)
         room = self.ledger.budget - (0 if model is None else sum(
             e.profile.memory for e in self.engines.values() if e.profile.pinned and e.name != model))
         if need > room:
@@ -131,6 +137,17 @@ class Scheduler:
         heapq.heappush(self._deadlines, (job.deadline, job_id))
         self._emit("enqueue", "debug", job=job_id, request=job.request, model=model, **{"class": klass},
                    step=f"{step}/{steps}", queued=queue.size)
+        return self._decide(now)
+
+    def close(self, now: float) -> list[Effect]:
+        """Shutdown began: requests that have not started are answered 503 now and new ones
+        are refused, so that only work already running holds the drain open. Running steps,
+        and the later steps of a request already under way, go on."""
+        self.closing = True
+        for job in [j for j in self.waiting.values() if j.step == 1]:
+            self._unqueue(job)
+            self._fail(job, 503, "shutting_down", SHUTTING_DOWN, retry_after=SHUTDOWN_RETRY_AFTER,
+                       reason="shutting_down")
         return self._decide(now)
 
     def finish(self, job_id: int, now: float, status: int | None = None) -> list[Effect]:
