@@ -258,6 +258,9 @@ def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_su
     assert [e["engine"] for e in steward.events("spawn")] == ["ollama", "comfyui"]
     warmed = steward.wait_event("ollama_warm")  # the chat model, loaded again once the GPU was idle
     assert warmed["model"] == "gemma3:4b" and warmed["status"] == 200
+    assert steward.stop() == 0
+    exits = {e["engine"]: (e["requested"], e["status"]) for e in steward.events("exit")}
+    assert exits == {"ollama": (True, "exited with status 0"), "comfyui": (True, "exited with status 0")}
 
 
 def test_an_image_proceeds_when_ollama_is_unreachable_and_a_job_past_its_timeout_is_released(

@@ -36,8 +36,10 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
                             requested=False)
             finally:
                 with trio.CancelScope(shield=True):
-                    if process.returncode is None:
-                        await stop_child(process, 10.0)
+                    if process.returncode is None:  # steward is stopping: so does the service
+                        status = await stop_child(process, 10.0)
+                        events.emit("exit", "info", engine=name, pid=process.pid, status=describe_exit(status),
+                                    requested=True)
                     await process.output.aclose()
         delay = next(delays)
         events.emit("restart", "info", engine=name, restart_in_s=delay)
