@@ -3,8 +3,8 @@
 Shared by the OpenAI gateway (to engines) and the service listeners (to Ollama and
 ComfyUI). One fresh upstream connection per request. If the upstream cannot be reached
 at all (down, restarting), the request may be retried with exponential backoff until it
-answers, the client goes, or steward shuts down: no byte was sent, so that is safe. An upstream that breaks
-mid-answer ends the answer with an error in the stream's own framing.
+answers, the client goes, or steward shuts down: no byte was sent, so that is safe. An
+upstream that breaks mid-answer ends the answer with an error in the stream's own framing.
 """
 
 from __future__ import annotations
