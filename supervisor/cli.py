@@ -21,7 +21,7 @@ from supervisor.events import EventLogUnavailable
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import plan_all
-from supervisor.tree import Steward, memory_device, resolve_budget, run_steward
+from supervisor.tree import StopSignals, Steward, memory_device, resolve_budget, run_steward
 from supervisor.units import format_size, parse_duration
 
 EXIT_CONFIG = 2
@@ -188,11 +188,11 @@ def _find(exc: BaseException, kind: type[E]) -> E | None:
 
 
 async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], None] | None) -> None:
-    shutdown = trio.Event()
+    stop = StopSignals()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, signals, shutdown, nursery.cancel_scope)
-            steward = await nursery.start(_run_then_stop, config, shutdown, nursery.cancel_scope)
+            nursery.start_soon(_watch_signals, signals, stop, nursery.cancel_scope)
+            steward = await nursery.start(_run_then_stop, config, stop, nursery.cancel_scope)
             _tune_gc()
             if on_ready is not None:
                 on_ready(steward)
@@ -211,22 +211,27 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
-async def _run_then_stop(config: Config, shutdown: trio.Event, everything: trio.CancelScope, *,
+async def _run_then_stop(config: Config, stop: StopSignals, everything: trio.CancelScope, *,
                          task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
-    await run_steward(config, shutdown.wait, task_status=task_status)
+    await run_steward(config, stop, task_status=task_status)
     everything.cancel(reason="steward stopped")
 
 
-async def _watch_signals(signals: AsyncIterator[int], shutdown: trio.Event, everything: trio.CancelScope) -> None:
+async def _watch_signals(signals: AsyncIterator[int], stop: StopSignals, everything: trio.CancelScope) -> None:
     async for signum in signals:
         name = signal.Signals(signum).name
-        if not shutdown.is_set():
+        if not stop.requested.is_set():
             print(f"steward: {name}: draining requests in flight, then stopping engines "
                   f"(send it again to stop at once)", file=sys.stderr, flush=True)
-            shutdown.set()
+            stop.requested.set()
+        elif not stop.hurried.is_set():
+            # A second signal: cut the requests still running (each gets an error it can
+            # read); engines are still stopped cleanly.
+            print(f"steward: {name} again: cutting requests in flight, stopping engines", file=sys.stderr,
+                  flush=True)
+            stop.hurried.set()
         else:
-            # A second signal: stop waiting for requests; engines are still stopped cleanly.
-            everything.cancel(reason=f"second {name}")
+            everything.cancel(reason=f"third {name}")  # engines are still stopped (shielded)
             return
 
 

@@ -29,7 +29,7 @@ from supervisor.config import OLLAMA_ENGINE, Config
 from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import create_app
-from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
 from supervisor.gateway.comfy_app import create_comfy_app
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.measurements import MeasurementStore
@@ -104,20 +104,29 @@ def memory_device(probe: GpuProbe | None) -> Device:
     return "gpu" if probe is not None and probe.kind != "host" else "cpu"
 
 
-async def run_steward(config: Config, shutdown: Callable[[], Awaitable[object]], *,
+@attrs.define(eq=False)
+class StopSignals:
+    """How steward is told to stop: ``requested`` drains the requests in flight (bounded by
+    limits.shutdown_timeout), ``hurried`` cuts the ones still running at once."""
+
+    requested: trio.Event = attrs.Factory(trio.Event)
+    hurried: trio.Event = attrs.Factory(trio.Event)
+
+
+async def run_steward(config: Config, stop: StopSignals, *,
                       task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run until *shutdown* returns, then drain and stop everything."""
+    """Run until *stop* is requested, then drain and stop everything."""
     async with trio.open_nursery() as outer:
         events = await outer.start(functools.partial(serve_event_log, config.log.file,
                                                      terminal_level=config.log.terminal))
         try:
-            await _run_tree(config, shutdown, events, task_status)
+            await _run_tree(config, stop, events, task_status)
         finally:
             events.emit("shutdown_complete", "info")
             events.close()
 
 
-async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], events: EventLog,
+async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
                     task_status: trio.TaskStatus[Steward]) -> None:
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: [pid for h in engines.values()
@@ -170,12 +179,16 @@ async def _run_tree(config: Config, shutdown: Callable[[], Awaitable[object]], e
                                           config.limits.max_body_size, metrics, warm), config.comfyui.listen))
 
         async def shutdown_trigger() -> None:
-            await shutdown()
+            await stop.requested.wait()
             events.emit("shutdown", "info", detail="no new connections; draining requests in flight",
                         timeout_s=config.limits.shutdown_timeout)
             client.close()  # requests still waiting for their turn are answered now
 
-        urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, root.cancel_scope)
+        def on_cut(requests: int, reason: str) -> None:
+            events.emit("shutdown_cut", "warning", requests=requests, reason=reason)
+
+        urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, stop.hurried,
+                                on_cut, root.cancel_scope)
         listeners = dict(zip(("openai", *(_listener_names(config))), urls, strict=True))
         steward.urls = listeners["openai"]
         steward.ollama_urls = listeners.get("ollama", [])
@@ -202,18 +215,21 @@ async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = tri
 
 
 async def _serve_gateway_then_stop(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
-                                   shutdown: Callable[[], Awaitable[object]], root: trio.CancelScope, *,
+                                   shutdown: Callable[[], Awaitable[object]], hurried: trio.Event,
+                                   on_cut: Callable[[int, str], None], root: trio.CancelScope, *,
                                    task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
-    await serve_gateway(apps, gate, config, shutdown, task_status=task_status)
+    await serve_gateway(apps, gate, config, shutdown, hurried, on_cut, task_status=task_status)
     # The gateway has drained: no request is in flight, so the engines may go.
     root.cancel(reason="gateway drained")
 
 
 async def serve_gateway(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
-                        shutdown: Callable[[], Awaitable[object]],
+                        shutdown: Callable[[], Awaitable[object]], hurried: trio.Event,
+                        on_cut: Callable[[int, str], None],
                         *, task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve each app on its address until *shutdown* returns; then stop accepting and wait
-    for the requests in flight on all of them."""
+    for the requests in flight on all of them, until the shutdown timeout or *hurried*;
+    whatever still runs then is cut, each request with an error its client can read."""
     closed = trio.Event()
 
     async def close_listeners() -> None:
@@ -224,7 +240,8 @@ async def serve_gateway(apps: list[tuple[object, str]], gate: RequestGate, confi
         for app, listen in apps:
             hc = hypercorn.config.Config()
             hc.bind = [listen]
-            hc.graceful_timeout = config.limits.shutdown_timeout
+            # Hypercorn's own cut must come after ours, which ends each answer readably.
+            hc.graceful_timeout = config.limits.shutdown_timeout + CUT_GRACE_S + 2.0
             hc.accesslog = None
             hc.errorlog = None
             hc.loglevel = "WARNING"
@@ -235,9 +252,20 @@ async def serve_gateway(apps: list[tuple[object, str]], gate: RequestGate, confi
         gate.close()
         closed.set()
         # Requests, not connections: an idle keep-alive connection must not hold us open.
-        with trio.move_on_after(config.limits.shutdown_timeout):
-            await gate.wait_drained()
+        with trio.move_on_after(config.limits.shutdown_timeout) as waiting:
+            async with trio.open_nursery() as race:
+                race.start_soon(_cancel_when, gate.wait_drained, race.cancel_scope)
+                race.start_soon(_cancel_when, hurried.wait, race.cancel_scope)
+        if gate.in_flight:
+            on_cut(gate.cut(), "shutdown_timeout" if waiting.cancelled_caught else "second_signal")
+            with trio.move_on_after(CUT_GRACE_S + 1.0):
+                await gate.wait_drained()
         nursery.cancel_scope.cancel(reason="requests drained")
+
+
+async def _cancel_when(event: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    await event()
+    scope.cancel(reason="done waiting")
 
 
 async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, scheduler: SchedulerClient, *,

@@ -215,6 +215,50 @@ def test_sigterm_answers_requests_still_waiting_for_their_turn_at_once(start_ste
     assert steward.wait_event("reject")["reason"] == "shutting_down"
 
 
+@pytest.mark.parametrize("how", ["shutdown_timeout", "second_signal"])
+def test_requests_still_running_when_the_drain_ends_are_cut_with_an_error_their_clients_can_read(
+        start_steward: StewardFactory, how: str) -> None:
+    timeout = "1s" if how == "shutdown_timeout" else "60s"
+    steward = start_steward({"chat": fake_model("1GiB", parallel=2, tps=5)}, limits={"shutdown_timeout": timeout})
+    chat(steward, "chat")  # loaded
+    streamed: list[str] = []
+    outcomes: dict[str, BaseException] = {}
+
+    def stream() -> None:
+        try:
+            for chunk in sdk(steward).chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "long"}], max_tokens=1000, stream=True):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    streamed.append(chunk.choices[0].delta.content)
+        except openai.APIError as exc:
+            outcomes["stream"] = exc
+
+    def whole() -> None:
+        try:
+            chat(steward, "chat", max_tokens=1000)  # 200 s: nothing is sent before it ends
+        except openai.APIStatusError as exc:
+            outcomes["whole"] = exc
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: streamed and steward.health()["engines"]["chat"]["in_flight"] == 2)
+    signalled = time.monotonic()
+    steward.process.send_signal(signal.SIGTERM)
+    if how == "second_signal":
+        steward.wait_event("shutdown")
+        steward.process.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(20)
+    assert steward.process.wait(20) == 0
+    assert time.monotonic() - signalled < 10  # not the 200 s the answers would take
+    assert "steward stopped before the answer was complete" in str(outcomes["stream"])  # an SSE error event
+    assert isinstance(outcomes["whole"], openai.APIStatusError)
+    assert (outcomes["whole"].status_code, outcomes["whole"].body["code"]) == (503, "shutting_down")
+    cut = steward.wait_event("shutdown_cut")
+    assert (cut["requests"], cut["reason"]) == (2, how)
+
+
 def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) -> None:
     steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)},
                             classes={"interactive": {"queue_timeout": "0.5s"}})

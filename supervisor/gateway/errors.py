@@ -27,6 +27,15 @@ def error_headers(body: bytes, retry_after: float | None = None) -> list[tuple[b
     return headers
 
 
+def error_in_stream(content_type: bytes, message: str, *, code: str = "engine_error") -> bytes:
+    """The last bytes of an answer that cannot be completed, in the stream's own framing."""
+    if content_type.startswith(b"text/event-stream"):
+        return sse_error_event(message, code=code)  # as llama-server does: no [DONE] after it
+    if content_type.startswith(b"application/x-ndjson"):
+        return json.dumps({"error": message}).encode() + b"\n"  # as Ollama does mid-stream
+    return b""  # a plain body cut short: the client sees it was incomplete
+
+
 def sse_error_event(message: str, *, code: str | None = None) -> bytes:
     """An error inside an open SSE stream, as llama-server sends one (no [DONE] after it)."""
     body = error_body(502, message, code=code)

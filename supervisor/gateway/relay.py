@@ -9,14 +9,13 @@ upstream that breaks mid-answer ends the answer with an error in the stream's ow
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from supervisor.gateway.errors import error_body, error_headers, sse_error_event
+from supervisor.gateway.errors import error_body, error_headers, error_in_stream
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, open_upstream_request
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -108,15 +107,7 @@ async def _relay_once(send: Send, request: UpstreamRequest, *, what: str, on_sta
         if not started:
             await _send_error(send, 502, message, error_shape)
         else:
-            await send({"type": "http.response.body", "body": _error_in_stream(framing, message), "more_body": False})
-
-
-def _error_in_stream(content_type: bytes, message: str) -> bytes:
-    if content_type.startswith(b"text/event-stream"):
-        return sse_error_event(message, code="engine_error")  # as llama-server does: no [DONE] after it
-    if content_type.startswith(b"application/x-ndjson"):
-        return json.dumps({"error": message}).encode() + b"\n"  # as Ollama does mid-stream
-    return b""  # a plain body cut short: the client sees it was incomplete
+            await send({"type": "http.response.body", "body": error_in_stream(framing, message), "more_body": False})
 
 
 async def _send_error(send: Send, status: int, message: str, error_shape: ErrorShape, *,
