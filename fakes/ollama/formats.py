@@ -69,14 +69,14 @@ class SseFraming:
         return self.frame(OllamaError(500, message).openai())
 
 
-@attrs.define(eq=False)
-class GenerateFormat(NdjsonFraming):
-    """/api/generate: ``response`` pieces; the last line has ``context`` and the metrics."""
-
-    model: str  # as the request named it
+class NativeFormat(NdjsonFraming):
+    """Ollama's own routes: one line per piece; the last line (``_done``) has the metrics."""
 
     def _line(self, text: str, done: bool) -> dict[str, Any]:
-        return {"model": self.model, "created_at": rfc3339(), "response": text, "done": done}
+        raise NotImplementedError
+
+    def _done(self, out: Outcome, text: str) -> dict[str, Any]:
+        raise NotImplementedError
 
     def token_events(self, piece: str) -> list[dict[str, Any]]:
         return [self._line(piece, False)]
@@ -86,6 +86,16 @@ class GenerateFormat(NdjsonFraming):
 
     def response(self, out: Outcome) -> dict[str, Any]:
         return self._done(out, out.text)
+
+
+@attrs.define(eq=False)
+class GenerateFormat(NativeFormat):
+    """/api/generate: ``response`` pieces; the last line has ``context`` and the metrics."""
+
+    model: str  # as the request named it
+
+    def _line(self, text: str, done: bool) -> dict[str, Any]:
+        return {"model": self.model, "created_at": rfc3339(), "response": text, "done": done}
 
     def _done(self, out: Outcome, text: str) -> dict[str, Any]:
         line = {**self._line(text, True), "done_reason": out.done_reason}
@@ -95,7 +105,7 @@ class GenerateFormat(NdjsonFraming):
 
 
 @attrs.define(eq=False)
-class ChatFormat(NdjsonFraming):
+class ChatFormat(NativeFormat):
     """/api/chat: ``message`` pieces from the assistant; the last line has the metrics."""
 
     model: str
@@ -103,15 +113,6 @@ class ChatFormat(NdjsonFraming):
     def _line(self, text: str, done: bool) -> dict[str, Any]:
         return {"model": self.model, "created_at": rfc3339(), "message": {"role": "assistant", "content": text},
                 "done": done}
-
-    def token_events(self, piece: str) -> list[dict[str, Any]]:
-        return [self._line(piece, False)]
-
-    def final_events(self, out: Outcome) -> list[dict[str, Any]]:
-        return [self._done(out, "")]
-
-    def response(self, out: Outcome) -> dict[str, Any]:
-        return self._done(out, out.text)
 
     def _done(self, out: Outcome, text: str) -> dict[str, Any]:
         return {**self._line(text, True), "done_reason": out.done_reason, **out.metrics()}
