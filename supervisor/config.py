@@ -64,7 +64,21 @@ class GpuConfig:
 @attrs.frozen
 class LimitsConfig:
     max_body_size: Size = Size(16 * 1024**2)
+    # Once a request's headers are in, its whole body must arrive within this (else 408).
+    body_timeout: Duration = Duration(60.0)
+    # Open client connections over all listeners; more are answered 503 and closed.
+    max_connections: PositiveInt = PositiveInt(1000)
     shutdown_timeout: Duration = Duration(30.0)
+
+
+@attrs.frozen
+class SecurityConfig:
+    """Who may talk to the listeners from a browser (DNS rebinding, cross-site requests)."""
+
+    # Host names (or addresses) clients may use besides loopback and the listen address; "*": any.
+    allowed_hosts: list[str] = attrs.Factory(list)
+    # Origins (scheme://host[:port]) of pages elsewhere that may call the listeners; "*": any.
+    allowed_origins: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -103,6 +117,17 @@ class EngineDefaults:
     restart_backoff: Duration = Duration(1.0)
     restart_backoff_max: Duration = Duration(60.0)
     stderr_tail_lines: PositiveInt = PositiveInt(50)
+    # Toward an engine: its first response byte (a whole answer when not streaming, so long
+    # enough for a big prompt on a slow card), then at most this long between two chunks.
+    first_byte_timeout: Duration = Duration(600.0)
+    chunk_timeout: Duration = Duration(120.0)
+    # A ready engine's /health is checked this often (and at once when a request stalls);
+    # after `unhealthy_after` failed checks in a row it gets no work, its requests are cut,
+    # and it is restarted unless it answers again within `recover_timeout`.
+    health_check_interval: Duration = Duration(10.0)
+    health_check_timeout: Duration = Duration(10.0)
+    unhealthy_after: PositiveInt = PositiveInt(3)
+    recover_timeout: Duration = Duration(30.0)
 
 
 @attrs.frozen
@@ -131,6 +156,9 @@ class OllamaConfig:
     ps_poll: Duration = Duration(2.0)
     retry_initial: Duration = Duration(1.0)
     retry_max: Duration = Duration(60.0)
+    # Toward Ollama on inference routes (the first byte may wait for a model load).
+    first_byte_timeout: Duration = Duration(600.0)
+    chunk_timeout: Duration = Duration(120.0)
 
 
 OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and the ledger
@@ -162,6 +190,7 @@ class Config:
     aliases: dict[str, str] = attrs.Factory(dict)
     gpu: GpuConfig = attrs.Factory(GpuConfig)
     limits: LimitsConfig = attrs.Factory(LimitsConfig)
+    security: SecurityConfig = attrs.Factory(SecurityConfig)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     classes: ClassesConfig = attrs.Factory(ClassesConfig)
     engines: EngineDefaults = attrs.Factory(EngineDefaults)
