@@ -34,6 +34,10 @@ class RuntimeAdapter(Protocol):
         """One readiness probe; False while loading or not yet listening."""
         ...
 
+    async def check_health(self, http: httpx.AsyncClient, base_url: str, timeout: float) -> str | None:
+        """One health check of a ready engine: None if it answered as it should, else what went wrong."""
+        ...
+
     def log_reader(self) -> LogReader | None:
         """A fresh reader of one process's output, or None if the runtime says nothing useful."""
         ...

@@ -50,6 +50,19 @@ class LlamaServerAdapter:
             return False
         return response.status_code == 200
 
+    async def check_health(self, http: httpx.AsyncClient, base_url: str, timeout: float) -> str | None:
+        # Answered by llama-server's HTTP threads even while every slot computes; a frozen
+        # or wedged server does not answer (its socket still accepts: the kernel does that).
+        try:
+            response = await http.get(f"{base_url}/health", timeout=timeout)
+        except httpx.TimeoutException:
+            return f"/health did not answer within {timeout:g}s"
+        except httpx.TransportError as exc:
+            return f"/health: {exc or type(exc).__name__}"
+        if response.status_code != 200:
+            return f"/health answered {response.status_code}"
+        return None
+
 
 class BufferSizeReader:
     """llama-server's buffer-size log lines (`load_tensors: ... model buffer size = X MiB`, ...)."""

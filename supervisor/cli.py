@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
 import shlex
@@ -18,9 +19,10 @@ import trio
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.engine import EngineSpec
 from supervisor.events import EventLogUnavailable
+from supervisor.gateway.server import ListenError
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import plan_all
+from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.tree import StopSignals, Steward, memory_device, resolve_budget, run_steward
 from supervisor.units import format_size, parse_duration
 
@@ -30,6 +32,7 @@ E = TypeVar("E", bound=BaseException)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="steward", description="One OpenAI-compatible front door for your GPUs.")
+    parser.add_argument("--version", action="version", version=f"steward {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="run the gateway and its engines")
     run.add_argument("config", help="path to the YAML config")
@@ -50,8 +53,37 @@ def main(argv: list[str] | None = None) -> int:
                                ("batch", 2, "gemma4-e2b"), ("embedding", 1, "nomic-embed")):
         load.add_argument(f"--{kind}", type=int, default=count, metavar="N", help=f"{kind} clients ({count})")
         load.add_argument(f"--{kind}-model", default=model, metavar="NAME", help=f"model they use ({model})")
-    load.add_argument("--seed", type=int, default=7)
+    load.add_argument("--ollama", type=int, default=None, metavar="N",
+                      help="Ollama clients, /api/chat on the Ollama listener (2 with --chaos, else 0)")
+    load.add_argument("--ollama-model", default="llama3.2:3b", metavar="NAME", help="model they use (llama3.2:3b)")
+    load.add_argument("--image", type=int, default=None, metavar="N",
+                      help="image clients, /prompt on the ComfyUI listener (1 with --chaos, else 0)")
+    load.add_argument("--seed", type=int, default=7, help="the clients' and the chaos's random choices (7)")
     load.add_argument("--json", action="store_true", help="print one JSON object")
+    load.add_argument("--disconnects", action="store_true",
+                      help="clients leave early now and then: a stream after a few chunks, others after a moment")
+    load.add_argument("--disconnect-rate", type=float, default=0.2, metavar="P",
+                      help="with --disconnects: the share of requests whose client leaves (0.2)")
+    load.add_argument("--keep", action="store_true", help="keep steward's folder (config, event log, its stderr)")
+    chaos = load.add_argument_group("chaos", "stop, freeze and kill the engines and upstreams steward "
+                                             "supervises while the load runs, then check the invariants")
+    chaos.add_argument("--chaos", action="store_true", help="needs the loadtest's own steward (no --url)")
+    chaos.add_argument("--chaos-interval", type=parse_duration, default=5.0, metavar="DURATION",
+                       help="mean time between two actions (5s)")
+    chaos.add_argument("--chaos-actions", default="stop,freeze,kill", metavar="LIST",
+                       help="which of stop (SIGTERM), freeze (SIGSTOP, then SIGCONT), kill (SIGKILL) (all)")
+    chaos.add_argument("--freeze-max", type=parse_duration, default=15.0, metavar="DURATION",
+                       help="a freeze lasts 1s to this long (15s)")
+    chaos.add_argument("--warmup", type=parse_duration, default=None, metavar="DURATION",
+                       help="no chaos before; steward's fd baseline is taken then (10%% of the duration, 2s-60s)")
+    chaos.add_argument("--client-timeout", type=parse_duration, default=300.0, metavar="DURATION",
+                       help="a client gives up after this long without a byte: the request counts as lost (300s)")
+    chaos.add_argument("--idle-timeout", type=parse_duration, default=120.0, metavar="DURATION",
+                       help="after the load, steward must be at rest within this (120s)")
+    chaos.add_argument("--fd-tolerance", type=int, default=5, metavar="N",
+                       help="steward's own fds at rest may exceed those after warm-up by this many (5)")
+    chaos.add_argument("--sample-interval", type=parse_duration, default=5.0, metavar="DURATION",
+                       help="how often steward's RSS and fds are sampled (5s)")
     simulate = commands.add_parser("simulate", help="replay a workload in virtual time: steward vs baseline policies")
     simulate.add_argument("scenario", nargs="?", help="scenario YAML (default: the built-in GridCore load test)")
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -87,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     return _run(config, on_ready=None)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpu-steward")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(unknown version: gpu-steward is not installed)"
+
+
 def _check(config: Config) -> int:
     try:
         probe, note = open_probe(config.gpu)
@@ -106,7 +145,6 @@ def _check(config: Config) -> int:
     print(f"listen   {config.listen}")
     print(f"probe    {note}")
     print(f"budget   {format_size(budget)} ({budget} bytes) from {source}")
-    problems = []
     for name, model in config.models.items():
         spec, plan = specs[name], plans[name]
         aliases = [alias for alias, target in config.alias_table().items() if target == name and alias != name]
@@ -122,9 +160,6 @@ def _check(config: Config) -> int:
             print(f"  warning  {model.command[0]} is not an executable program here")
         if model.model is not None and not os.path.exists(model.model):
             print(f"  warning  model file {model.model} does not exist here")
-        if plan.nbytes > budget:
-            problems.append(f"models.{name}.memory: {format_size(plan.nbytes)} exceeds the budget "
-                            f"{format_size(budget)}; it could never load")
     for name, service in (("ollama", config.ollama), ("comfyui", config.comfyui)):
         if service is not None:
             how = f"supervised: {shlex.join(service.command)}" if service.command else "attached"
@@ -138,8 +173,7 @@ def _check(config: Config) -> int:
     total = sum(plan.nbytes for plan in plans.values())
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.pinned)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
-    if pinned > budget:
-        problems.append(f"models: pinned models need {format_size(pinned)}, more than the budget")
+    problems = budget_problems(config, plans, budget)
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0
@@ -167,10 +201,9 @@ def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
         if log_error is not None:
             print(f"steward: {log_error}", file=sys.stderr)
             return EXIT_CONFIG
-        bind_error = _find(exc, OSError)
-        if bind_error is not None:
-            print(f"steward: cannot listen on {config.listen}: {bind_error.strerror or bind_error}",
-                  file=sys.stderr)
+        listen_error = _find(exc, ListenError)
+        if listen_error is not None:
+            print(f"steward: {listen_error}", file=sys.stderr)
             return 1
         raise
     return 0
@@ -238,16 +271,32 @@ async def _watch_signals(signals: AsyncIterator[int], stop: StopSignals, everyth
 def _loadtest(args: argparse.Namespace) -> int:
     from supervisor import loadtest
 
-    kinds = ("chat", "background", "batch", "embedding")
-    counts = {kind: getattr(args, kind) for kind in kinds}
+    kinds = ("chat", "background", "batch", "embedding", "ollama")
+    counts = {kind: getattr(args, kind) for kind in (*kinds, "image")}
+    for kind, with_chaos in (("ollama", 2), ("image", 1)):
+        if counts[kind] is None:
+            counts[kind] = with_chaos if args.chaos and not args.real else 0  # the real demo has neither
     models = {kind: getattr(args, f"{kind}_model") for kind in kinds}
+    options = None
+    if args.chaos:
+        actions = tuple(a.strip() for a in args.chaos_actions.split(",") if a.strip())
+        if not actions or set(actions) - set(loadtest.chaos.ACTIONS):
+            print(f"steward: loadtest: --chaos-actions: choose from {','.join(loadtest.chaos.ACTIONS)}, "
+                  f"got {args.chaos_actions!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        options = loadtest.ChaosOptions(
+            interval=args.chaos_interval, actions=actions, freeze=(min(1.0, args.freeze_max), args.freeze_max),
+            warmup=args.warmup, client_timeout=args.client_timeout, idle_timeout=args.idle_timeout,
+            fd_tolerance=args.fd_tolerance, sample_interval=args.sample_interval)
     try:
-        report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed, real=args.real)
+        report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed, real=args.real,
+                                       disconnect_rate=args.disconnect_rate if args.disconnects else 0.0,
+                                       chaos_options=options, keep=args.keep)
     except RuntimeError as exc:
         print(f"steward: loadtest: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(json.dumps(report.to_json()) if args.json else loadtest.format_report(report))
-    return 0
+    return 0 if report.passed else 1
 
 
 def _demo(port: int, *, real: bool = False, keep: bool = False) -> int:

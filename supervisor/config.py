@@ -6,21 +6,33 @@ Every error names the key path and what is wrong, e.g.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, NewType
+from typing import Any, Literal, NewType, get_args, get_origin
 
 import attrs
 import cattrs
+import cattrs.cols
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
-from supervisor.units import parse_duration, parse_size
+from supervisor.address import Address
+from supervisor.units import format_duration, is_host, parse_duration, parse_size, show
 
 Size = NewType("Size", int)
 Duration = NewType("Duration", float)
+# Polls, intervals and timeouts where 0 would spin a core or fail everything at once.
+PositiveDuration = NewType("PositiveDuration", float)
 PositiveInt = NewType("PositiveInt", int)
 Fraction = NewType("Fraction", float)
+Port = NewType("Port", int)  # 1..65535
+Host = NewType("Host", str)  # an IP address or an RFC 1123 host name
+ListenAddress = NewType("ListenAddress", str)  # HOST:PORT to listen on; port 0: any free one
+UpstreamAddress = NewType("UpstreamAddress", str)  # HOST:PORT of a server steward connects to
 
 RuntimeName = Literal["llama-server"]
 ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
@@ -49,7 +61,7 @@ class ModelConfig:
     pinned: bool = False
     env: dict[str, str] = attrs.Factory(dict)
     # A fixed port for the engine; default: a free one picked at each start.
-    port: PositiveInt | None = None
+    port: Port | None = None
 
 
 @attrs.frozen
@@ -58,14 +70,14 @@ class GpuConfig:
     # How much memory steward may reserve; default: the probed device total.
     budget: Size | None = None
     simulated_dir: str | None = None
-    poll_interval: Duration = Duration(1.0)
+    poll_interval: PositiveDuration = PositiveDuration(1.0)
 
 
 @attrs.frozen
 class LimitsConfig:
     max_body_size: Size = Size(16 * 1024**2)
     # Once a request's headers are in, its whole body must arrive within this (else 408).
-    body_timeout: Duration = Duration(60.0)
+    body_timeout: PositiveDuration = PositiveDuration(60.0)
     # Open client connections over all listeners; more are answered 503 and closed.
     max_connections: PositiveInt = PositiveInt(1000)
     shutdown_timeout: Duration = Duration(30.0)
@@ -110,22 +122,22 @@ class SchedulerConfig:
 
 @attrs.frozen
 class EngineDefaults:
-    host: str = "127.0.0.1"
-    start_timeout: Duration = Duration(300.0)
+    host: Host = Host("127.0.0.1")
+    start_timeout: PositiveDuration = PositiveDuration(300.0)
     stop_grace: Duration = Duration(10.0)
-    health_interval: Duration = Duration(0.05)
-    restart_backoff: Duration = Duration(1.0)
-    restart_backoff_max: Duration = Duration(60.0)
+    health_interval: PositiveDuration = PositiveDuration(0.05)
+    restart_backoff: PositiveDuration = PositiveDuration(1.0)
+    restart_backoff_max: PositiveDuration = PositiveDuration(60.0)
     stderr_tail_lines: PositiveInt = PositiveInt(50)
     # Toward an engine: its first response byte (a whole answer when not streaming, so long
     # enough for a big prompt on a slow card), then at most this long between two chunks.
-    first_byte_timeout: Duration = Duration(600.0)
-    chunk_timeout: Duration = Duration(120.0)
+    first_byte_timeout: PositiveDuration = PositiveDuration(600.0)
+    chunk_timeout: PositiveDuration = PositiveDuration(120.0)
     # A ready engine's /health is checked this often (and at once when a request stalls);
     # after `unhealthy_after` failed checks in a row it gets no work, its requests are cut,
     # and it is restarted unless it answers again within `recover_timeout`.
-    health_check_interval: Duration = Duration(10.0)
-    health_check_timeout: Duration = Duration(10.0)
+    health_check_interval: PositiveDuration = PositiveDuration(10.0)
+    health_check_timeout: PositiveDuration = PositiveDuration(5.0)
     unhealthy_after: PositiveInt = PositiveInt(3)
     recover_timeout: Duration = Duration(30.0)
 
@@ -143,8 +155,8 @@ ClassName = Literal["interactive", "background", "batch"]
 class OllamaConfig:
     """Ollama behind steward: its clients talk to ``listen``; steward talks to ``upstream``."""
 
-    upstream: str  # HOST:PORT of the real Ollama (e.g. started with OLLAMA_HOST=127.0.0.1:11435)
-    listen: str | None = "127.0.0.1:11434"  # null: no Ollama listener
+    upstream: UpstreamAddress  # the real Ollama (e.g. started with OLLAMA_HOST=127.0.0.1:11435)
+    listen: ListenAddress | None = ListenAddress("127.0.0.1:11434")  # null: no Ollama listener
     # Supervise `ollama serve` as a child (OLLAMA_HOST is set to upstream); default: attach.
     command: list[str] | None = None
     parallel: PositiveInt = PositiveInt(4)  # inference requests steward lets through at once
@@ -152,13 +164,13 @@ class OllamaConfig:
     memory: Size = Size(8 * 1024**3)
     default_class: ClassName = "interactive"
     unload_timeout: Duration = Duration(60.0)
-    unload_poll: Duration = Duration(0.5)
-    ps_poll: Duration = Duration(2.0)
-    retry_initial: Duration = Duration(1.0)
-    retry_max: Duration = Duration(60.0)
+    unload_poll: PositiveDuration = PositiveDuration(0.5)
+    ps_poll: PositiveDuration = PositiveDuration(2.0)
+    retry_initial: PositiveDuration = PositiveDuration(1.0)
+    retry_max: PositiveDuration = PositiveDuration(60.0)
     # Toward Ollama on inference routes (the first byte may wait for a model load).
-    first_byte_timeout: Duration = Duration(600.0)
-    chunk_timeout: Duration = Duration(120.0)
+    first_byte_timeout: PositiveDuration = PositiveDuration(600.0)
+    chunk_timeout: PositiveDuration = PositiveDuration(120.0)
 
 
 OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and the ledger
@@ -168,17 +180,17 @@ OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and 
 class ComfyConfig:
     """ComfyUI behind steward: each `/prompt` is an exclusive GPU job in steward's scheduler."""
 
-    upstream: str  # HOST:PORT of the real ComfyUI (e.g. started with --port 8189)
-    listen: str | None = "127.0.0.1:8188"  # null: no ComfyUI listener
+    upstream: UpstreamAddress  # the real ComfyUI (e.g. started with --port 8189)
+    listen: ListenAddress | None = ListenAddress("127.0.0.1:8188")  # null: no ComfyUI listener
     command: list[str] | None = None  # supervise ComfyUI as a child; default: attach
     job_class: ClassName = "interactive"  # image jobs wait in this class (writer preference within it)
     memory: Size | None = None  # GPU memory a job needs; default: the whole budget
-    job_timeout: Duration = Duration(900.0)
-    history_poll: Duration = Duration(1.0)
+    job_timeout: PositiveDuration = PositiveDuration(900.0)
+    history_poll: PositiveDuration = PositiveDuration(1.0)
     free_timeout: Duration = Duration(30.0)
     prompt_capture_limit: Size = Size(65536)
-    retry_initial: Duration = Duration(1.0)
-    retry_max: Duration = Duration(60.0)
+    retry_initial: PositiveDuration = PositiveDuration(1.0)
+    retry_max: PositiveDuration = PositiveDuration(60.0)
     # An Ollama model to load again after an image job, once the GPU is idle (batch class).
     warm_model: str | None = None
 
@@ -186,7 +198,7 @@ class ComfyConfig:
 @attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
-    listen: str = "127.0.0.1:8080"
+    listen: ListenAddress = ListenAddress("127.0.0.1:8080")
     aliases: dict[str, str] = attrs.Factory(dict)
     gpu: GpuConfig = attrs.Factory(GpuConfig)
     limits: LimitsConfig = attrs.Factory(LimitsConfig)
@@ -202,11 +214,11 @@ class Config:
 
     @property
     def listen_host(self) -> str:
-        return self.listen.rsplit(":", 1)[0].strip("[]")
+        return Address.parse(self.listen).host
 
     @property
     def listen_port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
+        return Address.parse(self.listen).port
 
     def alias_table(self) -> dict[str, str]:
         """Every name a client may send, mapped to the model it means."""
@@ -225,10 +237,50 @@ def _structure_duration(value: Any, _: Any) -> float:
     return parse_duration(value)
 
 
+def _structure_positive_duration(value: Any, _: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds > 0:
+        return seconds
+    raise ValueError(f"must be a positive duration like 1s or 250ms, got {show(value)}")
+
+
 def _structure_positive_int(value: Any, _: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    raise ValueError(f"must be a positive integer, got {value!r}")
+    raise ValueError(f"must be a positive integer, got {show(value)}")
+
+
+def _structure_port(value: Any, _: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535:
+        return value
+    raise ValueError(f"must be a port number 1..65535, got {show(value)}")
+
+
+def _structure_host(value: Any, _: Any) -> str:
+    if isinstance(value, str) and is_host(value):
+        return value
+    raise ValueError(f"must be an IP address or a host name, got {show(value)}")
+
+
+# An IPv6 host goes in brackets: in `::1:8080` no one can tell where the address ends.
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]+)")
+
+
+def _address_hook(lowest_port: int, note: str) -> Callable[[Any, Any], str]:
+    """HOST:PORT, kept as written (supervisor.address.Address.parse reads it where it is used)."""
+
+    def structure(value: Any, _: Any) -> str:
+        match = _HOST_PORT.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError(f"must be HOST:PORT like 127.0.0.1:8080, got {show(value)}")
+        v6, host, port = match.group("v6", "host", "port")
+        if not (is_host(host) if v6 is None else ":" in v6 and is_host(v6)):
+            raise ValueError(f"must have an IP address or a host name before the port, got {show(value)}")
+        if len(port) > 5 or not lowest_port <= int(port) <= 65535:
+            raise ValueError(f"must have a port {lowest_port}..65535 after the host{note}, got {show(value)}")
+        return value
+
+    return structure
 
 
 def _structure_fraction(value: Any, _: Any) -> float:
@@ -239,20 +291,20 @@ def _structure_fraction(value: Any, _: Any) -> float:
             return _structure_fraction(float(value[:-1]) / 100, _)
         except ValueError:
             pass
-    raise ValueError(f"must be a fraction in (0, 1] such as 0.1 or 10%, got {value!r}")
+    raise ValueError(f"must be a fraction in (0, 1] such as 0.1 or 10%, got {show(value)}")
 
 
 def _structure_str(value: Any, _: Any) -> str:
     # YAML reads `8080` or `yes` as int/bool; a command-line argument is text.
     if isinstance(value, str | int | float) and not isinstance(value, bool):
         return str(value)
-    raise ValueError(f"must be a string, got {value!r}")
+    raise ValueError(f"must be a string, got {show(value)}")
 
 
 def _structure_bool(value: Any, _: Any) -> bool:
     if isinstance(value, bool):
         return value
-    raise ValueError(f"must be true or false, got {value!r}")
+    raise ValueError(f"must be true or false, got {show(value)}")
 
 
 def _structure_command(value: Any, _: Any) -> list[str]:
@@ -260,23 +312,66 @@ def _structure_command(value: Any, _: Any) -> list[str]:
         return [value]
     if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
         return list(value)
-    raise ValueError(f"must be a program path or a non-empty list of strings, got {value!r}")
+    raise ValueError(f"must be a program path or a non-empty list of strings, got {show(value)}")
+
+
+def _literal_hook(type_: Any, _: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    choices = get_args(type_)
+
+    def structure(value: Any, _: Any) -> Any:
+        if any(type(value) is type(choice) and value == choice for choice in choices):
+            return value
+        raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {show(value)}")
+
+    return structure
+
+
+def _shaped(shape: type, structure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """*structure*, for values of the YAML shape it needs: cattrs takes any iterable as a list
+    (`aliases: gpt-4o` would be six one-letter aliases) and fails obscurely on a non-mapping."""
+
+    def guarded(value: Any, type_: Any) -> Any:
+        if isinstance(value, shape):
+            return structure(value, type_)
+        raise ValueError(_wrong_shape(shape, value))
+
+    return guarded
+
+
+def _wrong_shape(shape: type, value: object) -> str:
+    if shape is dict:
+        return f"must be a mapping of keys, got {show(value)}"
+    if isinstance(value, str):
+        example = json.dumps([word.strip(",") for word in value[:60].split()], ensure_ascii=False)
+        return f"must be a list like {example}, got a string {show(value)}"
+    return f"must be a list, got {show(value)}"
 
 
 def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(Size, _structure_size)
     converter.register_structure_hook(Duration, _structure_duration)
+    converter.register_structure_hook(PositiveDuration, _structure_positive_duration)
     converter.register_structure_hook(PositiveInt, _structure_positive_int)
+    converter.register_structure_hook(Port, _structure_port)
+    converter.register_structure_hook(Host, _structure_host)
+    converter.register_structure_hook(ListenAddress, _address_hook(0, " (0: any free one)"))
+    converter.register_structure_hook(UpstreamAddress, _address_hook(1, ""))
     converter.register_structure_hook(Fraction, _structure_fraction)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook_factory(lambda t: get_origin(t) is Literal, _literal_hook)
+    converter.register_structure_hook_factory(
+        lambda t: get_origin(t) is list, lambda t, c: _shaped(list, cattrs.cols.list_structure_factory(t, c)))
+    converter.register_structure_hook_factory(
+        lambda t: get_origin(t) is dict, lambda t, c: _shaped(dict, cattrs.cols.mapping_structure_factory(t, c)))
+    converter.register_structure_hook_factory(attrs.has, lambda t, c: _shaped(dict, c.gen_structure_attrs_fromdict(t)))
     # `command` is the one field that takes either form; a hook on the field keeps it local.
     model_hook = cattrs.gen.make_dict_structure_fn(
         ModelConfig, converter, _cattrs_forbid_extra_keys=True,
         command=cattrs.gen.override(struct_hook=_structure_command),
     )
-    converter.register_structure_hook(ModelConfig, model_hook)
+    converter.register_structure_hook(ModelConfig, _shaped(dict, model_hook))
     return converter
 
 
@@ -286,19 +381,121 @@ converter = make_converter()
 def load_config(path: str | Path) -> Config:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: cannot read config: not UTF-8 text (byte {exc.start})"]) from None
+    return parse_config(_read_yaml(text, str(path)))
+
+
+# Far deeper than any config; PyYAML's composer recurses, and Python's stack ends near 1000.
+_MAX_DEPTH = 100
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded in depth, whose errors name the file, the line and the key."""
+
+    def __init__(self, text: str, where: str) -> None:
+        super().__init__(text)
+        self.name = where  # the marks in its errors would say "<unicode string>"
+        self._depth = 0
+        self._paths: dict[yaml.Node, str] = {}  # each node's key path, filled by check_tree
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self._depth >= _MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested more than {_MAX_DEPTH} levels deep",
+                                              self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # int() past Python's digit limit, a 13th month, ...
+            where = f"{self._paths.get(node, '(top level)')}: line {node.start_mark.line + 1}"
+            raise ConfigError([f"{where}: {_unreadable(node, exc)}"]) from None
+
+    def check_tree(self, node: yaml.Node, path: str = "", holders: tuple[yaml.Node, ...] = ()) -> list[str]:
+        """Keys given twice, and aliases to their own holder; notes each node's key path."""
+        if node in holders:
+            where = f"{path or '(top level)'}: line {node.start_mark.line + 1}"
+            return [f"{where}: an alias refers to the list or mapping that holds it"]
+        if node in self._paths:
+            return []  # reached again through an alias: checked once (so a billion laughs stay ten)
+        self._paths[node] = path or "(top level)"
+        holders = (*holders, node)
+        if isinstance(node, yaml.SequenceNode):
+            return [p for i, item in enumerate(node.value) for p in self.check_tree(item, f"{path}[{i}]", holders)]
+        if isinstance(node, yaml.MappingNode):
+            return self._check_mapping(node, path, holders)
+        return []
+
+    def _check_mapping(self, node: yaml.MappingNode, path: str, holders: tuple[yaml.Node, ...]) -> list[str]:
+        problems: list[str] = []
+        lines: dict[tuple[str, str], int] = {}  # each key's first line
+        for key, value in node.value:
+            child = path  # a merge key (`<<: *base`) adds its keys to this mapping
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:
+                child = f"{path}.{key.value}" if path else key.value
+                problems += _given_twice(lines, key, child)
+            problems += self.check_tree(key, child, holders) + self.check_tree(value, child, holders)
+        return problems
+
+
+def _given_twice(lines: dict[tuple[str, str], int], key: yaml.ScalarNode, path: str) -> list[str]:
+    line, first = key.start_mark.line + 1, lines.get((key.tag, key.value))
+    if first is None:
+        lines[key.tag, key.value] = line
+        return []
+    where = f"lines {first} and {line}" if line != first else f"line {line}"
+    return [f"{path}: key given twice, on {where}; keep one"]
+
+
+def _read_yaml(text: str, where: str) -> object:
     try:
-        raw = yaml.safe_load(text)
+        loader = _Loader(text, where)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow; found before any parsing
+        line = text.count("\n", 0, exc.position) + 1
+        problem = f"{where}, line {line}: not valid YAML: character #x{exc.character:04x} is not allowed"
+        raise ConfigError([problem]) from None
+    try:
+        root = loader.get_single_node()
+        problems = [] if root is None else loader.check_tree(root)
+        if problems:
+            raise ConfigError(problems)
+        return None if root is None else loader.construct_document(root)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
-    return parse_config(raw)
+        raise ConfigError([_yaml_problem(exc, where)]) from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError, where: str) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    if not isinstance(exc, yaml.MarkedYAMLError) or mark is None:
+        return f"{where}: not valid YAML: {exc}"
+    context = ""
+    if exc.context and exc.context_mark is not None:
+        context = f" ({exc.context} that starts on line {exc.context_mark.line + 1})"
+    return (f"{where}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: "
+            f"{exc.problem or exc.context}{context}")
+
+
+def _unreadable(node: yaml.Node, exc: Exception) -> str:
+    if node.tag == _INT_TAG and len(node.value) > sys.get_int_max_str_digits():
+        return f"an integer of {len(node.value)} digits is more than any setting takes"
+    return f"cannot read {show(node.value)} as {node.tag.rsplit(':', 1)[-1]}: {exc}"
 
 
 def parse_config(raw: object) -> Config:
     if not isinstance(raw, dict):
-        raise ConfigError([f"(top level): must be a mapping of keys, got {type(raw).__name__}"])
+        raise ConfigError([f"(top level): must be a mapping of keys, got {show(raw)}"])
     if "models" not in raw:
         raise ConfigError(["models: required key is missing (a mapping of model name to its engine)"])
     try:
@@ -322,50 +519,36 @@ def _describe(exc: BaseException, path: str) -> list[str]:
             if name is not None:
                 child = f"{path}.{name}" if path else str(name)
             else:
-                child = f"{path}[{index!r}]" if not isinstance(index, str) else (
+                child = f"{path}[{show(index)}]" if not isinstance(index, str) else (
                     f"{path}.{index}" if path else index)
             lines.extend(_describe(sub, child))
         return lines
     if isinstance(exc, ForbiddenExtraKeysError):
         prefix = f"{path}." if path else ""
-        return [f"{prefix}{key}: unknown key" for key in sorted(exc.extra_fields)]
+        return [f"{prefix}{key}: unknown key" for key in sorted(map(_key_text, exc.extra_fields))]
     if isinstance(exc, KeyError):
         return [f"{path}: required key is missing"]
     if isinstance(exc, ValueError) and str(exc).startswith("must"):
         return [f"{path}: {exc}"]
-    return [f"{path}: {_type_problem(exc)}"]
+    return [f"{path}: invalid value ({exc})"]
 
 
-def _type_problem(exc: BaseException) -> str:
-    text = str(exc)
-    literal = re.fullmatch(r"(.*) not in literal typing\.Literal\[(.*)\]", text)
-    if literal:
-        return f"must be one of {literal.group(2)}, got {literal.group(1)!r}"
-    if isinstance(exc, AttributeError) and "'items'" in text:
-        return f"must be a mapping of keys, got a {text.split(chr(39))[1]}"
-    return f"invalid value ({text})"
-
-
-_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):([0-9]{1,5})")
-
-
-def _is_host_port(value: str) -> bool:
-    match = _HOST_PORT.fullmatch(value)
-    return match is not None and int(match.group(2)) <= 65535
+def _key_text(key: object) -> str:
+    return key if isinstance(key, str) else show(key)
 
 
 def _check_semantics(config: Config) -> list[str]:
     problems = []
-    if not _is_host_port(config.listen):
-        problems.append(f"listen: must be HOST:PORT like 127.0.0.1:8080, got {config.listen!r}")
     if not config.models and config.ollama is None and config.comfyui is None:
         problems.append("models: must name at least one model (or configure ollama or comfyui)")
     seen: dict[str, str] = {}
     for name, model in config.models.items():
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name) or "@" in name:
             problems.append(f"models.{name}: a model name may hold letters, digits and ._:/- (no '@')")
-        if model.parallel is not None and _has_flag(model.args, "-np", "--parallel"):
+        if model.parallel is not None and _has_flag(model.args, *_PARALLEL_FLAGS):
             problems.append(f"models.{name}.parallel: set here and as --parallel in args; keep one")
+        if (why := _parallel_arg_problem(model.args)) is not None:
+            problems.append(f"models.{name}.args: {why}")
         if model.memory == 0:
             problems.append(f"models.{name}.memory: must be the engine's memory size, e.g. 8.3GiB (got 0)")
         if model.memory is None and model.model is None:
@@ -375,32 +558,101 @@ def _check_semantics(config: Config) -> list[str]:
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
                             f"({config.gpu.budget} bytes); it could never load")
         for alias in model.aliases:
+            if (why := _alias_problem(alias)) is not None:
+                problems.append(f"models.{name}.aliases: {why}")
             if alias in seen or alias in config.models:
                 problems.append(f"models.{name}.aliases: {alias!r} already names "
                                 f"{seen.get(alias, alias)!r}")
             seen[alias] = name
     for alias, target in config.aliases.items():
+        if (why := _alias_problem(alias)) is not None:
+            problems.append(f"aliases: {why}")
         if target not in config.models:
             problems.append(f"aliases.{alias}: names model {target!r}, which is not under models")
         if alias in config.models or alias in seen:
             problems.append(f"aliases.{alias}: already names {seen.get(alias, alias)!r}")
-    if config.ollama is not None:
-        if OLLAMA_ENGINE in config.models:
-            problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
-        for key in ("upstream", "listen"):
-            value = getattr(config.ollama, key)
-            if value is not None and not _is_host_port(value):
-                problems.append(f"ollama.{key}: must be HOST:PORT like 127.0.0.1:11434, got {value!r}")
+    if config.ollama is not None and OLLAMA_ENGINE in config.models:
+        problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
-    if config.comfyui is not None:
-        for key in ("upstream", "listen"):
-            value = getattr(config.comfyui, key)
-            if value is not None and not _is_host_port(value):
-                problems.append(f"comfyui.{key}: must be HOST:PORT like 127.0.0.1:8188, got {value!r}")
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
+    return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _alias_problem(alias: str) -> str | None:
+    if not alias:
+        return "an alias must not be empty"
+    if "@" in alias:
+        return f"{show(alias)} holds '@', which separates a class suffix (model@batch)"
+    return None
+
+
+_PARALLEL_FLAGS = ("-np", "--parallel")
+
+
+def _parallel_arg_problem(args: list[str]) -> str | None:
+    """Steward counts an engine's slots from -np/--parallel in its args (adapters/llama_server.py)."""
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        if flag not in _PARALLEL_FLAGS:
+            continue
+        value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+        if value is None or not re.fullmatch(r"-?[0-9]{1,9}", value):
+            return f"{flag} must be followed by an integer, got {'nothing' if value is None else show(value)}"
+        if int(value) < -1:
+            return f"{flag} must be followed by a slot count or -1 (auto), got {show(value)}"
+    return None
+
+
+def _backoff_problems(config: Config) -> list[str]:
+    """A backoff doubles from its first delay up to its cap; a cap below the start is a typo."""
+    pairs: list[tuple[str, Any, str, str]] = [("engines", config.engines, "restart_backoff", "restart_backoff_max")]
+    pairs += [(name, service, "retry_initial", "retry_max") for name, service in _services(config)]
+    return [f"{section}.{cap}: {format_duration(getattr(values, cap))} is less than "
+            f"{section}.{first} ({format_duration(getattr(values, first))})"
+            for section, values, first, cap in pairs if getattr(values, cap) < getattr(values, first)]
+
+
+def _services(config: Config) -> list[tuple[str, OllamaConfig | ComfyConfig]]:
+    return [(name, service) for name, service in (("ollama", config.ollama), ("comfyui", config.comfyui))
+            if service is not None]
+
+
+def _port_problems(config: Config) -> list[str]:
+    """Two of steward's listeners, its engines' fixed ports or its upstreams on one port of one host."""
+    services = _services(config)
+    texts = [("listen", config.listen)] + [(f"{name}.listen", service.listen) for name, service in services]
+    texts += [(f"{name}.upstream", service.upstream) for name, service in services]
+    fixed = [(key, Address.parse(text)) for key, text in texts if text is not None]
+    fixed += [(f"models.{name}.port", Address(config.engines.host, model.port))
+              for name, model in config.models.items() if model.port is not None]
+    fixed = [(key, address) for key, address in fixed if address.port != 0]  # 0: the system picks a free one
+    problems = []
+    for i, (key, address) in enumerate(fixed):
+        taken = [earlier for earlier, other in fixed[:i]
+                 if other.port == address.port and _same_interface(other.host, address.host)]
+        if taken:
+            problems.append(f"{key}: port {address.port} on {address.host} is already used by {taken[0]}; "
+                            f"give each its own port")
     return problems
+
+
+def _same_interface(a: str, b: str) -> bool:
+    """Whether two binds of one port on these hosts collide (0.0.0.0 or :: takes every address)."""
+    mine, theirs = _bound_addresses(a), _bound_addresses(b)
+    return "*" in mine | theirs or bool(mine & theirs)
+
+
+def _bound_addresses(host: str) -> set[str]:
+    host = host.lower().removesuffix(".")
+    if host == "localhost":
+        return {"127.0.0.1", "::1"}
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return {host}
+    return {"*"} if address.is_unspecified else {str(address)}
 
 
 def _has_flag(args: list[str], *flags: str) -> bool:

@@ -98,7 +98,7 @@ async def serve_event_log(path: str | None, *, terminal_level: str = "info", ter
     log = EventLog(send, terminal_level=LEVELS[terminal_level])
     terminal = terminal or sys.stderr
     try:
-        sink = open(path, "a", buffering=1 << 16) if path else None  # noqa: SIM115 - closed below
+        sink = _LogFile(path, open(path, "a", buffering=1 << 16), terminal) if path else None  # noqa: SIM115
     except OSError as exc:
         raise EventLogUnavailable(f"log.file: cannot open {path!r}: {exc.strerror or exc}") from None
     try:
@@ -116,14 +116,74 @@ async def serve_event_log(path: str | None, *, terminal_level: str = "info", ter
                     _write(event, sink, terminal, log.terminal_level)
                 if sink:
                     sink.flush()
-                terminal.flush()
+                _flush_terminal(terminal)
     finally:
         if sink:
             sink.close()
 
 
-def _write(event: Event, sink: IO[str] | None, terminal: IO[str], terminal_level: int) -> None:
+@attrs.define(eq=False)
+class _LogFile:
+    """The event log file. A write that fails (disk full, a file made read-only) is said once on
+    the terminal and the lines are counted as lost until writing works again: losing log lines
+    must never stop steward."""
+
+    path: str
+    file: IO[str]
+    terminal: IO[str]
+    failure: str | None = None
+    lost: int = 0
+
+    def write(self, line: str) -> None:
+        try:
+            self.file.write(line)
+        except OSError as exc:
+            self._failed(exc)
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as exc:
+            self._failed(exc)
+            return
+        if self.failure is not None:
+            self._say(f"steward: event log {self.path}: writing again ({self.lost} events were lost)")
+            self.failure, self.lost = None, 0
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        self.lost += 1
+        detail = exc.strerror or str(exc)
+        if detail != self.failure:
+            self.failure = detail
+            self._say(f"steward: event log {self.path}: cannot write: {detail}; its events go to the terminal "
+                      f"only until it works again")
+
+    def _say(self, text: str) -> None:
+        try:
+            self.terminal.write(text + "\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _write(event: Event, sink: _LogFile | None, terminal: IO[str], terminal_level: int) -> None:
     if sink:
         sink.write(event.to_json() + "\n")
-    if LEVELS[event.level] >= terminal_level:
-        terminal.write(event.to_line() + "\n")
+    if LEVELS[event.level] >= terminal_level or (sink is not None and sink.failure is not None
+                                                 and LEVELS[event.level] >= LEVELS["info"]):
+        try:
+            terminal.write(event.to_line() + "\n")
+        except (OSError, ValueError):
+            pass  # the terminal went away (its pane closed): the log file still has it
+
+
+def _flush_terminal(terminal: IO[str]) -> None:
+    try:
+        terminal.flush()
+    except (OSError, ValueError):
+        pass

@@ -2,22 +2,34 @@
 
 Chat clients (interactive, streaming), background agents, batch jobs and embedding
 indexers each loop: ask, wait for the whole answer, think, ask again, until the
-duration is over. Bounded in count and time, loopback only. Without ``--url`` it
-starts its own steward on the demo's simulated GPU and fake engines (a child process,
+duration is over. Ollama clients (``/api/chat``) and image clients (ComfyUI's
+``/prompt``) can join them. Bounded in count and time, loopback only. Without ``--url``
+it starts its own steward on the demo's simulated GPU and fake engines (a child process,
 so the load generator does not share steward's CPU time slice), and reads steward's
 event log afterwards for loads, evictions and peak memory.
+
+``--chaos`` (supervisor/chaos.py) also stops, freezes and kills the engines and
+upstreams that steward supervises while the load runs, and checks afterwards that
+nothing was lost: every request answered, the ledger adding up, no process left, no
+fds gained; steward's memory and fds are sampled throughout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,37 +38,143 @@ import httpx
 import trio
 import yaml
 
+from supervisor import chaos
 from supervisor.events import read_event_log
 from supervisor.scheduler.types import CLASSES
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# Loaded before any fork: steward's process must not dlopen between fork and exec.
+_libc = ctypes.CDLL(None)
 
 
 @attrs.frozen
 class ClientKind:
-    name: str  # chat, background, batch, embedding
+    name: str  # chat, background, batch, embedding, ollama, image
     klass: str
     model: str
     think_s: tuple[float, float]
     max_tokens: tuple[int, int] = (16, 64)
     inputs: int = 0  # > 0: an embeddings client sending this many inputs per request
+    api: str = "openai"  # openai (steward's own listener), ollama (/api/chat), comfyui (/prompt)
+
+    @property
+    def group(self) -> str:
+        """The row of the report: the class for OpenAI clients, the API for the others."""
+        return self.klass if self.api == "openai" else self.name
 
 
-def default_kinds(models: dict[str, str]) -> list[ClientKind]:
+DEFAULT_OLLAMA_MODEL = "llama3.2:3b"  # the demo's fake Ollama has it
+
+
+def default_kinds(models: Mapping[str, str]) -> list[ClientKind]:
     return [
         ClientKind("chat", "interactive", models["chat"], think_s=(1.0, 3.0), max_tokens=(24, 64)),
         ClientKind("background", "background", models["background"], think_s=(0.0, 0.5), max_tokens=(32, 96)),
         ClientKind("batch", "batch", models["batch"], think_s=(0.0, 0.2), max_tokens=(32, 96)),
         ClientKind("embedding", "background", models["embedding"], think_s=(0.5, 1.0), inputs=100),
+        ClientKind("ollama", "interactive", models.get("ollama", DEFAULT_OLLAMA_MODEL), think_s=(1.0, 4.0),
+                   max_tokens=(8, 32), api="ollama"),
+        ClientKind("image", "interactive", "", think_s=(5.0, 15.0), api="comfyui"),
     ]
 
 
 @attrs.define
 class Outcome:
     kind: str
-    klass: str
+    klass: str  # the report's row: a class, or ollama / image
     started: float
     latency: float
     status: int  # 0: no HTTP answer at all
     ttft: float | None = None
+    # How it ended (supervisor/chaos.py): answer, done, error_event, invalid (answered);
+    # no_answer, timeout, truncated (lost); disconnect (the client left on purpose).
+    ending: str = "answer"
+    note: str = ""  # image jobs: success, error, vanished, unfinished (as /history told)
+
+    @property
+    def completed(self) -> bool:
+        return self.status == 200 and self.ending in ("answer", "done")
+
+
+@attrs.frozen
+class Endpoints:
+    openai: str
+    ollama: str | None = None
+    comfyui: str | None = None
+
+
+@attrs.frozen
+class ChaosOptions:
+    """What ``--chaos`` does, and the bounds of the checks after it."""
+
+    interval: float = 5.0  # mean seconds between two actions
+    actions: tuple[str, ...] = chaos.ACTIONS
+    freeze: tuple[float, float] = (1.0, 15.0)  # SIGSTOP lasts this long, uniformly drawn
+    warmup: float | None = None  # no chaos before; the fd baseline is taken then (default: 10%, 2..60 s)
+    # Longer than anything steward itself waits for (CHAOS_CONFIG: queue 60 s, start 30 s,
+    # first byte 30 s, retries 5 s apart): a request that times out here is lost.
+    client_timeout: float = 300.0
+    idle_timeout: float = 120.0  # after the load, steward must be at rest within this
+    fd_tolerance: int = 5
+    sample_interval: float = 5.0  # steward's RSS and fds
+
+    def warmup_for(self, duration: float) -> float:
+        return self.warmup if self.warmup is not None else min(60.0, max(2.0, 0.1 * duration))
+
+
+# Steward's own timeouts in the chaos config, small, so that it notices frozen and dead
+# engines and upstreams within seconds (engines.health_check_* and the response timeouts
+# are read by the health checks, issue 9).
+CHAOS_CONFIG: dict[str, Any] = {
+    "engines": {"health_check_interval": "1s", "health_check_timeout": "1s", "unhealthy_after": 2,
+                "recover_timeout": "5s", "first_byte_timeout": "30s", "chunk_timeout": "10s",
+                "start_timeout": "30s", "restart_backoff_max": "5s"},
+    "classes": {"interactive": {"queue_timeout": "30s"}, "background": {"queue_timeout": "60s"},
+                "batch": {"queue_timeout": "60s"}},
+    "ollama": {"retry_max": "5s", "unload_timeout": "10s", "first_byte_timeout": "30s", "chunk_timeout": "10s"},
+    "comfyui": {"retry_max": "5s", "job_timeout": "60s", "free_timeout": "10s"},
+}
+
+
+@attrs.frozen
+class ResourceSample:
+    t: float  # seconds from the start of the load
+    rss: int
+    fds: int
+    own_fds: int  # chaos.count_fds: without live children's and clients' fds
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class ChaosReport:
+    seed: int
+    schedule: list[chaos.ChaosAction]
+    records: list[chaos.ChaosRecord]
+    samples: list[ResourceSample]
+    invariants: list[chaos.Invariant]
+    warm_fds: chaos.FdCount | None = None
+    end_fds: chaos.FdCount | None = None
+    problems: dict[str, int] = attrs.Factory(dict)  # warning and error events in steward's log, by name
+    workdir: str | None = None  # kept with --keep
+
+    def rss(self) -> dict[str, int | None]:
+        values = [s.rss for s in self.samples]
+        return {"start": values[0] if values else None, "peak": max(values) if values else None,
+                "end": values[-1] if values else None}
+
+    def action_counts(self) -> dict[str, dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {}
+        for record in self.records:
+            row = counts.setdefault(record.action, {})
+            row[record.result] = row.get(record.result, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "scheduled": len(self.schedule), "counts": self.action_counts(),
+                "actions": [r.to_json() for r in self.records]}
 
 
 @attrs.define
@@ -64,21 +182,51 @@ class LoadReport:
     duration_s: float
     outcomes: list[Outcome]
     engine_events: dict[str, Any] | None = None
+    chaos: ChaosReport | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.chaos is None or all(i.passed for i in self.chaos.invariants)
 
     def by_class(self) -> dict[str, dict[str, Any]]:
+        """One row per class of OpenAI clients, then one for Ollama and one for image clients if any ran."""
+        groups = list(CLASSES) + [g for g in ("ollama", "image") if any(o.klass == g for o in self.outcomes)]
         table = {}
-        for klass in CLASSES:
-            rows = [o for o in self.outcomes if o.klass == klass]
-            ok = sorted(o.latency for o in rows if o.status == 200)
-            table[klass] = {"requests": len(rows), "completed": len(ok), "errors": len(rows) - len(ok),
+        for group in groups:
+            rows = [o for o in self.outcomes if o.klass == group]
+            ok = sorted(o.latency for o in rows if o.completed)
+            left = sum(1 for o in rows if o.ending == chaos.LEFT)
+            statuses: dict[str, int] = {}
+            endings: dict[str, int] = {}
+            for o in rows:
+                statuses[str(o.status)] = statuses.get(str(o.status), 0) + 1
+                endings[o.ending] = endings.get(o.ending, 0) + 1
+            table[group] = {"requests": len(rows), "completed": len(ok), "errors": len(rows) - len(ok) - left,
+                            "left": left, "lost": sum(1 for o in rows if o.ending in chaos.LOST),
                             "p50_s": _quantile(ok, 0.50), "p95_s": _quantile(ok, 0.95),
-                            "max_s": ok[-1] if ok else None}
+                            "max_s": ok[-1] if ok else None, "statuses": statuses, "endings": endings}
+            if group == "image":
+                jobs: dict[str, int] = {}
+                for o in rows:
+                    if o.note:
+                        jobs[o.note] = jobs.get(o.note, 0) + 1
+                table[group]["jobs"] = jobs
         return table
 
     def to_json(self) -> dict[str, Any]:
-        errors = sorted({o.status for o in self.outcomes if o.status != 200})
-        return {"duration_s": self.duration_s, "classes": self.by_class(), "error_statuses": errors,
-                "engines": self.engine_events}
+        errors = sorted({o.status for o in self.outcomes if not o.completed and o.ending != chaos.LEFT})
+        result = {"duration_s": self.duration_s, "classes": self.by_class(), "error_statuses": errors,
+                  "engines": self.engine_events}
+        if self.chaos is not None:
+            c = self.chaos
+            result["chaos"] = c.to_json()
+            result["steward"] = {"rss_bytes": c.rss(), "fds": {"warm": c.warm_fds.to_json() if c.warm_fds else None,
+                                                                "end": c.end_fds.to_json() if c.end_fds else None},
+                                 "samples": [s.to_json() for s in c.samples], "log_problems": c.problems}
+            result["invariants"] = [i.to_json() for i in c.invariants]
+            result["passed"] = self.passed
+            result["workdir"] = c.workdir
+        return result
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -87,63 +235,205 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
 
 
-async def run_clients(base_url: str, kinds: dict[ClientKind, int], duration: float, seed: int = 7,
-                      ) -> list[Outcome]:
-    """Run every client until *duration* has passed; requests in flight then are finished."""
-    outcomes: list[Outcome] = []
+async def run_clients(endpoints: Endpoints | str, kinds: Mapping[ClientKind, int], duration: float, seed: int = 7,
+                      *, timeout: float = 600.0, disconnect_rate: float = 0.0,
+                      outcomes: list[Outcome] | None = None) -> list[Outcome]:
+    """Run every client until *duration* has passed; requests in flight then are finished.
+
+    Outcomes are appended to *outcomes* as they come (given: what was done before a
+    cancellation is kept).
+    """
+    if isinstance(endpoints, str):
+        endpoints = Endpoints(endpoints)
+    outcomes = [] if outcomes is None else outcomes
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as http:
         deadline = trio.current_time() + duration
         async with trio.open_nursery() as nursery:
             for kind, count in kinds.items():
                 for index in range(count):
-                    nursery.start_soon(_client_loop, http, kind, random.Random(rng.random()), deadline, outcomes,
-                                       name=f"{kind.name}-{index}")
+                    nursery.start_soon(_client_loop, http, endpoints, kind, random.Random(rng.random()), deadline,
+                                       outcomes, disconnect_rate, name=f"{kind.name}-{index}")
     return outcomes
 
 
-async def _client_loop(http: httpx.AsyncClient, kind: ClientKind, rng: random.Random, deadline: float,
-                       outcomes: list[Outcome]) -> None:
+async def _client_loop(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                       deadline: float, outcomes: list[Outcome], disconnect_rate: float) -> None:
     await trio.sleep(rng.uniform(0, 0.5))  # do not all start in the same instant
     while trio.current_time() < deadline:
-        outcomes.append(await _one_request(http, kind, rng))
+        outcomes.append(await _one_request(http, endpoints, kind, rng, disconnect_rate))
         await trio.sleep(rng.uniform(*kind.think_s))
 
 
-async def _one_request(http: httpx.AsyncClient, kind: ClientKind, rng: random.Random) -> Outcome:
+@attrs.define
+class _Seen:
+    """What a client has seen of its request so far."""
+
+    status: int = 0
+    ending: str | None = None
+    ttft: float | None = None
+    note: str = ""
+
+
+async def _one_request(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                       disconnect_rate: float) -> Outcome:
     started = trio.current_time()
-    headers = {"X-Steward-Class": kind.klass}
-    ttft = None
+    seen = _Seen()
+    leaves = disconnect_rate > 0 and rng.random() < disconnect_rate
+    streams = kind.api == "ollama" or (kind.api == "openai" and kind.klass == "interactive" and not kind.inputs)
+    # A streaming client leaves after a few chunks; the others after a moment (waiting or running).
+    leave_after_chunks = rng.randint(1, 4) if leaves and streams else 0
+    leave_after_s = rng.uniform(0.05, 2.0) if leaves and not streams else math.inf
     try:
-        if kind.inputs:
-            body = {"model": kind.model, "input": [f"document {rng.random():.6f} " * 8 for _ in range(kind.inputs)]}
-            response = await http.post("/v1/embeddings", json=body, headers=headers)
-            status = response.status_code
-            if status == 200 and len(response.json()["data"]) != kind.inputs:
-                status = 0  # a partial answer is a failure, not a success
-        elif kind.klass == "interactive":
-            body = {"model": kind.model, "stream": True, "max_tokens": rng.randint(*kind.max_tokens),
-                    "messages": [{"role": "user", "content": "tell me something " * rng.randint(2, 20)}]}
-            async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
-                status = response.status_code
-                done = False
-                async for line in response.aiter_lines():
-                    if ttft is None and line.startswith("data: {") and '"content"' in line:
-                        ttft = trio.current_time() - started
-                    if line.startswith("data: {\"error\""):
-                        status = 502
-                    done = done or line == "data: [DONE]"
-                if status == 200 and not done:
-                    status = 0  # the stream ended without [DONE]
-        else:
-            body = {"model": kind.model, "max_tokens": rng.randint(*kind.max_tokens),
-                    "messages": [{"role": "user", "content": "work on this " * rng.randint(5, 40)}]}
-            response = await http.post("/v1/chat/completions", json=body, headers=headers)
-            status = response.status_code
-    except httpx.HTTPError:
-        status = 0
-    return Outcome(kind.name, kind.klass, started, trio.current_time() - started, status, ttft)
+        with trio.move_on_after(leave_after_s) as leaving:
+            if kind.api == "ollama":
+                await _ollama_chat(http, endpoints, kind, rng, seen, started, leave_after_chunks)
+            elif kind.api == "comfyui":
+                await _image(http, endpoints, rng, seen)
+            elif kind.inputs:
+                await _embeddings(http, endpoints, kind, rng, seen)
+            elif streams:
+                await _chat_stream(http, endpoints, kind, rng, seen, started, leave_after_chunks)
+            else:
+                await _chat(http, endpoints, kind, rng, seen)
+        if leaving.cancelled_caught and seen.ending is None:
+            seen.ending = chaos.LEFT
+    except httpx.HTTPError as exc:
+        # A stream that already carried its error event was answered, however it closed.
+        if seen.ending not in chaos.ANSWERED:
+            timeout = isinstance(exc, httpx.TimeoutException)
+            seen.ending = "timeout" if timeout else "truncated" if seen.status else "no_answer"
+    return Outcome(kind.name, kind.group, started, trio.current_time() - started, seen.status, seen.ttft,
+                   seen.ending or "truncated", seen.note)
+
+
+def _headers(kind: ClientKind) -> dict[str, str]:
+    return {"X-Steward-Class": kind.klass}
+
+
+async def _chat_stream(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                       seen: _Seen, started: float, leave_after: int) -> None:
+    body = {"model": kind.model, "stream": True, "max_tokens": rng.randint(*kind.max_tokens),
+            "messages": [{"role": "user", "content": "tell me something " * rng.randint(2, 20)}]}
+    async with http.stream("POST", f"{endpoints.openai}/v1/chat/completions", json=body,
+                           headers=_headers(kind)) as response:
+        seen.status = response.status_code
+        chunks = 0
+        async for line in response.aiter_lines():
+            if line.startswith('data: {"error"'):
+                seen.ending = "error_event"
+            elif line == "data: [DONE]":
+                seen.ending = seen.ending or "done"
+            elif line.startswith("data: {") and '"content"' in line:
+                chunks += 1
+                if seen.ttft is None:
+                    seen.ttft = trio.current_time() - started
+                if chunks == leave_after:
+                    seen.ending = chaos.LEFT
+                    return  # leaving the block closes the connection mid-stream
+        seen.ending = seen.ending or ("answer" if seen.status != 200 else "truncated")
+
+
+async def _chat(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                seen: _Seen) -> None:
+    body = {"model": kind.model, "max_tokens": rng.randint(*kind.max_tokens),
+            "messages": [{"role": "user", "content": "work on this " * rng.randint(5, 40)}]}
+    async with http.stream("POST", f"{endpoints.openai}/v1/chat/completions", json=body,
+                           headers=_headers(kind)) as response:
+        seen.status = response.status_code
+        await response.aread()
+        seen.ending = "answer"
+
+
+async def _embeddings(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                      seen: _Seen) -> None:
+    body = {"model": kind.model, "input": [f"document {rng.random():.6f} " * 8 for _ in range(kind.inputs)]}
+    async with http.stream("POST", f"{endpoints.openai}/v1/embeddings", json=body, headers=_headers(kind)) as response:
+        seen.status = response.status_code
+        content = await response.aread()
+    seen.ending = "answer"
+    if seen.status == 200:
+        try:
+            complete = len(json.loads(content)["data"]) == kind.inputs
+        except (ValueError, KeyError, TypeError):
+            complete = False
+        if not complete:
+            seen.ending = "invalid"  # a partial answer is a failure, not a success
+
+
+async def _ollama_chat(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
+                       seen: _Seen, started: float, leave_after: int) -> None:
+    body = {"model": kind.model, "stream": True, "options": {"num_predict": rng.randint(*kind.max_tokens)},
+            "messages": [{"role": "user", "content": "why is the sky blue " * rng.randint(1, 10)}]}
+    async with http.stream("POST", f"{endpoints.ollama}/api/chat", json=body) as response:
+        seen.status = response.status_code
+        if seen.status != 200:
+            await response.aread()
+            seen.ending = "answer"
+            return
+        chunks = 0
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            try:
+                piece = json.loads(line)
+            except ValueError:
+                seen.ending = seen.ending or "invalid"
+                continue
+            if "error" in piece:
+                seen.ending = "error_event"
+            elif piece.get("done"):
+                seen.ending = seen.ending or "done"
+            elif (piece.get("message") or {}).get("content"):
+                chunks += 1
+                if chunks == leave_after:
+                    seen.ending = chaos.LEFT
+                    return
+        seen.ending = seen.ending or "truncated"
+
+
+IMAGE_FOLLOW_S = 60.0  # how long an image client follows its job in /history before it asks again
+
+
+async def _image(http: httpx.AsyncClient, endpoints: Endpoints, rng: random.Random, seen: _Seen) -> None:
+    """A weight-free workflow, like the demo banner's: a sampler and a SaveImage, a second or two."""
+    workflow = {"3": {"class_type": "KSampler", "inputs": {"fake_seconds": round(rng.uniform(0.5, 2.0), 2)}},
+                "9": {"class_type": "SaveImage", "inputs": {"images": ["3", 0]}}}
+    body = {"prompt": workflow, "client_id": f"loadtest-{rng.getrandbits(32):08x}"}
+    async with http.stream("POST", f"{endpoints.comfyui}/prompt", json=body) as response:
+        seen.status = response.status_code
+        content = await response.aread()
+    seen.ending = "answer"
+    if seen.status == 200:
+        try:
+            prompt_id = json.loads(content)["prompt_id"]
+        except (ValueError, KeyError, TypeError):
+            seen.ending = "invalid"
+            return
+        seen.note = "unfinished"
+        with trio.move_on_after(IMAGE_FOLLOW_S):
+            seen.note = await _follow_image(http, str(endpoints.comfyui), prompt_id)
+
+
+async def _follow_image(http: httpx.AsyncClient, comfyui: str, prompt_id: str) -> str:
+    """success or error from /history; vanished: in neither /history nor /queue."""
+
+    async def history() -> str | None:
+        entry = (await http.get(f"{comfyui}/history/{prompt_id}")).json().get(prompt_id)
+        return None if entry is None else str((entry.get("status") or {}).get("status_str", "success"))
+
+    while True:
+        await trio.sleep(1.0)
+        try:
+            if (status := await history()) is not None:
+                return status
+            queue = (await http.get(f"{comfyui}/queue")).json()
+            queued = {item[1] for item in [*queue.get("queue_running", []), *queue.get("queue_pending", [])]}
+            if prompt_id not in queued:
+                return await history() or "vanished"
+        except (httpx.HTTPError, ValueError, AttributeError, IndexError, TypeError):
+            continue  # ComfyUI is down or restarting: ask again
 
 
 def summarize_events(path: Path) -> dict[str, Any]:
@@ -157,7 +447,7 @@ def summarize_events(path: Path) -> dict[str, Any]:
     evicted_needlessly: set[str] = set()
     for record in read_event_log(path):
         name = record["event"]
-        if name in ("load", "restart"):
+        if name in ("load", "restart") and "reserved" in record:  # a service's restart reserves nothing
             loads += 1
             peak = max(peak, record["reserved"])
             if record["engine"] in evicted_needlessly:
@@ -170,11 +460,23 @@ def summarize_events(path: Path) -> dict[str, Any]:
     return {"loads": loads, "evictions": evictions, "unnecessary_loads": unnecessary, "peak_reserved_bytes": peak}
 
 
+def count_problems(path: Path) -> dict[str, int]:
+    """Warning and error events in steward's log, by name (crash, exit, reject, ...)."""
+    counts: dict[str, int] = {}
+    for record in read_event_log(path):
+        if record.get("level") in ("warning", "error"):
+            counts[record["event"]] = counts.get(record["event"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def format_report(report: LoadReport) -> str:
-    lines = [f"{'class':<12} {'requests':>8} {'completed':>9} {'errors':>6} {'p50':>8} {'p95':>8} {'max':>8}"]
+    header = (f"{'class':<12} {'requests':>8} {'completed':>9} {'errors':>6} {'left':>5} {'lost':>5} "
+              f"{'p50':>8} {'p95':>8} {'max':>8}")
+    lines = [header]
     for klass, row in report.by_class().items():
         cells = [f"{row[k]:>7.2f}s" if row[k] is not None else f"{'-':>8}" for k in ("p50_s", "p95_s", "max_s")]
-        lines.append(f"{klass:<12} {row['requests']:>8} {row['completed']:>9} {row['errors']:>6} " + " ".join(cells))
+        lines.append(f"{klass:<12} {row['requests']:>8} {row['completed']:>9} {row['errors']:>6} {row['left']:>5} "
+                     f"{row['lost']:>5} " + " ".join(cells))
     ttfts = sorted(o.ttft for o in report.outcomes if o.ttft is not None)
     if ttfts:
         lines.append(f"chat time to first token: p50 {_quantile(ttfts, 0.5):.2f}s  p95 {_quantile(ttfts, 0.95):.2f}s")
@@ -182,14 +484,68 @@ def format_report(report: LoadReport) -> str:
         e = report.engine_events
         lines.append(f"loads {e['loads']}  evictions {e['evictions']}  unnecessary loads {e['unnecessary_loads']}  "
                      f"peak reserved {e['peak_reserved_bytes'] / 1024**3:.1f} GiB")
-    errors = sorted({o.status for o in report.outcomes if o.status != 200})
-    if errors:
-        lines.append(f"error statuses seen: {errors} (0 = no HTTP answer)")
+    failures: dict[str, int] = {}
+    for o in report.outcomes:
+        if not o.completed and o.ending != chaos.LEFT:
+            key = f"{o.status} {o.ending}" if o.status else o.ending
+            failures[key] = failures.get(key, 0) + 1
+    if failures:
+        lines.append("errors seen: " + ", ".join(f"{k} x{n}" for k, n in sorted(failures.items())) +
+                     " (status and how the request ended)")
+    if report.chaos is not None:
+        lines.extend(_format_chaos(report.chaos))
     return "\n".join(lines)
 
 
-def start_demo_steward(workdir: Path, *, real: bool = False) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """A steward on the demo's engines (fake, or real with ``real``), as a child process."""
+def _format_chaos(c: ChaosReport) -> list[str]:
+    counts = c.action_counts()
+    done = ", ".join(f"{action} {sum(row.values())} ({', '.join(f'{k} {n}' for k, n in row.items())})"
+                     for action, row in counts.items())
+    lines = [f"chaos (seed {c.seed}): {len(c.schedule)} actions scheduled; {done or 'none done'}"]
+    if c.problems:
+        lines.append("steward's warnings and errors: " + ", ".join(f"{k} {n}" for k, n in c.problems.items()))
+    rss = c.rss()
+    if rss["start"] is not None:
+        lines.append(f"steward RSS: start {_mib(rss['start'])}, peak {_mib(rss['peak'])}, end {_mib(rss['end'])}")
+    if c.samples:
+        step = max(1, len(c.samples) // 10)
+        picked = c.samples[::step] + ([c.samples[-1]] if (len(c.samples) - 1) % step else [])
+        lines.append("over time (s: RSS MiB / fds / own fds): " + "  ".join(
+            f"{s.t:.0f}: {s.rss / 1024**2:.0f}/{s.fds}/{s.own_fds}" for s in picked))
+    lines.append("invariants:")
+    lines.extend(i.to_line() for i in c.invariants)
+    if c.workdir:
+        lines.append(f"steward's folder (config, event log, stderr) kept: {c.workdir}")
+    return lines
+
+
+def _mib(value: int | None) -> str:
+    return f"{value / 1024**2:.1f} MiB" if value is not None else "-"
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _stop_with_parent() -> None:
+    """Runs in steward's process before exec: when the loadtest dies, however, steward gets SIGTERM."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[str, Any] | None = None,
+                       stderr: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """A steward on the demo's engines (fake, or real with ``real``), as a child process.
+
+    *overrides* are merged into the demo's config (``ollama`` and ``comfyui`` only where
+    the demo has them: the real demo has neither); *stderr*: steward's terminal output
+    goes there (default: the loadtest's stderr, never its stdout, which may be JSON).
+    """
     from supervisor.demo import RealEnginesUnavailable, demo_config_dict, real_demo_config_dict
 
     try:
@@ -197,25 +553,38 @@ def start_demo_steward(workdir: Path, *, real: bool = False) -> tuple[subprocess
     except RealEnginesUnavailable as exc:
         raise RuntimeError(str(exc)) from None
     config["log"] = {"file": str(workdir / "events.jsonl"), "terminal": "warning"}
+    config = _deep_merge(config, {k: v for k, v in (overrides or {}).items()
+                                  if k in config or k not in ("ollama", "comfyui")})
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", str(config_path)],
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(stderr.open("ab")) if stderr is not None else 2  # fd 2, whatever sys.stderr is
+        process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", str(config_path)],
+                                   stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+                                   preexec_fn=_stop_with_parent)  # noqa: PLW1509 - no threads run here
     events = workdir / "events.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"steward exited with status {process.returncode}")
+            raise RuntimeError(f"steward exited with status {process.returncode}" + _tail(stderr))
         if events.exists():
             for record in read_event_log(events):
                 if record["event"] == "listening":
                     return process, record["urls"][0], events
         time.sleep(0.05)
     stop_steward(process)
-    raise RuntimeError("steward did not start within 30 s")
+    raise RuntimeError("steward did not start within 30 s" + _tail(stderr))
 
 
-def stop_steward(process: subprocess.Popen[bytes]) -> None:
+def _tail(path: Path | None, lines: int = 10) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return ":\n" + "\n".join(f"  {line}" for line in text) if text else ""
+
+
+def stop_steward(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL to its group after 30 s; returns its exit status."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -223,18 +592,256 @@ def stop_steward(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    return process.returncode
 
 
-def run_loadtest(url: str | None, counts: dict[str, int], duration: float, models: dict[str, str],
-                 seed: int = 7, *, real: bool = False) -> LoadReport:
+def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, models: Mapping[str, str],
+                 seed: int = 7, *, real: bool = False, disconnect_rate: float = 0.0,
+                 chaos_options: ChaosOptions | None = None, keep: bool = False,
+                 announce: Callable[[chaos.ChaosRecord], None] | None = None) -> LoadReport:
+    """The client mix for *duration* seconds; with *chaos_options*, under chaos, then the invariants.
+
+    *disconnect_rate*: the share of requests whose client leaves early (a stream after a
+    few chunks, any other request after a moment).
+
+    Raises:
+        RuntimeError: steward could not be started, or chaos was asked of a steward at *url*.
+    """
     kinds = {kind: counts[kind.name] for kind in default_kinds(models) if counts.get(kind.name)}
+    services = [kind.name for kind in kinds if kind.api != "openai"]
     if url is not None:
-        outcomes = trio.run(run_clients, f"{url.rstrip('/')}", kinds, duration, seed)
+        if chaos_options is not None:
+            raise RuntimeError("--chaos needs a steward the loadtest starts itself (it signals the engines "
+                               "that steward spawned, as its event log names them); leave out --url")
+        if services:
+            raise RuntimeError(f"{' and '.join(services)} clients need the loadtest's own steward "
+                               f"(its Ollama and ComfyUI listeners); leave out --url or set them to 0")
+        outcomes = trio.run(functools.partial(run_clients, url.rstrip("/"), kinds, duration, seed,
+                                              disconnect_rate=disconnect_rate))
         return LoadReport(duration, outcomes)
-    with tempfile.TemporaryDirectory(prefix="steward-loadtest-") as workdir:
-        process, steward_url, events = start_demo_steward(Path(workdir), real=real)
+    if real and services:
+        raise RuntimeError(f"{' and '.join(services)} clients need the fake demo (no Ollama or ComfyUI with --real)")
+    workdir = Path(tempfile.mkdtemp(prefix="steward-loadtest-"))
+    try:
+        if chaos_options is not None:
+            return _run_chaos_loadtest(workdir, kinds, duration, seed, chaos_options, real=real, keep=keep,
+                                       disconnect_rate=disconnect_rate, announce=announce or _announce)
+        process, steward_url, events = start_demo_steward(workdir, real=real)
         try:
-            outcomes = trio.run(run_clients, steward_url, kinds, duration, seed)
+            endpoints = _endpoints(events, steward_url)
+            outcomes = trio.run(functools.partial(run_clients, endpoints, kinds, duration, seed,
+                                                  disconnect_rate=disconnect_rate))
         finally:
             stop_steward(process)
         return LoadReport(duration, outcomes, summarize_events(events))
+    finally:
+        if keep:
+            print(f"steward: loadtest folder kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _announce(record: chaos.ChaosRecord) -> None:
+    print(record.to_line(), file=sys.stderr, flush=True)
+
+
+def _endpoints(events: Path, steward_url: str) -> Endpoints:
+    for record in read_event_log(events):
+        if record["event"] == "listening":
+            ollama, comfyui = record.get("ollama") or [], record.get("comfyui") or []
+            return Endpoints(steward_url, ollama[0] if ollama else None, comfyui[0] if comfyui else None)
+    return Endpoints(steward_url)
+
+
+def _run_chaos_loadtest(workdir: Path, kinds: Mapping[ClientKind, int], duration: float, seed: int,
+                        options: ChaosOptions, *, real: bool, keep: bool, disconnect_rate: float,
+                        announce: Callable[[chaos.ChaosRecord], None]) -> LoadReport:
+    # Orphans of a dying steward are re-parented here rather than to init, so the last
+    # check (no process left) sees every descendant.
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    ours = os.getpid()
+    before = {pid for pid, _ in chaos.descendants(ours)}
+    process, steward_url, events = start_demo_steward(workdir, real=real, overrides=CHAOS_CONFIG,
+                                                      stderr=workdir / "steward.stderr")
+    watch = chaos.ProcessWatch(events)
+    try:
+        watch.poll()
+        endpoints = _endpoints(events, steward_url)
+        session = trio.run(_chaos_session, process, endpoints, watch, kinds, duration, seed, options,
+                           disconnect_rate, announce)
+    finally:
+        stop_started = time.monotonic()
+        status = stop_steward(process)
+        stop_s = time.monotonic() - stop_started
+    watch.poll()
+    left = _wait_for_no_descendants(ours, before, watch, deadline=time.monotonic() + 10.0)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)  # the check has seen them; do not leave them running
+        except ProcessLookupError:
+            pass
+    session.report.invariants = [
+        chaos.check_alive(session.exited, None if session.exited is not None else status,
+                          None if session.exited is not None else stop_s),
+        chaos.check_answers(session.outcomes),
+        session.idle,
+        chaos.check_ledger(session.health),
+        chaos.check_processes(left),
+        chaos.check_fds(session.report.warm_fds, session.report.end_fds, options.fd_tolerance),
+    ]
+    session.report.problems = count_problems(events)
+    session.report.workdir = str(workdir) if keep else None
+    return LoadReport(duration, session.outcomes, summarize_events(events), session.report)
+
+
+def _wait_for_no_descendants(root: int, before: set[int], watch: chaos.ProcessWatch,
+                             deadline: float) -> list[tuple[int, str]]:
+    """Descendants of *root* that were not there before steward, and every process steward spawned still alive."""
+    while True:
+        left = {pid: cmd for pid, cmd in chaos.descendants(root) if pid not in before}
+        for incarnation in watch.spawned:
+            if incarnation.pid not in left and chaos.is_running(incarnation):
+                left[incarnation.pid] = f"({incarnation.name}, spawned by steward)"
+        if not left or time.monotonic() > deadline:
+            return sorted(left.items())
+        time.sleep(0.1)
+
+
+@attrs.define
+class _Session:
+    outcomes: list[Outcome]
+    report: ChaosReport
+    idle: chaos.Invariant
+    health: dict[str, Any] | None  # the main listener's /healthz once steward was at rest
+    exited: int | None  # steward's exit status if it died during the load
+
+
+async def _chaos_session(process: subprocess.Popen[bytes], endpoints: Endpoints, watch: chaos.ProcessWatch,
+                         kinds: Mapping[ClientKind, int], duration: float, seed: int, options: ChaosOptions,
+                         disconnect_rate: float, announce: Callable[[chaos.ChaosRecord], None]) -> _Session:
+    started = trio.current_time()
+    warmup = options.warmup_for(duration)
+    targets = [*(name for name in _engine_names(watch)),
+               *(name for name, url in (("ollama", endpoints.ollama), ("comfyui", endpoints.comfyui)) if url)]
+    schedule = chaos.chaos_schedule(seed, targets, start=warmup, end=duration, mean_interval=options.interval,
+                                    actions=options.actions, freeze=options.freeze)
+    report = ChaosReport(seed, schedule, [], [], [])
+    outcomes: list[Outcome] = []
+    ports = watch.listener_ports()
+    exited: int | None = None
+    load = trio.CancelScope()
+
+    def sample() -> None:
+        rss, fds = chaos.rss_bytes(process.pid), chaos.count_fds(process.pid, ports)
+        if rss is not None and fds is not None:
+            report.samples.append(ResourceSample(round(trio.current_time() - started, 1), rss, fds.total,
+                                                 fds.own_total))
+
+    async def watch_steward() -> None:
+        nonlocal exited
+        next_sample = trio.current_time()
+        while True:
+            watch.poll()  # early, so that each spawned process's start time is read while it runs
+            if process.poll() is not None:
+                exited = process.returncode
+                load.cancel(reason="steward exited")
+                return
+            if trio.current_time() >= next_sample:
+                sample()
+                next_sample += options.sample_interval
+            await trio.sleep(0.25)
+
+    def log(record: chaos.ChaosRecord) -> None:
+        with (watch.path.parent / "chaos.jsonl").open("a") as f:  # beside steward's own log
+            f.write(json.dumps(record.to_json()) + "\n")
+        announce(record)
+
+    async def chaos_after_warmup() -> None:
+        await trio.sleep_until(started + warmup)
+        report.warm_fds = chaos.count_fds(process.pid, ports)
+        await chaos.run_chaos(schedule, watch, process.pid, started, report.records, log)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_steward)
+        with load:
+            async with trio.open_nursery() as load_nursery:
+                load_nursery.start_soon(functools.partial(run_clients, endpoints, kinds, duration, seed,
+                                                          timeout=options.client_timeout,
+                                                          disconnect_rate=disconnect_rate, outcomes=outcomes))
+                load_nursery.start_soon(chaos_after_warmup)
+        health = None
+        if exited is None:
+            idle, health = await _wait_idle(endpoints, options.idle_timeout)
+            report.end_fds = await _settled_fds(process.pid, ports)
+            sample()
+        else:
+            idle = chaos.check_idle(False, 0.0, [f"steward exited with status {exited}"])
+        nursery.cancel_scope.cancel(reason="the load is over")
+    return _Session(outcomes, report, idle, health, exited)
+
+
+def _engine_names(watch: chaos.ProcessWatch) -> list[str]:
+    models = (watch.listening or {}).get("models") or []
+    return [str(m) for m in models]
+
+
+async def _wait_idle(endpoints: Endpoints, bound: float) -> tuple[chaos.Invariant, dict[str, Any] | None]:
+    """Poll every listener's /healthz until steward is at rest twice in a row, at most *bound* seconds."""
+    started = trio.current_time()
+    calm = 0
+    busy: list[str] = []
+    health = None
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        while True:
+            busy, health = await _busy(http, endpoints)
+            calm = calm + 1 if not busy else 0
+            waited = trio.current_time() - started
+            if calm >= 2:
+                return chaos.check_idle(True, waited, []), health
+            if waited > bound:
+                return chaos.check_idle(False, waited, busy), health
+            await trio.sleep(0.5)
+
+
+async def _busy(http: httpx.AsyncClient, endpoints: Endpoints) -> tuple[list[str], dict[str, Any] | None]:
+    """What keeps steward from being at rest, by /healthz; empty when at rest."""
+    busy: list[str] = []
+    try:
+        health = (await http.get(f"{endpoints.openai}/healthz")).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return [f"/healthz: {exc!r}"], None
+    if health.get("mode") != "idle":
+        busy.append(f"mode {health.get('mode')}")
+    if health.get("queued"):
+        busy.append(f"{health['queued']} queued")
+    for klass, row in (health.get("classes") or {}).items():
+        if row.get("running"):
+            busy.append(f"{klass}: {row['running']} running")
+    for name, engine in (health.get("engines") or {}).items():
+        if engine.get("in_flight"):
+            busy.append(f"{name}: {engine['in_flight']} in flight")
+        if engine.get("status") in ("starting", "stopping"):
+            busy.append(f"{name}: {engine['status']}")
+        elif engine.get("status") in ("stopped", "failed") and engine.get("reserved"):
+            busy.append(f"{name}: {engine['status']}, memory not yet released")
+    for service, url in (("ollama", endpoints.ollama), ("comfyui", endpoints.comfyui)):
+        if url is None:
+            continue
+        try:
+            turnstile = (await http.get(f"{url}/healthz")).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            busy.append(f"{service} /healthz: {exc!r}")
+            continue
+        if turnstile.get("state") != "idle" or turnstile.get("image_running") or turnstile.get("image_pending"):
+            busy.append(f"{service} listener: state {turnstile.get('state')}, image running "
+                        f"{turnstile.get('image_running', 0)}, pending {turnstile.get('image_pending')}")
+    return busy, health
+
+
+async def _settled_fds(pid: int, ports: set[int]) -> chaos.FdCount | None:
+    """Steward's fds once the client connections it still held are closed (at most 10 s)."""
+    with trio.move_on_after(10.0):
+        while (fds := chaos.count_fds(pid, ports)) is not None and fds.clients:
+            await trio.sleep(0.2)
+        return fds
+    return chaos.count_fds(pid, ports)

@@ -56,10 +56,16 @@ class MeasurementStore:
             return int(entry["bytes"])  # type: ignore[arg-type]
         return None
 
-    def record(self, key: str, engine: str, nbytes: int) -> None:
+    def record(self, key: str, engine: str, nbytes: int) -> str | None:
+        """Keep a measurement; returns what failed if the file could not be written (the
+        measurement still counts for this run: a read-only disk must not stop steward)."""
         self._entries[key] = {"bytes": nbytes, "engine": engine, "measured_at": round(time.time(), 3)}
         if self.path is None:
-            return
+            return None
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self._entries, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps(self._entries, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            return f"cannot write {self.path}: {exc.strerror or exc}"
+        return None

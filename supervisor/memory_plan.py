@@ -15,6 +15,7 @@ from supervisor.accounting.estimate import estimate
 from supervisor.accounting.gguf_header import GGUFError
 from supervisor.config import Config, ConfigError, ModelConfig
 from supervisor.measurements import MeasurementStore, measurement_key
+from supervisor.units import format_size
 
 Device = Literal["gpu", "cpu"]
 
@@ -56,3 +57,21 @@ def plan_all(config: Config, argvs: dict[str, list[str]], store: MeasurementStor
     if problems:
         raise ConfigError(problems)
     return plans
+
+
+def budget_problems(config: Config, plans: dict[str, MemoryPlan], budget: int) -> list[str]:
+    """What could never fit in *budget*: one model, the pinned models together, a service's reservation."""
+    over = f"exceeds the budget {format_size(budget)}"
+    problems = [f"models.{name}.memory: {format_size(plans[name].nbytes)} {over}; it could never load"
+                for name in config.models if plans[name].nbytes > budget]
+    pinned = [name for name, model in config.models.items() if model.pinned]
+    need = sum(plans[name].nbytes for name in pinned)
+    if need > budget:
+        problems.append(f"models: the pinned models ({', '.join(pinned)}) need {format_size(need)}, "
+                        f"more than the budget {format_size(budget)}")
+    if config.ollama is not None and config.ollama.memory > budget:
+        problems.append(f"ollama.memory: {format_size(config.ollama.memory)} {over}; Ollama could never load a model")
+    comfy = config.comfyui.memory if config.comfyui is not None else None
+    if comfy is not None and comfy > budget:
+        problems.append(f"comfyui.memory: {format_size(comfy)} {over}; an image job could never run")
+    return problems

@@ -48,13 +48,15 @@ class _SchedulerCollector(Collector):
                                             ("slots", "The engine's slots"),
                                             ("queued", "Steps waiting for the engine"),
                                             ("reserved_bytes", "Memory reserved for the engine"),
-                                            ("ready", "1 while the engine serves"))}
+                                            ("ready", "1 while the engine serves"),
+                                            ("healthy", "0 while the engine fails its health checks"))}
         for engine in snapshot.engines:
             families["in_flight"].add_metric([engine.name], engine.in_flight)
             families["slots"].add_metric([engine.name], engine.slots)
             families["queued"].add_metric([engine.name], engine.queued)
             families["reserved_bytes"].add_metric([engine.name], engine.reserved)
             families["ready"].add_metric([engine.name], 1.0 if engine.status == "ready" else 0.0)
+            families["healthy"].add_metric([engine.name], 1.0 if engine.healthy else 0.0)
         yield from families.values()
 
 
@@ -75,6 +77,17 @@ class StewardMetrics:
         self.loads = Counter("steward_loads", "Engine loads decided", ["engine"], registry=r)
         self.evictions = Counter("steward_evictions", "Engines chosen for eviction", ["engine"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
+        self.failed_checks = Counter("steward_health_check_failures", "Failed health checks of ready engines",
+                                     ["engine"], registry=r)
+        self.unhealthy = Counter("steward_engine_unhealthy", "Times an engine was found unhealthy", ["engine"],
+                                 registry=r)
+        self.stalls = Counter("steward_engine_stalls", "Requests an engine left without a byte past a timeout",
+                              ["engine"], registry=r)
+        self.connections_refused = Counter("steward_connections_refused", "Connections refused at the door",
+                                           ["listener", "reason"], registry=r)
+        self.connection_errors = Counter("steward_connection_errors", "Connections ended by an error in steward",
+                                         ["listener"], registry=r)
+        self.internal_errors = Counter("steward_internal_errors", "Errors of steward's own (bugs)", registry=r)
 
     def watch(self, scheduler: SchedulerClient) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
@@ -99,6 +112,20 @@ class StewardMetrics:
                 self.unload.observe(f["seconds"])
             case "image_released":
                 self.image_jobs.inc()
+            case "health_check_failed":
+                self.failed_checks.labels(f["engine"]).inc()
+            case "engine_unhealthy":
+                self.unhealthy.labels(f["engine"]).inc()
+            case "engine_stalled":
+                self.stalls.labels(f["engine"]).inc()
+            case "connection_refused":
+                self.connections_refused.labels(f["listener"], f["reason"]).inc()
+            case "cross_site_refused":
+                self.connections_refused.labels(f["listener"], "cross_site").inc()
+            case "connection_error":
+                self.connection_errors.labels(f["listener"]).inc()
+            case "internal_error":
+                self.internal_errors.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,10 @@
 """Child processes: own process group, die with steward, pipes always drained.
 
-Stop is SIGTERM to the whole group, a grace period, then SIGKILL. PR_SET_PDEATHSIG
-makes the kernel kill a child when steward dies, even by SIGKILL, when no cleanup
-code of ours can run.
+Stop is SIGTERM to the whole group, a grace period, then SIGKILL. When the leader
+exits, by itself or stopped, whatever it left in its group is killed too. When steward
+dies, even by SIGKILL, when no cleanup code of ours can run, PR_SET_PDEATHSIG kills each
+child and the reaper (supervisor/reaper.py) its whole group: that reaches the real
+server behind a wrapper that does not ``exec``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
+from supervisor.reaper import Reaper
+
 _PR_SET_PDEATHSIG = 1
 # Loaded before any fork: the child must not dlopen between fork and exec.
 _libc = ctypes.CDLL(None, use_errno=True)
+# One per steward process: it watches the group of every child that is not yet reaped.
+_reaper = Reaper()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -35,6 +41,9 @@ class ChildProcess:
 
     popen: subprocess.Popen[bytes]
     output: trio.lowlevel.FdStream
+    # What went wrong with the reaper on this child's behalf (it died and was replaced,
+    # it could not start): the child runs regardless. See take_reaper_warnings.
+    _reaper_warnings: list[str] = attrs.field(factory=list, init=False)
 
     @property
     def pid(self) -> int:
@@ -42,20 +51,49 @@ class ChildProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self.popen.poll()
+        return self._reap()
 
     async def wait(self) -> int:
         """Wait for the exit; any number of tasks may wait at once."""
-        while self.popen.poll() is None:
+        while (returncode := self._reap()) is None:
             try:
                 pidfd = os.pidfd_open(self.popen.pid)
             except ProcessLookupError:
-                continue  # exited and not yet reaped by us: poll() reaps it
+                continue  # reaped by someone else: _reap() records it
             try:
                 await trio.lowlevel.wait_readable(pidfd)
             finally:
                 os.close(pidfd)
+        return returncode
+
+    def _reap(self) -> int | None:
+        """Reap the leader once it has exited, killing the rest of its group and forgetting it first.
+
+        Both happen while the leader is a zombie: its pid, the group's id, is still taken,
+        so the signal and the reaper can only ever mean this group, never a later one.
+        """
+        if self.popen.returncode is None and _has_exited(self.pid):
+            _kill_group(self.pid)
+            self._note(_reaper.forget(self.pid))
+            self.popen.poll()
         return self.popen.returncode
+
+    def take_reaper_warnings(self) -> list[str]:
+        """The reaper's troubles since the last call, for the caller to log: after spawning and at exit."""
+        taken, self._reaper_warnings = self._reaper_warnings, []
+        return taken
+
+    def _note(self, reaper_warning: str | None) -> None:
+        if reaper_warning is not None:
+            self._reaper_warnings.append(reaper_warning)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child *pid* has exited; it is left unreaped (WNOWAIT)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already: poll() records its status
 
 
 def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
@@ -72,26 +110,30 @@ def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Chi
     assert popen.stdout is not None
     output = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
     popen.stdout.close()
-    return ChildProcess(popen, output)
+    process = ChildProcess(popen, output)
+    process._note(_reaper.watch(popen.pid))  # its own session: the group's id is its pid
+    return process
 
 
 async def stop_child(process: ChildProcess, grace: float) -> int:
     """SIGTERM the group, wait up to *grace*, then SIGKILL. Returns the exit status."""
     _signal_group(process, signal.SIGTERM)
+    _signal_group(process, signal.SIGCONT)  # a frozen (SIGSTOPped) process acts on the SIGTERM only once resumed
     with trio.move_on_after(grace):
         await process.wait()
     if process.returncode is None:
         _signal_group(process, signal.SIGKILL)
-        await process.wait()
-    # The leader is gone; anything it left in its group goes too.
-    _signal_group(process, signal.SIGKILL)
-    assert process.returncode is not None
-    return process.returncode
+    return await process.wait()  # which kills what the leader left in its group
 
 
 def _signal_group(process: ChildProcess, signum: int) -> None:
+    if process.returncode is None:  # a reaped leader's id may be someone else's by now
+        _kill_group(process.pid, signum)
+
+
+def _kill_group(pgid: int, signum: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(process.pid, signum)
+        os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 

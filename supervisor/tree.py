@@ -18,22 +18,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 import httpx
-import hypercorn.config
-import hypercorn.trio
 import trio
 
-from supervisor.config import OLLAMA_ENGINE, Config
+from supervisor.address import Address
+from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.engine import EngineHandle, EngineSpec, serve_engine
 from supervisor.events import EventLog, serve_event_log
-from supervisor.gateway.app import create_app
-from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
+from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.comfy_app import create_comfy_app
+from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
+from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
+from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
 from supervisor.gateway.ollama_app import create_ollama_app
+from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
+from supervisor.gateway.server import Listener, serve_http
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, MemoryPlan, plan_all
+from supervisor.memory_plan import Device, MemoryPlan, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
@@ -86,7 +90,8 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
                        for k, c in classes.items()},
         release_timeout=config.scheduler.release_timeout,
-        backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max))
+        backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max),
+        unhealthy_after=config.engines.unhealthy_after, recover_timeout=config.engines.recover_timeout)
 
 
 def build_scheduler(config: Config, specs: dict[str, EngineSpec], plans: dict[str, MemoryPlan], budget: int, *,
@@ -141,12 +146,14 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
     for name, plan in plans.items():
         events.emit("memory_plan", "info", engine=name, memory=plan.nbytes, memory_text=format_size(plan.nbytes),
                     source=plan.source)
+    if problems := budget_problems(config, plans, budget):
+        raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
     core = build_scheduler(config, specs, plans, budget, observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
 
     def remember(engine: str, nbytes: int) -> None:
-        if engine in plans:
-            store.record(plans[engine].key, engine, nbytes)
+        if engine in plans and (problem := store.record(plans[engine].key, engine, nbytes)) is not None:
+            events.emit("state_write_failed", "warning", path=config.state_file, detail=problem)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
@@ -160,10 +167,13 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         metrics = StewardMetrics()
         metrics.watch(client)
         events.listeners.append(metrics.observe)
-        apps = [(create_app(config, client, events, gate, metrics), config.listen)]
+        limits = body_limits(config)
+        listeners = [_listener(config, events, "openai", create_app(config, client, events, gate, metrics), config.listen,
+                               error_body, lambda scope: error_body)]
         if config.ollama is not None and config.ollama.listen is not None:
-            apps.append((create_ollama_app(config.ollama, client, events, gate, config.limits.max_body_size,
-                                           metrics), config.ollama.listen))
+            listeners.append(_listener(config, events, "ollama", create_ollama_app(config.ollama, client, events, gate, limits,
+                                                                           metrics),
+                                       config.ollama.listen, ollama_error_body, ollama_route_shape))
         if config.comfyui is not None and config.comfyui.command:
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
@@ -175,8 +185,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
             warm = None
             if config.ollama is not None and config.comfyui.warm_model is not None:
                 warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
-            apps.append((create_comfy_app(config.comfyui, client, events, gate, http, jobs,
-                                          config.limits.max_body_size, metrics, warm), config.comfyui.listen))
+            app = create_comfy_app(config.comfyui, client, events, gate, http, jobs, limits, metrics, warm)
+            listeners.append(_listener(config, events, "comfyui", app, config.comfyui.listen, comfy_error_body,
+                                       lambda scope: comfy_error_body))
 
         async def shutdown_trigger() -> None:
             await stop.requested.wait()
@@ -187,24 +198,26 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         def on_cut(requests: int, reason: str) -> None:
             events.emit("shutdown_cut", "warning", requests=requests, reason=reason)
 
-        urls = await root.start(_serve_gateway_then_stop, apps, gate, config, shutdown_trigger, stop.hurried,
-                                on_cut, root.cancel_scope)
-        listeners = dict(zip(("openai", *(_listener_names(config))), urls, strict=True))
-        steward.urls = listeners["openai"]
-        steward.ollama_urls = listeners.get("ollama", [])
-        steward.comfyui_urls = listeners.get("comfyui", [])
+        urls = await root.start(_serve_gateway_then_stop, listeners, gate, config, events, shutdown_trigger,
+                                stop.hurried, on_cut, root.cancel_scope)
+        steward.urls = urls["openai"]
+        steward.ollama_urls = urls.get("ollama", [])
+        steward.comfyui_urls = urls.get("comfyui", [])
         events.emit("listening", "info", urls=steward.urls, models=list(config.models),
                     ollama=steward.ollama_urls or None, comfyui=steward.comfyui_urls or None)
         task_status.started(steward)
 
 
-def _listener_names(config: Config) -> list[str]:
-    names = []
-    if config.ollama is not None and config.ollama.listen is not None:
-        names.append("ollama")
-    if config.comfyui is not None and config.comfyui.listen is not None:
-        names.append("comfyui")
-    return names
+def _listener(config: Config, events: EventLog, name: str, app: object, listen: str, shape: ErrorShape,
+              shape_for: Callable[[dict[str, Any]], ErrorShape]) -> Listener:
+    """One listener behind the cross-site door."""
+    address = Address.parse(listen)
+    policy = CrossSitePolicy.create(address, config.security.allowed_hosts, config.security.allowed_origins)
+
+    def refused(scope: dict[str, Any], problem: str) -> None:
+        events.emit("cross_site_refused", "info", listener=name, path=scope.get("path"), detail=problem)
+
+    return Listener(name, cross_site_guard(app, policy, shape_for, refused), address, shape)  # type: ignore[arg-type]
 
 
 async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
@@ -214,43 +227,29 @@ async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = tri
         await trio.sleep_forever()
 
 
-async def _serve_gateway_then_stop(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
+async def _serve_gateway_then_stop(listeners: list[Listener], gate: RequestGate, config: Config, events: EventLog,
                                    shutdown: Callable[[], Awaitable[object]], hurried: trio.Event,
                                    on_cut: Callable[[int, str], None], root: trio.CancelScope, *,
-                                   task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
-    await serve_gateway(apps, gate, config, shutdown, hurried, on_cut, task_status=task_status)
+                                   task_status: trio.TaskStatus[dict[str, list[str]]] = trio.TASK_STATUS_IGNORED,
+                                   ) -> None:
+    await serve_gateway(listeners, gate, config, events, shutdown, hurried, on_cut, task_status=task_status)
     # The gateway has drained: no request is in flight, so the engines may go.
     root.cancel(reason="gateway drained")
 
 
-async def serve_gateway(apps: list[tuple[object, str]], gate: RequestGate, config: Config,
+async def serve_gateway(listeners: list[Listener], gate: RequestGate, config: Config, events: EventLog,
                         shutdown: Callable[[], Awaitable[object]], hurried: trio.Event,
                         on_cut: Callable[[int, str], None],
-                        *, task_status: trio.TaskStatus[list[list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve each app on its address until *shutdown* returns; then stop accepting and wait
-    for the requests in flight on all of them, until the shutdown timeout or *hurried*;
-    whatever still runs then is cut, each request with an error its client can read."""
-    closed = trio.Event()
-
-    async def close_listeners() -> None:
-        await closed.wait()
-
+                        *, task_status: trio.TaskStatus[dict[str, list[str]]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve every listener until *shutdown* returns; then stop accepting and wait for the
+    requests in flight on all of them, until the shutdown timeout or *hurried*; whatever
+    still runs then is cut, each request with an error its client can read."""
     async with trio.open_nursery() as nursery:
-        urls = []
-        for app, listen in apps:
-            hc = hypercorn.config.Config()
-            hc.bind = [listen]
-            # Hypercorn's own cut must come after ours, which ends each answer readably.
-            hc.graceful_timeout = config.limits.shutdown_timeout + CUT_GRACE_S + 2.0
-            hc.accesslog = None
-            hc.errorlog = None
-            hc.loglevel = "WARNING"
-            urls.append(await nursery.start(functools.partial(hypercorn.trio.serve, app, hc,  # type: ignore[arg-type]
-                                                              shutdown_trigger=close_listeners)))
-        task_status.started(urls)
+        server = await nursery.start(serve_http, listeners, config.limits.max_connections, events)
+        task_status.started(server.urls)
         await shutdown()
         gate.close()
-        closed.set()
+        await server.stop_accepting()
         # Requests, not connections: an idle keep-alive connection must not hold us open.
         with trio.move_on_after(config.limits.shutdown_timeout) as waiting:
             async with trio.open_nursery() as race:

@@ -25,6 +25,7 @@ class ScriptedEngine:
     nursery: trio.Nursery
     client: SchedulerClient | None = None
     starts: list[float] = attrs.Factory(list)
+    checks: list[tuple[int, float]] = attrs.Factory(list)  # (generation, when) of each check asked for
 
     def start(self, generation: int) -> None:
         self.starts.append(trio.current_time())
@@ -32,6 +33,9 @@ class ScriptedEngine:
 
     def stop(self, generation: int) -> None:
         self.nursery.start_soon(self._report_after, STOP_S, "exited", generation)
+
+    def check(self, generation: int) -> None:
+        self.checks.append((generation, trio.current_time()))
 
     def crash(self, generation: int) -> None:
         assert self.client is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 import yaml
 
 from tests.conftest import ROOT, descendants
@@ -57,8 +59,49 @@ def test_check_on_a_broken_config_exits_non_zero_and_names_the_key(tmp_path: Pat
 def test_check_on_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
     result = steward("check", str(tmp_path / "missing.yaml"))
     assert result.returncode == 2 and "cannot read config" in result.stderr
-    result = steward("check", write(tmp_path, "models: [unclosed"))
+    path = write(tmp_path, "models: [unclosed")
+    result = steward("check", path)
     assert result.returncode == 2 and "not valid YAML" in result.stderr
+    assert f"{path}, line 1, column 18: not valid YAML: " in result.stderr and "<unicode string>" not in result.stderr
+
+
+def test_version() -> None:
+    result = steward("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"steward {importlib.metadata.version('gpu-steward')}\n"
+
+
+MODEL = "{command: llama-server, memory: 1GiB"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (f"models:\n  chat: {MODEL}, args: [-np, two]}}\n", ("models.chat.args: -np must be followed by an integer, "
+                                                       "got 'two'")),
+    (f"models:\n  chat: {MODEL}, aliases: gpt-4o}}\n",
+     "models.chat.aliases: must be a list like [\"gpt-4o\"], got a string 'gpt-4o'"),
+    (f"models:\n  a: {MODEL}, port: 9000}}\n  b: {MODEL}, port: 9000}}\n",
+     "models.b.port: port 9000 on 127.0.0.1 is already used by models.a.port; give each its own port"),
+    (f"models:\n  chat: {{command: llama-server, memory: {'9' * 5000}}}\n",
+     "models.chat.memory: line 2: an integer of 5000 digits is more than any setting takes"),
+    (f"models:\n  chat: {MODEL}, args: {'[' * 5000}{']' * 5000}}}\n", "nested more than 100 levels deep"),
+    (f"models:\n  chat: {MODEL}}}\nmodels: {{}}\n", "models: key given twice, on lines 1 and 3; keep one"),
+])
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_config_holes_exit_2_and_start_nothing(tmp_path: Path, command: str, text: str, expected: str) -> None:
+    result = steward(command, write(tmp_path, text))
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not descendants()
+
+
+def test_check_refuses_pinned_models_over_the_budget(tmp_path: Path) -> None:
+    path = write(tmp_path, {"gpu": {"probe": "none", "budget": "4GiB"},
+                            "models": {"a": {"command": "llama-server", "memory": "3GiB", "pinned": True},
+                                       "b": {"command": "llama-server", "memory": "2GiB", "pinned": True}}})
+    result = steward("check", path)
+    assert result.returncode == 2
+    assert "steward: models: the pinned models (a, b) need 5.0 GiB, more than the budget 4.0 GiB" in result.stderr
 
 
 def test_run_with_a_broken_config_starts_nothing(tmp_path: Path) -> None:

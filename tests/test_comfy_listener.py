@@ -152,7 +152,7 @@ def test_an_image_for_a_comfyui_that_is_down_lets_go_of_the_gpu_when_its_client_
     wait_until(lambda: len(steward.events("image_granted")) == 2)
     steward.process.send_signal(signal.SIGTERM)
     asking.join(10)
-    assert answer[0].status_code == 503 and answer[0].json()["error"]["code"] == "shutting_down"
+    assert answer[0].status_code == 503 and answer[0].json()["error"]["type"] == "shutting_down"
     assert steward.process.wait(10) == 0
 
 

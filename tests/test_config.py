@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from supervisor.config import ConfigError, parse_config
-from supervisor.units import parse_duration, parse_size
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.config import Config, ConfigError, load_config, parse_config
+from supervisor.memory_plan import MemoryPlan, budget_problems
+from supervisor.units import parse_duration, parse_size, show
 
 GOOD = {"command": "llama-server", "memory": "8.3GiB"}
 
@@ -90,3 +101,353 @@ def test_a_full_config_resolves() -> None:
     assert config.classes.batch.queue_timeout is None  # the class default applies
     assert config.scheduler.interactive_window == 0.5 and config.scheduler.background_max_starvation == 0.0
     assert config.alias_table() == {"chat": "chat", "gpt-4o": "chat", "gpt-4": "chat"}
+
+
+# --- holes that used to pass as valid, or end in a traceback ----------------------------------------
+
+def load_problems(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return caught.value.problems
+
+
+def with_model(**fields: object) -> dict[str, object]:
+    return {"models": {"chat": {**GOOD, **fields}}}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (with_model(aliases="gpt-4o"), "models.chat.aliases: must be a list like [\"gpt-4o\"], got a string 'gpt-4o'"),
+    (with_model(args="-c 4096"), "models.chat.args: must be a list like [\"-c\", \"4096\"], got a string '-c 4096'"),
+    (with_model(args={"-c": 4096}), "models.chat.args: must be a list, got a mapping"),
+    ({**with_model(), "security": {"allowed_hosts": "gpu.lan"}},
+     "security.allowed_hosts: must be a list like [\"gpu.lan\"], got a string 'gpu.lan'"),
+    ({**with_model(), "security": {"allowed_origins": 7}}, "security.allowed_origins: must be a list, got 7"),
+    ({**with_model(), "ollama": {"upstream": "127.0.0.1:11435", "command": "ollama serve"}},
+     "ollama.command: must be a list like [\"ollama\", \"serve\"], got a string 'ollama serve'"),
+])
+def test_a_string_where_a_list_belongs(raw: object, expected: str) -> None:
+    assert expected in problems(raw)
+
+
+def test_keys_given_twice_name_the_path_and_both_lines(tmp_path: Path) -> None:
+    found = load_problems(tmp_path, "models:\n  chat:\n    command: llama-server\n    memory: 1GiB\n"
+                                    "    args: [-c, '4096']\n    args: [-c, '8192']\n"
+                                    "gpu: {probe: none, probe: host}\n")
+    assert found == ["models.chat.args: key given twice, on lines 5 and 6; keep one",
+                     "gpu.probe: key given twice, on line 7; keep one"]
+
+
+def test_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("models:\n  a: &m {command: llama-server, memory: 1GiB}\n  b:\n    <<: *m\n    memory: 2GiB\n")
+    assert load_config(path).models["b"].memory == 2 * 1024**3
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "gpu-box.lan", "gpu-box.lan.", "0.0.0.0"])
+def test_good_engine_hosts(host: str) -> None:
+    assert parse_config({**with_model(), "engines": {"host": host}}).engines.host == host
+
+
+@pytest.mark.parametrize("host", ["not a host!", "999.1.1.1", "-bad", "a_b", "[::1]", "", "8080", "a" * 64])
+def test_bad_engine_hosts(host: str) -> None:
+    assert problems({**with_model(), "engines": {"host": host}}) == [
+        f"engines.host: must be an IP address or a host name, got {show(host)}"]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("listen", "not a host!:8080", ("listen: must have an IP address or a host name before the port, "
+                                   "got 'not a host!:8080'")),
+    ("listen", "[gpu.lan]:8080", ("listen: must have an IP address or a host name before the port, "
+                                 "got '[gpu.lan]:8080'")),
+    ("listen", "127.0.0.1:70000", ("listen: must have a port 0..65535 after the host (0: any free one), "
+                                  "got '127.0.0.1:70000'")),
+    ("ollama.upstream", "bad_host:11435", ("ollama.upstream: must have an IP address or a host name before the "
+                                          "port, got 'bad_host:11435'")),
+    ("ollama.upstream", "127.0.0.1:0", ("ollama.upstream: must have a port 1..65535 after the host, "
+                                       "got '127.0.0.1:0'")),
+    ("comfyui.listen", "::1:8188", "comfyui.listen: must be HOST:PORT like 127.0.0.1:8080, got '::1:8188'"),
+])
+def test_bad_host_port_values(key: str, value: str, expected: str) -> None:
+    raw: dict[str, object] = {**with_model(), "ollama": {"upstream": "127.0.0.1:11435"},
+                              "comfyui": {"upstream": "127.0.0.1:8189"}}
+    section, _, field = key.rpartition(".")
+    if section:
+        raw[section] = {**raw[section], field: value}  # type: ignore[dict-item]
+    else:
+        raw[field] = value
+    assert problems(raw) == [expected]
+
+
+def test_an_ipv6_listen_address() -> None:
+    config = parse_config({**with_model(), "listen": "[::1]:0"})
+    assert (config.listen_host, config.listen_port) == ("::1", 0)
+
+
+@pytest.mark.parametrize("port", [0, 70000, -1, "8080"])
+def test_engine_ports_are_port_numbers(port: object) -> None:
+    assert problems(with_model(port=port)) == [f"models.chat.port: must be a port number 1..65535, got {port!r}"]
+
+
+def two_models(a: dict[str, object], b: dict[str, object], **sections: object) -> dict[str, object]:
+    return {"models": {"a": {**GOOD, **a}, "b": {**GOOD, **b}}, **sections}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (two_models({"port": 9000}, {"port": 9000}),
+     "models.b.port: port 9000 on 127.0.0.1 is already used by models.a.port; give each its own port"),
+    (two_models({"port": 8080}, {}), ("models.a.port: port 8080 on 127.0.0.1 is already used by listen; "
+                                     "give each its own port")),
+    (two_models({"port": 8080}, {}, listen="0.0.0.0:8080"),
+     "models.a.port: port 8080 on 127.0.0.1 is already used by listen; give each its own port"),
+    (two_models({}, {}, ollama={"upstream": "127.0.0.1:11435", "listen": "localhost:8188"},
+                comfyui={"upstream": "127.0.0.1:8189"}),
+     "comfyui.listen: port 8188 on 127.0.0.1 is already used by ollama.listen; give each its own port"),
+    (two_models({}, {}, ollama={"upstream": "127.0.0.1:8080"}),
+     "ollama.upstream: port 8080 on 127.0.0.1 is already used by listen; give each its own port"),
+    (two_models({"port": 11434}, {}, ollama={"upstream": "127.0.0.1:11435"}),
+     "models.a.port: port 11434 on 127.0.0.1 is already used by ollama.listen; give each its own port"),
+])
+def test_two_things_on_one_port(raw: object, expected: str) -> None:
+    assert problems(raw) == [expected]
+
+
+def test_different_hosts_or_port_zero_do_not_conflict() -> None:
+    parse_config(two_models({"port": 8080}, {"port": 8081}, listen="127.0.0.2:8080"))
+    parse_config(two_models({}, {}, listen="127.0.0.1:0", ollama={"upstream": "127.0.0.1:11435",
+                                                                   "listen": "127.0.0.1:0"}))
+
+
+POSITIVE_DURATIONS = [
+    ("gpu", "poll_interval"), ("limits", "body_timeout"),
+    ("engines", "start_timeout"), ("engines", "health_interval"), ("engines", "restart_backoff"),
+    ("engines", "restart_backoff_max"), ("engines", "first_byte_timeout"), ("engines", "chunk_timeout"),
+    ("engines", "health_check_interval"), ("engines", "health_check_timeout"),
+    ("ollama", "unload_poll"), ("ollama", "ps_poll"), ("ollama", "retry_initial"), ("ollama", "retry_max"),
+    ("ollama", "first_byte_timeout"), ("ollama", "chunk_timeout"),
+    ("comfyui", "job_timeout"), ("comfyui", "history_poll"), ("comfyui", "retry_initial"),
+    ("comfyui", "retry_max"),
+]
+UPSTREAMS = {"ollama": {"upstream": "127.0.0.1:11435"}, "comfyui": {"upstream": "127.0.0.1:8189"}}
+
+
+@pytest.mark.parametrize(("section", "key"), POSITIVE_DURATIONS)
+@pytest.mark.parametrize("zero", ["0s", 0, "0ms"])
+def test_polls_and_timeouts_must_be_more_than_zero(section: str, key: str, zero: object) -> None:
+    raw = {**with_model(), section: {**UPSTREAMS.get(section, {}), key: zero}}
+    assert f"{section}.{key}: must be a positive duration like 1s or 250ms, got {zero!r}" in problems(raw)
+
+
+def test_zero_keeps_its_documented_meaning_where_it_has_one() -> None:
+    config = parse_config({**with_model(), "scheduler": {"background_max_starvation": "0s", "guard_gap_wait": 0,
+                                                         "interactive_window": "0s"}})
+    assert config.scheduler.guard_gap_wait == 0.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("gpu: {poll_interval: .nan}", "gpu.poll_interval: must be a finite duration like 2s or 5m, got nan"),
+    ("gpu: {poll_interval: .inf}", "gpu.poll_interval: must be a finite duration like 2s or 5m, got inf"),
+    ("scheduler: {hot_window: -.inf}", "scheduler.hot_window: must be a finite duration like 2s or 5m, got -inf"),
+    (f"scheduler: {{hot_window: {'9' * 400}s}}",
+     "scheduler.hot_window: must be a finite duration like 2s or 5m, got '" + "9" * 57 + "...'"),
+    ("gpu: {budget: .inf}", "gpu.budget: must be a size like 16GiB or 8.3GB, got inf"),
+    (f"gpu: {{budget: {'9' * 400}GiB}}", "gpu.budget: must be less than 8 EiB, got '" + "9" * 57 + "...'"),
+    (f"gpu: {{budget: {'9' * 5000}}}", ("gpu.budget: line 3: an integer of 5000 digits is more than any setting "
+                                        "takes")),
+])
+def test_non_finite_and_huge_numbers(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in load_problems(tmp_path, f"models:\n  chat: {{command: llama-server, memory: 1GiB}}\n{text}\n")
+
+
+def test_yaml_nested_thousands_deep_is_a_clear_error(tmp_path: Path) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    found = load_problems(tmp_path, f"models:\n  chat:\n    command: llama-server\n    args: {deep}\n")
+    assert found == [(f"{tmp_path / 'config.yaml'}, line 4, column 108: not valid YAML: "
+                     f"nested more than 100 levels deep")]
+
+
+def test_many_aliases_of_aliases_are_read_once(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    text = "models:\n  chat:\n    command: llama-server\n    memory: 1GiB\n    env: {" + ", ".join(lines) + "}\n"
+    assert "models.chat.env.a0: must be a string, got a list" in load_problems(tmp_path, text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("models:\n  chat: &m {command: llama-server, env: *m}\n",
+     "models.chat.env: line 2: an alias refers to the list or mapping that holds it"),
+    ("models:\n  chat: &m {command: llama-server, <<: *m}\n",
+     "models.chat: line 2: an alias refers to the list or mapping that holds it"),
+    ("models:\n  chat: {command: llama-server, memory: 1GiB, env: {A: 2001-13-45}}\n",
+     "models.chat.env.A: line 2: cannot read '2001-13-45' as timestamp: month must be in 1..12"),
+])
+def test_values_yaml_cannot_build_name_the_key_and_line(tmp_path: Path, text: str, expected: str) -> None:
+    assert load_problems(tmp_path, text) == [expected]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ({**with_model(), "engines": {"restart_backoff": "10s", "restart_backoff_max": "5s"}},
+     "engines.restart_backoff_max: 5s is less than engines.restart_backoff (10s)"),
+    ({**with_model(), "ollama": {"upstream": "127.0.0.1:11435", "retry_initial": "2m"}},
+     "ollama.retry_max: 60s is less than ollama.retry_initial (2m)"),
+    ({**with_model(), "comfyui": {"upstream": "127.0.0.1:8189", "retry_max": "500ms"}},
+     "comfyui.retry_max: 500ms is less than comfyui.retry_initial (1s)"),
+])
+def test_a_backoff_cap_below_its_first_delay(raw: object, expected: str) -> None:
+    assert problems(raw) == [expected]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (with_model(aliases=["gpt-4o@batch"]),
+     "models.chat.aliases: 'gpt-4o@batch' holds '@', which separates a class suffix (model@batch)"),
+    (with_model(aliases=[""]), "models.chat.aliases: an alias must not be empty"),
+    ({**with_model(), "aliases": {"a@b": "chat"}}, ("aliases: 'a@b' holds '@', which separates a class suffix "
+                                                   "(model@batch)")),
+    ({**with_model(), "aliases": {"": "chat"}}, "aliases: an alias must not be empty"),
+])
+def test_aliases_are_not_empty_and_hold_no_at(raw: object, expected: str) -> None:
+    assert problems(raw) == [expected]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-np", "two"], "models.chat.args: -np must be followed by an integer, got 'two'"),
+    (["--parallel=x"], "models.chat.args: --parallel must be followed by an integer, got 'x'"),
+    (["-c", "4096", "--parallel"], "models.chat.args: --parallel must be followed by an integer, got nothing"),
+    (["-np", "-5"], "models.chat.args: -np must be followed by a slot count or -1 (auto), got '-5'"),
+])
+def test_parallel_in_args_is_an_integer(args: list[str], expected: str) -> None:
+    assert problems(with_model(args=args)) == [expected]
+
+
+@pytest.mark.parametrize("args", [["-np", "-1"], ["--parallel", "3"], ["--parallel=2"]])
+def test_good_parallel_in_args(args: list[str]) -> None:
+    assert parse_config(with_model(args=args)).models["chat"].args == args
+
+
+def test_budget_problems() -> None:
+    config = parse_config({"models": {"big": {**GOOD, "memory": "9GiB"},
+                                      "a": {**GOOD, "memory": "3GiB", "pinned": True},
+                                      "b": {**GOOD, "memory": "6GiB", "pinned": True}},
+                           "comfyui": {"upstream": "127.0.0.1:8189", "memory": "10GiB"}})
+    plans = {name: MemoryPlan(model.memory or 0, "config", name) for name, model in config.models.items()}
+    assert budget_problems(config, plans, 8 * 1024**3) == [
+        "models.big.memory: 9.0 GiB exceeds the budget 8.0 GiB; it could never load",
+        "models: the pinned models (a, b) need 9.0 GiB, more than the budget 8.0 GiB",
+        "comfyui.memory: 10.0 GiB exceeds the budget 8.0 GiB; an image job could never run"]
+    assert budget_problems(config, plans, 16 * 1024**3) == []
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    found = load_problems(tmp_path, "models:\n  chat: [unclosed\n")
+    assert len(found) == 1
+    assert found[0].startswith(f"{tmp_path / 'config.yaml'}, line 3, column 1: not valid YAML: ")
+    assert "<unicode string>" not in found[0]
+
+
+def test_unreadable_bytes_are_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"models: {}\nlisten: \xff\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(path)
+    path.write_text("models: {}\nlisten: \x00\n")
+    with pytest.raises(ConfigError, match=r"line 2: not valid YAML: .*#x0000"):
+        load_config(path)
+
+
+# --- property: whatever the YAML, a Config or a ConfigError -----------------------------------------
+
+class Raw(str):
+    """YAML text written as it is (numbers no Python value can be dumped as, nesting too deep to build)."""
+
+
+WEIRD = [Raw("9" * 5000), Raw(".nan"), Raw(".inf"), Raw("-.inf"), Raw("[" * 3000 + "]" * 3000),
+         Raw("{a: 1, a: 2}"), Raw("2001-13-45"), Raw("!!int nope"), Raw("*undefined"), Raw("&x [*x]"),
+         Raw("&y {<<: *y}"), Raw("!!python/object:os.system ls")]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.builds(pow, st.just(10), st.just(5000)), st.floats(),
+                    st.text(max_size=12), st.sampled_from(WEIRD))
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    st.text(max_size=8), inner, max_size=4), max_leaves=12)
+# Values of the kind each key takes: (good ones, ones on or past an edge).
+BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
+    "Size": (["8GiB", "512MiB", 1024], [0, "1e9"]),
+    "Duration": (["1s", "250ms", "0s", 0, 2.5, "5m"], [math.nan, -math.inf]),
+    "PositiveDuration": (["1s", "250ms", 2.5, "5m"], ["0s", 0, math.inf]),
+    "PositiveInt": ([1, 4], [0, -1]),
+    "Port": ([8080, 8081, 11434], [0, 65536]),
+    "Host": (["127.0.0.1", "::1", "localhost", "0.0.0.0"], ["not a host!"]),
+    "ListenAddress": (["127.0.0.1:8080", "127.0.0.1:0", "localhost:11434", "[::1]:8188", "0.0.0.0:8081"],
+                      ["x:70000"]),
+    "UpstreamAddress": (["127.0.0.1:11435", "127.0.0.1:8189", "localhost:8080"], ["127.0.0.1:0"]),
+    "Fraction": ([0.5, "10%", 1], [0]),
+    "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"], ["a@b", "", "two"]),
+    "bool": ([True, False], ["yes"]),
+}
+
+
+def plausible(type_: Any, edges: bool) -> st.SearchStrategy[object]:
+    """Values of the kind *type_* takes (with *edges*: also ones just past what it takes)."""
+    origin, args = get_origin(type_), get_args(type_)
+    if origin is Literal:
+        return st.sampled_from(args)
+    if origin in (Union, UnionType):
+        return st.one_of(*(plausible(arg, edges) for arg in args))
+    if origin is list:  # and a string where a list belongs
+        items = st.lists(plausible(args[0], edges), max_size=3)
+        return items | plausible(str, edges) if edges else items
+    if origin is dict:
+        return st.dictionaries(plausible(args[0], edges), plausible(args[1], edges), max_size=3)
+    if attrs.has(type_):  # its required keys and up to four others
+        hints = get_type_hints(type_)
+        required = [field.name for field in attrs.fields(type_) if field.default is attrs.NOTHING]
+        return st.lists(st.sampled_from(sorted(hints)), max_size=4, unique=True).flatmap(
+            lambda keys: st.fixed_dictionaries({key: plausible(hints[key], edges) for key in {*required, *keys}}))
+    if type_ is type(None):
+        return st.none()
+    good, bad = BY_TYPE.get(type_.__name__, ([], ["anything"]))
+    return st.sampled_from(good + bad if edges else good)
+
+
+# Configs of the right shape, near and past the edges; real keys with anything under them; anything.
+configs = st.one_of(plausible(Config, edges=False), plausible(Config, edges=True), st.fixed_dictionaries(
+    {}, optional={name: values for name in [*get_type_hints(Config), "surprise"]}), values)
+
+
+def to_yaml(value: object) -> str:
+    """Flow-style YAML of a generated value, Python's oddities (huge ints, nan) included."""
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{to_yaml(k)}: {to_yaml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(to_yaml(item) for item in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}[repr(value)]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**4000:
+        return "9" * 5000
+    return json.dumps(value)
+
+
+def only_config_errors(load: Callable[[], Config]) -> None:
+    try:
+        assert isinstance(load(), Config)
+    except ConfigError as exc:
+        assert exc.problems and all(isinstance(line, str) and line for line in exc.problems)
+
+
+@settings(max_examples=200, database=None, deadline=None)
+@given(configs)
+def test_any_structure_gives_a_config_or_a_config_error(raw: object) -> None:
+    only_config_errors(lambda: parse_config(raw))
+
+
+@settings(max_examples=200, database=None, deadline=None)
+@given(raw=configs, text=st.text(max_size=40))
+def test_any_yaml_file_gives_a_config_or_a_config_error(tmp_path_factory: pytest.TempPathFactory, raw: object,
+                                                       text: str) -> None:
+    path = tmp_path_factory.getbasetemp() / "any.yaml"
+    for content in (to_yaml(raw), text):
+        path.write_text(content)
+        only_config_errors(lambda: load_config(path))

@@ -260,10 +260,13 @@ def test_requests_still_running_when_the_drain_ends_are_cut_with_an_error_their_
 
 
 def test_queue_timeout_is_a_503_with_retry_after(start_steward: StewardFactory) -> None:
-    steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10)},
+    # Pinned: loaded at start, so that no request here waits for a load (which alone can take
+    # longer than the 0.5 s queue timeout on a busy machine).
+    steward = start_steward({"slow": fake_model("1GiB", parallel=1, tps=10, pinned=True)},
                             classes={"interactive": {"queue_timeout": "0.5s"}})
-    chat(steward, "slow")  # loaded
-    long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=20))  # holds the slot ~2 s
+    steward.wait_event("ready", timeout=60, engine="slow")
+    # Holds the only slot for 6 s: far longer than the timeout, however late the next request comes.
+    long_one = threading.Thread(target=lambda: chat(steward, "slow", max_tokens=60))
     long_one.start()
     wait_until(lambda: steward.health()["engines"]["slow"]["in_flight"] == 1)
     with pytest.raises(openai.APIStatusError) as caught:

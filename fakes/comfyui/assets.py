@@ -46,6 +46,13 @@ def object_info() -> dict[str, Any]:
                            "image", output_node=True),
         "PreviewImage": _node({"images": ["IMAGE"]}, [], "image", output_node=True),
     }
+    # The fake's own test nodes and the other output classes it knows (workflow.py).
+    from fakes.comfyui.workflow import ERROR_CLASS, INVALID_CLASS, OUTPUT_CLASSES
+
+    for name in OUTPUT_CLASSES - set(info):
+        info[name] = _node({"images": ["IMAGE"]}, [], "image", output_node=True)
+    info[INVALID_CLASS] = _node({"fake_input": [[]]}, ["IMAGE"], "testing")
+    info[ERROR_CLASS] = _node({}, ["IMAGE"], "testing")
     for name, entry in info.items():
         entry["name"], entry["display_name"] = name, entry["display_name"] or name
     return info

@@ -38,7 +38,7 @@ class BadJson(Exception):
 def json_body(ex: Exchange) -> Any:
     try:
         return json.loads(ex.request.body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BadJson from None
 
 

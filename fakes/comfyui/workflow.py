@@ -1,6 +1,7 @@
 """A workflow ("prompt" in the API format) checked like ``execution.validate_prompt`` and planned for the worker.
 
-The fake has no node registry: any ``class_type`` is accepted. What it looks at:
+Its node registry is its ``/object_info`` (assets.py): like ComfyUI, a ``class_type`` it does
+not know is refused (``invalid_prompt``, "node X does not exist"). What else it looks at:
 
 * output nodes are those whose class is in ``OUTPUT_CLASSES``; no output -> ``prompt_no_outputs``;
 * a node of class ``FAKE_INVALID`` fails validation (``value_not_in_list``), and with it every
@@ -85,6 +86,12 @@ def validate(prompt: object, job_steps: int, targets: object = None) -> Plan:
             raise PromptRejected(_error("invalid_prompt",
                                         "Cannot execute because a node is missing the class_type property.",
                                         f"Node ID '#{node_id}'"))
+    known = registry()
+    for node_id, node in prompt.items():
+        if not isinstance(node["class_type"], str) or node["class_type"] not in known:
+            raise PromptRejected(_error("invalid_prompt",
+                                        f"Cannot execute because node {node['class_type']} does not exist.",
+                                        f"Node ID '#{node_id}'"))
     classes = {str(k): str(v["class_type"]) for k, v in prompt.items()}
     outputs = [k for k, c in classes.items() if c in OUTPUT_CLASSES]
     if isinstance(targets, list):
@@ -120,6 +127,12 @@ def validate(prompt: object, job_steps: int, targets: object = None) -> Plan:
         if seconds is None and isinstance(fake_seconds, int | float) and not isinstance(fake_seconds, bool):
             seconds = max(0.0, float(fake_seconds))
     return Plan(good, node_errors, nodes, classes, progress_node, steps, seconds)
+
+
+def registry() -> frozenset[str]:
+    from fakes.comfyui.assets import object_info
+
+    return frozenset(object_info())
 
 
 def _is_int(value: object) -> bool:

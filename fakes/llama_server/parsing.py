@@ -50,6 +50,9 @@ def body_json(request: Request) -> dict[str, Any]:
         line, col = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
         raise invalid_request(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "
                               f"syntax error while parsing value - {getattr(exc, 'msg', exc)}") from None
+    except RecursionError:
+        # nlohmann::json has no depth limit; Python's parser stops near 1,000 levels.
+        raise invalid_request("the fake cannot parse JSON nested this deeply") from None
     if not isinstance(value, dict):
         raise invalid_request("request body must be a JSON object")
     return value

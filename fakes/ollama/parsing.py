@@ -26,6 +26,9 @@ def body_json(request: Request, struct: str) -> dict[str, Any]:
         value = json.loads(request.body)
     except ValueError as exc:
         raise bad_request(f"invalid character in JSON body: {getattr(exc, 'msg', exc)}") from None
+    except RecursionError:
+        # Go's decoder message; it gives it past 10,000 levels, the fake past what Python parses (~1,000).
+        raise bad_request("exceeded max depth") from None
     if not isinstance(value, dict):
         raise bad_request(f"json: cannot unmarshal {_GO_KINDS.get(type(value), 'value')} "
                           f"into Go value of type {struct}")

@@ -6,12 +6,14 @@ starts, running work drains, LLM engines and Ollama unload; then the prompt goes
 ComfyUI and its answer comes back unchanged; steward follows the job to its end,
 `POST /free`s, waits for the memory, and releases the GPU. A rejected prompt releases at
 once; a client that leaves before the prompt was sent leaves the queue cleanly.
-Everything else passes through untouched, with the Host and Origin ComfyUI expects.
+A prompt ComfyUI would refuse anyway (not an object, no nodes, a node class ComfyUI does
+not list in its ``/object_info``, no output) is answered in ComfyUI's own 400 shape before
+anything is unloaded. Everything else passes through untouched, with the Host and Origin
+ComfyUI expects (steward checks Origin itself, at the door of every listener).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,17 +26,35 @@ from quart_trio import QuartTrio
 
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_body, error_headers
+from supervisor.gateway.asgi import (
+    BodyLimits,
+    Disconnect,
+    Receive,
+    RequestError,
+    Scope,
+    Send,
+    read_body,
+    send_refusal,
+)
+from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
-from supervisor.gateway.inference import Receive, Scope, Send, cancel_on_disconnect, read_body
 from supervisor.gateway.ollama_app import turnstile_health
-from supervisor.gateway.relay import HOP_BY_HOP, Backoff, UpstreamRequest, relay
+from supervisor.gateway.quart_app import new_quart_app
+from supervisor.gateway.relay import REQUEST_FRAMING, Backoff, UpstreamRequest, relay
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
-from supervisor.services.comfyui import find_prompt_id, follow_prompt, free_gpu, used_vram
+from supervisor.services.comfyui import (
+    NodeCatalog,
+    check_prompt,
+    find_prompt_id,
+    follow_prompt,
+    free_gpu,
+    prompt_classes,
+    used_vram,
+)
 
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
@@ -61,10 +81,14 @@ class ComfyListener:
     events: EventLog
     http: httpx.AsyncClient
     jobs: trio.Nursery
-    max_body_size: int
+    body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable ComfyUI
     warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
     running: set[ImageJob] = attrs.Factory(set)
+    catalog: NodeCatalog = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.catalog = NodeCatalog(self.http, self.base_url)
 
     @property
     def base_url(self) -> str:
@@ -75,8 +99,20 @@ class ComfyListener:
         return Backoff(self.config.retry_initial, self.config.retry_max, self.shutting_down)
 
     async def prompt(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(scope, receive, self.max_body_size)
+        try:
+            body = await read_body(scope, receive, self.body_limits)
+        except RequestError as exc:
+            await send_refusal(send, exc, comfy_error_body)
+            return
         if body is None:
+            return
+        # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
+        refused = check_prompt(body, await self.catalog.lookup(prompt_classes(body)))
+        if refused is not None:
+            self.events.emit("image_refused", "info", type=refused.type, detail=refused.message)
+            content = refused.body()
+            await send({"type": "http.response.start", "status": 400, "headers": error_headers(content)})
+            await send({"type": "http.response.body", "body": content, "more_body": False})
             return
         job = ImageJob(body)
         self.jobs.start_soon(self._run, job, scope["raw_path"] or scope["path"].encode())
@@ -121,8 +157,7 @@ class ComfyListener:
                 self.jobs.start_soon(self.warm)
         except JobFailed as exc:
             failure = exc.failure
-            content = json.dumps({"error": {"type": failure.code, "message": failure.message, "details": "",
-                                            "extra_info": {}}, "node_errors": {}}).encode()
+            content = comfy_error_body(failure.status, failure.message, code=failure.code)
             job.answer = (failure.status, error_headers(content, failure.retry_after), content)
         finally:
             job.answered.set()
@@ -130,7 +165,7 @@ class ComfyListener:
     async def _forward_and_follow(self, job: ImageJob, target: bytes) -> int:
         baseline = await used_vram(self.http, self.base_url)
         status, headers, content = await self._post_prompt(job, target)
-        job.answer = (status, [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+        job.answer = (status, [(k, v) for k, v in headers if k not in REQUEST_FRAMING]
                       + [(b"content-length", str(len(content)).encode())], content)
         job.answered.set()
         job.prompt_id = find_prompt_id(content[: self.config.prompt_capture_limit]) if status == 200 else None
@@ -162,11 +197,11 @@ class ComfyListener:
                     await trio.lowlevel.checkpoint()  # raises Cancelled out of the job's scope
                 self.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc), retry_in_s=delay)
                 if not await backoff.sleep(delay):
-                    content = error_body(503, f"steward is shutting down and ComfyUI cannot be reached: {exc}",
-                                         code="shutting_down")
+                    content = comfy_error_body(503, f"steward is shutting down and ComfyUI cannot be reached: {exc}",
+                                               code="shutting_down")
                     return 503, error_headers(content), content
             except UpstreamError as exc:
-                content = error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
+                content = comfy_error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
                 return 502, error_headers(content), content
         raise AssertionError("unreachable")
 
@@ -177,7 +212,11 @@ class ComfyListener:
         return len(self.running)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(scope, receive, self.max_body_size)
+        try:
+            body = await read_body(scope, receive, self.body_limits)
+        except RequestError as exc:
+            await send_refusal(send, exc, comfy_error_body)
+            return
         if body is None:
             return
         host, _, port = self.config.upstream.rpartition(":")
@@ -187,24 +226,25 @@ class ComfyListener:
         request = UpstreamRequest(host, int(port), scope["method"].encode(), target,
                                   upstream_headers(scope["headers"], self.config.upstream), body)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
             await relay(send, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
-                        on_retry=lambda delay, detail: self.events.emit(
+                        error_shape=comfy_error_body, on_retry=lambda delay, detail: self.events.emit(
                             "upstream_retry", "warning", service="comfyui", detail=detail, retry_in_s=delay))
             nursery.cancel_scope.cancel(reason="request finished")
 
 
 def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: str) -> list[tuple[bytes, bytes]]:
-    """ComfyUI refuses a request whose Origin does not match its Host: speak as its own page would."""
-    out = [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+    """ComfyUI refuses a request whose Origin does not match its Host: speak as its own page would
+    (steward's own door has already refused a cross-site Origin)."""
+    out = [(k, v) for k, v in headers if k not in REQUEST_FRAMING]
     return [(k, f"http://{upstream}".encode() if k == b"origin" else v) for k, v in out]
 
 
 def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                     http: httpx.AsyncClient, jobs: trio.Nursery, max_body_size: int,
+                     http: httpx.AsyncClient, jobs: trio.Nursery, body_limits: BodyLimits,
                      metrics: StewardMetrics, warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
-    app = QuartTrio("steward-comfyui")
-    listener = ComfyListener(config, scheduler, events, http, jobs, max_body_size, gate.closed, warm)
+    app = new_quart_app("steward-comfyui", comfy_error_body, events)
+    listener = ComfyListener(config, scheduler, events, http, jobs, body_limits, gate.closed, warm)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

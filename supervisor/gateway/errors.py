@@ -1,12 +1,20 @@
-"""OpenAI-shaped error objects: ``{"error": {"message", "type", "param", "code"}}``, all four keys."""
+"""Error objects in each listener's own shape.
+
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (all four keys) on the OpenAI
+listener and Ollama's /v1 routes; Ollama's ``{"error": message}`` on its native /api routes;
+ComfyUI's ``{"error": {"type", "message", "details", "extra_info"}, "node_errors": {}}``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+
+ErrorShape = Callable[..., bytes]  # (status, message, *, code=None, param=None) -> body
 
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_error"}
+          408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None,
@@ -15,9 +23,21 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
 
 
-def ollama_error_body(status: int, message: str, *, code: str | None = None) -> bytes:
+def ollama_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
     """Ollama's own error shape on its native /api routes: {"error": message}."""
     return json.dumps({"error": message}).encode()
+
+
+def comfy_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                     details: str = "") -> bytes:
+    """ComfyUI's error shape, as its /prompt answers a prompt it refuses."""
+    error = {"type": code or _COMFY_TYPES.get(status, "steward_error"), "message": message, "details": details,
+             "extra_info": {}}
+    return json.dumps({"error": error, "node_errors": {}}).encode()
+
+
+_COMFY_TYPES = {400: "invalid_prompt", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+                408: "request_timeout", 413: "request_too_large"}
 
 
 def error_headers(body: bytes, retry_after: float | None = None) -> list[tuple[bytes, bytes]]:

@@ -13,36 +13,36 @@ away cancels all of it: the job leaves the queue, or the upstream request is clo
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import trio
 
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_body, error_headers
+from supervisor.gateway.asgi import (
+    BodyLimits,
+    Disconnect,
+    Receive,
+    RequestError,
+    Scope,
+    Send,
+    TrackedSend,
+    dump_json,
+    parse_json,
+    read_body,
+    send_error,
+    send_refusal,
+)
+from supervisor.gateway.classes import choose_class
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs, step_body
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
-from supervisor.gateway.upstream import UpstreamError, fetch_upstream
+from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
-from supervisor.scheduler.types import CLASSES
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS_PATH})
-CLASS_HEADER = b"x-steward-class"
 _FORWARDED_REQUEST_HEADERS = frozenset({b"accept", b"authorization", b"x-api-key"})
-
-
-class RequestError(Exception):
-    """A request steward refuses before queueing it; becomes an OpenAI error object."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 @attrs.frozen
@@ -59,27 +59,29 @@ class InferenceHandler:
     scheduler: SchedulerClient
     events: EventLog
     aliases: Mapping[str, str]  # every accepted name -> model
-    max_body_size: int
+    body_limits: BodyLimits
     embedding_chunk: int
+    timeouts: Timeouts  # toward the engines
     _endpoints: dict[str, tuple[str, int]] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            body = await read_body(scope, receive, self.max_body_size)
+            body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases)
         except RequestError as exc:
             self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
                              detail=exc.message)
-            await send_error(send, exc.status, exc.message, param=exc.param, code=exc.code)
+            await send_refusal(send, exc)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
-            await self._serve(scope, routed, send)
+            disconnect = Disconnect(nursery.cancel_scope)
+            nursery.start_soon(disconnect.watch, receive)
+            await self._serve(scope, routed, send, disconnect)
             nursery.cancel_scope.cancel(reason="request finished")
 
-    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send) -> None:
+    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect) -> None:
         chunks = None
         if scope["path"] == EMBEDDINGS_PATH:
             chunks = split_inputs(routed.payload, self.embedding_chunk)
@@ -88,8 +90,12 @@ class InferenceHandler:
                 await self._serve_embedding_steps(scope, routed, chunks, send)
                 return
             async with self.scheduler.open_grant(routed.model, routed.klass) as lease:
-                host, port = self._endpoint(lease.grant.endpoint)
-                await _proxy(host, port, scope, routed, send, lease)
+                tracked = TrackedSend(send)
+                try:
+                    await self._proxy(scope, routed, tracked, lease)
+                finally:
+                    if disconnect.happened and not tracked.complete:
+                        lease.status = 499  # the client left before the answer ended
         except JobFailed as exc:
             failure = exc.failure
             await send_error(send, failure.status, failure.message, code=failure.code,
@@ -108,14 +114,24 @@ class InferenceHandler:
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
                                                  steps=len(chunks)) as lease:
                 host, port = self._endpoint(lease.grant.endpoint)
-                try:
-                    status, headers, body = await fetch_upstream(
-                        host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                        _request_headers(scope), step_body(routed.payload, chunk))
-                except UpstreamError as exc:
+                where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request"
+                with lease.abort.scope:
+                    try:
+                        status, headers, body = await fetch_upstream(
+                            host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                            _request_headers(scope), step_body(routed.payload, chunk), self.timeouts)
+                    except UpstreamStalled as exc:
+                        self._report_stall(lease, str(exc))
+                        lease.status = 504
+                        await send_error(send, 504, f"{where}: {exc}", code="engine_timeout")
+                        return
+                    except UpstreamError as exc:
+                        lease.status = 502
+                        await send_error(send, 502, f"{where}: {exc}", code="engine_error")
+                        return
+                if lease.abort.scope.cancelled_caught:
                     lease.status = 502
-                    await send_error(send, 502, f"engine {lease.grant.engine!r} failed during step {step}/"
-                                     f"{len(chunks)} of the request: {exc}", code="engine_error")
+                    await send_error(send, 502, f"{where}: it {lease.abort.reason}", code=lease.abort.code)
                     return
                 lease.status = status
                 if status != 200:
@@ -132,7 +148,24 @@ class InferenceHandler:
         body = assembly.response()
         await _send_whole(send, 200, [(b"content-type", b"application/json")], body)
 
-    def _endpoint(self, endpoint: str) -> tuple[str, int]:
+    async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
+        host, port = self._endpoint(lease.grant.endpoint)
+        request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                                  _request_headers(scope), routed.body)
+
+        def on_status(status: int) -> None:
+            lease.status = status
+
+        await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
+                    timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
+                    abort=lease.abort)
+
+    def _report_stall(self, lease: Lease, detail: str) -> None:
+        assert lease.grant.engine is not None
+        self.scheduler.report_stall(lease.grant.engine, lease.grant.generation, detail)
+
+    def _endpoint(self, endpoint: str | None) -> tuple[str, int]:
+        assert endpoint is not None
         cached = self._endpoints.get(endpoint)
         if cached is None:
             host, _, port = endpoint.removeprefix("http://").rpartition(":")
@@ -142,43 +175,20 @@ class InferenceHandler:
 
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> RoutedRequest:
     """Parse and validate; strip steward's own class field and model suffix. Pure."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        raise RequestError(400, "We could not parse the JSON body of your request. The body must be valid "
-                                "JSON.") from None
+    payload = parse_json(body)
     if not isinstance(payload, dict):
         raise RequestError(400, "The request body must be a JSON object.")
     name = payload.get("model")
     if not isinstance(name, str) or not name:
         raise RequestError(400, "You must provide a model parameter.", param="model")
-    changed = False
-    klass = header_value(scope, CLASS_HEADER)
-    source = "header"
-    if "steward" in payload:
-        extra = payload.pop("steward")
-        changed = True
-        if not isinstance(extra, dict):
-            raise RequestError(400, "'steward' must be an object like {\"class\": \"background\"}.", param="steward")
-        if "class" in extra:
-            klass, source = extra["class"], "steward.class"
-    if "@" in name:
-        name, _, klass = name.rpartition("@")
-        source = "model"
-        payload["model"] = name
-        changed = True
-    if klass is None:
-        klass = "interactive"
-    if klass not in CLASSES:
-        param = {"header": "X-Steward-Class", "steward.class": "steward.class", "model": "model"}[source]
-        raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(CLASSES)}.", param=param,
-                           code="invalid_class")
-    model = aliases.get(name)
+    choice = choose_class(scope, payload, "interactive")
+    model = aliases.get(payload["model"])
     if model is None:
-        raise RequestError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
+        raise RequestError(404, f"The model '{payload['model']}' does not exist.", param="model",
+                           code="model_not_found")
     stream = payload.get("stream") is True
-    return RoutedRequest(model=model, klass=klass, stream=stream,
-                         body=json.dumps(payload).encode() if changed else body, payload=payload)
+    return RoutedRequest(model=model, klass=choice.klass, stream=stream,
+                         body=dump_json(payload) if choice.changed else body, payload=payload)
 
 
 def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -191,54 +201,3 @@ async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _proxy(host: str, port: int, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
-    request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                              _request_headers(scope), routed.body)
-
-    def on_status(status: int) -> None:
-        lease.status = status
-
-    await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status)
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    declared = header_value(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"Request body of {declared} bytes is larger than the limit of {limit} bytes.",
-                           code="request_too_large")
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"Request body is larger than the limit of {limit} bytes.",
-                               code="request_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    cancel_scope.cancel(reason="client disconnected")
-
-
-async def send_error(send: Send, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                     retry_after: float | None = None) -> None:
-    body = error_body(status, message, param=param, code=code)
-    await send({"type": "http.response.start", "status": status, "headers": error_headers(body, retry_after)})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def header_value(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None

@@ -19,24 +19,28 @@ from quart_trio import QuartTrio
 
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
-from supervisor.gateway.errors import error_body, error_headers, ollama_error_body
-from supervisor.gateway.gate import RequestGate, gated
-from supervisor.gateway.inference import (
-    CLASS_HEADER,
+from supervisor.gateway.asgi import (
+    BodyLimits,
+    Disconnect,
     Receive,
     RequestError,
     Scope,
     Send,
-    cancel_on_disconnect,
-    header_value,
+    TrackedSend,
+    dump_json,
     read_body,
     send_error,
+    send_refusal,
 )
-from supervisor.gateway.relay import HOP_BY_HOP, Backoff, ErrorShape, UpstreamRequest, relay
+from supervisor.gateway.classes import CLASS_HEADER, choose_class
+from supervisor.gateway.errors import ErrorShape, error_body, ollama_error_body
+from supervisor.gateway.gate import RequestGate, gated
+from supervisor.gateway.quart_app import new_quart_app
+from supervisor.gateway.relay import REQUEST_FRAMING, Backoff, UpstreamRequest, relay
+from supervisor.gateway.upstream import Timeouts
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
-from supervisor.scheduler.types import CLASSES
 
 INFERENCE_PATHS = frozenset({
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
@@ -51,29 +55,27 @@ class OllamaRoute:
 
 
 def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
-    """The class (header, `steward.class` field or `model@class` suffix), steward's own bits removed."""
-    klass = header_value(scope, CLASS_HEADER)
+    """The class (header, `steward.class` field or `model@class` suffix), steward's own bits removed.
+
+    A body that is not a JSON object goes to Ollama as it is: Ollama answers it in its own words."""
     try:
         payload = json.loads(body) if body else None
-    except ValueError:
-        payload = None  # Ollama answers malformed JSON itself
-    if isinstance(payload, dict):
-        changed = False
-        extra = payload.pop("steward", None)
-        if extra is not None:
-            changed = True
-            if isinstance(extra, dict) and "class" in extra:
-                klass = extra["class"]
-        model = payload.get("model")
-        if isinstance(model, str) and "@" in model:
-            payload["model"], _, klass = model.rpartition("@")
-            changed = True
-        if changed:
-            body = json.dumps(payload).encode()
-    klass = klass or default_class
-    if klass not in CLASSES:
-        raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(CLASSES)}.", code="invalid_class")
-    return OllamaRoute(klass, body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {}
+        body_is_object = False
+    else:
+        body_is_object = True
+    choice = choose_class(scope, payload, default_class)
+    if choice.changed and body_is_object:
+        body = dump_json(payload)
+    return OllamaRoute(choice.klass, body)
+
+
+def error_shape(scope: Scope) -> ErrorShape:
+    """Ollama's own shape on its native /api routes, OpenAI's on its /v1 routes."""
+    return ollama_error_body if scope["path"].startswith("/api/") else error_body
 
 
 @attrs.define(eq=False)
@@ -81,7 +83,7 @@ class OllamaListener:
     config: OllamaConfig
     scheduler: SchedulerClient
     events: EventLog
-    max_body_size: int
+    body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable Ollama
     host: str = attrs.field(init=False)
     port: int = attrs.field(init=False)
@@ -94,73 +96,74 @@ class OllamaListener:
     def backoff(self) -> Backoff:
         return Backoff(self.config.retry_initial, self.config.retry_max, self.shutting_down)
 
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(self.config.first_byte_timeout, self.config.chunk_timeout)
+
     async def inference(self, scope: Scope, receive: Receive, send: Send) -> None:
-        native = scope["path"].startswith("/api/")
+        shape = error_shape(scope)
         try:
-            body = await read_body(scope, receive, self.max_body_size)
+            body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return
             route = route_ollama_request(scope, body, self.config.default_class)
         except RequestError as exc:
-            await _send_refusal(send, native, exc.status, exc.message, code=exc.code)
+            await send_refusal(send, exc, shape)
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
+            disconnect = Disconnect(nursery.cancel_scope)
+            nursery.start_soon(disconnect.watch, receive)
             try:
                 async with self.scheduler.open_grant(OLLAMA_ENGINE, route.klass) as lease:
 
                     def on_status(status: int) -> None:
                         lease.status = status
 
-                    await relay(send, self._request(scope, route.body), what="Ollama", on_status=on_status,
-                                retry=self.backoff, on_retry=self._log_retry, error_shape=_error_shape(native))
+                    tracked = TrackedSend(send)
+                    try:
+                        await relay(tracked, self._request(scope, route.body), what="Ollama", on_status=on_status,
+                                    retry=self.backoff, on_retry=self._log_retry, error_shape=shape,
+                                    timeouts=self.timeouts, abort=lease.abort)
+                    finally:
+                        if disconnect.happened and not tracked.complete:
+                            lease.status = 499
             except JobFailed as exc:
                 failure = exc.failure
-                await _send_refusal(send, native, failure.status, failure.message, code=failure.code,
-                                    retry_after=failure.retry_after)
+                await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
+                                 retry_after=failure.retry_after)
             nursery.cancel_scope.cancel(reason="request finished")
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(scope, receive, self.max_body_size)
+        # Not timed: a pull or a push may rightly take an hour.
+        shape = error_shape(scope)
+        try:
+            body = await read_body(scope, receive, self.body_limits)
+        except RequestError as exc:
+            await send_refusal(send, exc, shape)
+            return
         if body is None:
             return
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
             await relay(send, self._request(scope, body), what="Ollama", on_status=lambda status: None,
-                        retry=self.backoff, on_retry=self._log_retry,
-                        error_shape=_error_shape(scope["path"].startswith("/api/")))
+                        retry=self.backoff, on_retry=self._log_retry, error_shape=shape)
             nursery.cancel_scope.cancel(reason="request finished")
 
     def _request(self, scope: Scope, body: bytes) -> UpstreamRequest:
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        headers = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != CLASS_HEADER]
+        headers = [(k, v) for k, v in scope["headers"] if k not in REQUEST_FRAMING and k != CLASS_HEADER]
         return UpstreamRequest(self.host, self.port, scope["method"].encode(), target, headers, body)
 
     def _log_retry(self, delay: float, detail: str) -> None:
         self.events.emit("upstream_retry", "warning", service="ollama", detail=detail, retry_in_s=delay)
 
 
-def _error_shape(native: bool) -> ErrorShape:
-    return ollama_error_body if native else error_body
-
-
-async def _send_refusal(send: Send, native: bool, status: int, message: str, *, code: str | None = None,
-                        retry_after: float | None = None) -> None:
-    if not native:
-        await send_error(send, status, message, code=code, retry_after=retry_after)
-        return
-    body = ollama_error_body(status, message)
-    headers = error_headers(body, retry_after)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                      max_body_size: int, metrics: StewardMetrics) -> QuartTrio:
-    app = QuartTrio("steward-ollama")
-    listener = OllamaListener(config, scheduler, events, max_body_size, gate.closed)
+                      body_limits: BodyLimits, metrics: StewardMetrics) -> QuartTrio:
+    app = new_quart_app("steward-ollama", ollama_error_body, events)
+    listener = OllamaListener(config, scheduler, events, body_limits, gate.closed)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

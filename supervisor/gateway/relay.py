@@ -4,25 +4,38 @@ Shared by the OpenAI gateway (to engines) and the service listeners (to Ollama a
 ComfyUI). One fresh upstream connection per request. If the upstream cannot be reached
 at all (down, restarting), the request may be retried with exponential backoff until it
 answers, the client goes, or steward shuts down: no byte was sent, so that is safe. An
-upstream that breaks mid-answer ends the answer with an error in the stream's own framing.
+upstream that breaks mid-answer ends the answer with an error in the stream's own framing;
+one that goes silent past its timeouts is answered 504 (the caller is told, to check it).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from supervisor.gateway.errors import error_body, error_headers, error_in_stream
-from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, open_upstream_request
+from supervisor.gateway.errors import ErrorShape, error_body, error_headers, error_in_stream
+from supervisor.gateway.upstream import (
+    NO_TIMEOUTS,
+    Timeouts,
+    UpstreamError,
+    UpstreamStalled,
+    UpstreamUnreachable,
+    open_upstream_request,
+)
+from supervisor.scheduler.actor import Abort
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-ErrorShape = Callable[..., bytes]  # (status, message, *, code) -> the error body a client of the route expects
 
+# Headers of one connection, not of the message: never relayed (Content-Length is, when the
+# body goes through unchanged: clients such as curl --http1.0 need it to know the answer ended).
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-                        b"proxy-connection", b"host", b"content-length"})
+                        b"proxy-connection", b"host"})
+# What steward's upstream client sets itself on a request it forwards.
+REQUEST_FRAMING = HOP_BY_HOP | {b"content-length"}
 
 
 @attrs.frozen
@@ -61,57 +74,92 @@ class UpstreamRequest:
 
 async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
                 retry: Backoff | None = None, on_retry: Callable[[float, str], None] | None = None,
-                error_shape: ErrorShape = error_body) -> None:
+                error_shape: ErrorShape = error_body, timeouts: Timeouts = NO_TIMEOUTS,
+                on_stall: Callable[[str], None] | None = None, abort: Abort | None = None) -> None:
     """Send *request* upstream and stream the answer to *send*; *what* names the upstream in
-    errors, which *error_shape* writes (OpenAI's shape unless the route speaks another)."""
+    errors, which *error_shape* writes (OpenAI's shape unless the route speaks another).
+
+    An upstream silent past *timeouts* gets 504 (or an error event in an open stream) and
+    *on_stall* is told; *abort* lets the scheduler end the request early (its engine is unhealthy)."""
+    answer = _Answer(send, error_shape, on_status)
+    with abort.scope if abort is not None else contextlib.nullcontext():
+        await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall)
+    if abort is not None and abort.scope.cancelled_caught:
+        await answer.fail(502, f"{what} {abort.reason}", abort.code)
+
+
+async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: str, retry: Backoff | None,
+                              on_retry: Callable[[float, str], None] | None, timeouts: Timeouts,
+                              on_stall: Callable[[str], None] | None) -> None:
     delays = retry.delays() if retry is not None else None
     while True:
         try:
-            await _relay_once(send, request, what=what, on_status=on_status, error_shape=error_shape)
+            await _relay_once(answer, request, what, timeouts)
             return
         except UpstreamUnreachable as exc:
             if delays is None:
-                on_status(502)
-                await _send_error(send, 502, f"{what} cannot be reached: {exc}", error_shape)
+                await answer.fail(502, f"{what} cannot be reached: {exc}", "engine_error")
                 return
             delay = next(delays)
             if on_retry is not None:
                 on_retry(delay, str(exc))
-            if not await retry.sleep(delay):  # the client leaving cancels this wait
-                on_status(503)
-                await _send_error(send, 503, f"steward is shutting down and {what} cannot be reached: {exc}",
-                                  error_shape, code="shutting_down")
+            if not await retry.sleep(delay):  # type: ignore[union-attr]  # the client leaving cancels this wait
+                await answer.fail(503, f"steward is shutting down and {what} cannot be reached: {exc}",
+                                  "shutting_down")
                 return
+        except UpstreamStalled as exc:
+            if on_stall is not None:
+                on_stall(str(exc))
+            await answer.fail(504, f"{what} stalled: {exc}", "engine_timeout")
+            return
+        except UpstreamError as exc:
+            await answer.fail(502, f"{what} failed during the request: {exc}", "engine_error")
+            return
 
 
-async def _relay_once(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
-                      error_shape: ErrorShape) -> None:
-    started = False
-    framing = b""
-    try:
-        async with open_upstream_request(request.host, request.port, request.method, request.target,
-                                         request.headers, request.body) as upstream:
-            headers = [(k, v) for k, v in upstream.headers if k not in HOP_BY_HOP]
-            framing = next((v for k, v in headers if k == b"content-type"), b"")
-            on_status(upstream.status)
-            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-            started = True
-            async for chunk in upstream.iter_body():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except UpstreamUnreachable:
-        raise
-    except UpstreamError as exc:
-        on_status(502)
-        message = f"{what} failed during the request: {exc}"
-        if not started:
-            await _send_error(send, 502, message, error_shape)
+@attrs.define(eq=False)
+class _Answer:
+    """The client's side of a relay: what was sent so far, and how to end it with an error."""
+
+    send: Send
+    error_shape: ErrorShape
+    on_status: Callable[[int], None]
+    framing: bytes | None = None  # the content type, once the response started
+    declared_length: int | None = None
+    complete: bool = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
+        self.on_status(status)
+        self.framing = next((v for k, v in headers if k == b"content-type"), b"")
+        self.declared_length = length
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, chunk: bytes, *, more: bool = True) -> None:
+        self.complete = not more
+        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+    async def fail(self, status: int, message: str, code: str) -> None:
+        if self.complete:
+            return
+        self.on_status(status)
+        if self.framing is None:
+            body = self.error_shape(status, message, code=code)
+            self.framing = b"application/json"
+            await self.send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
+            await self.body(body, more=False)
+        elif self.declared_length is None:
+            await self.body(error_in_stream(self.framing, message, code=code), more=False)
         else:
-            await send({"type": "http.response.body", "body": error_in_stream(framing, message), "more_body": False})
+            # A body of announced length cannot take an error; ending here without its last
+            # bytes closes the connection, so the client sees the answer is incomplete.
+            self.complete = True
 
 
-async def _send_error(send: Send, status: int, message: str, error_shape: ErrorShape, *,
-                      code: str = "engine_error") -> None:
-    body = error_shape(status, message, code=code)
-    await send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+async def _relay_once(answer: _Answer, request: UpstreamRequest, what: str, timeouts: Timeouts) -> None:
+    async with open_upstream_request(request.host, request.port, request.method, request.target,
+                                     request.headers, request.body, timeouts) as upstream:
+        headers = [(k, v) for k, v in upstream.headers if k not in HOP_BY_HOP]
+        await answer.start(upstream.status, headers, upstream.content_length)
+        async for chunk in upstream.iter_body():
+            await answer.body(chunk)
+        await answer.body(b"", more=False)

@@ -8,6 +8,7 @@ client costs about a third of httpx per request here (research/proxy_overhead.md
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -27,17 +28,38 @@ class UpstreamUnreachable(UpstreamError):
     """The connection itself failed: no byte of the request was sent, so a retry is safe."""
 
 
+class UpstreamStalled(UpstreamError):
+    """The upstream went silent for longer than its timeout allows (frozen, or overloaded)."""
+
+
+@attrs.frozen
+class Timeouts:
+    """How long an upstream may take: to its first response byte, then between two chunks."""
+
+    first_byte: float = math.inf
+    chunk: float = math.inf
+
+
+NO_TIMEOUTS = Timeouts()
+
+
 @attrs.define(eq=False)
 class UpstreamResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     _stream: trio.SocketStream
     _conn: h11.Connection
+    _timeouts: Timeouts
+
+    @property
+    def content_length(self) -> int | None:
+        value = next((v for k, v in self.headers if k == b"content-length"), None)
+        return int(value) if value is not None and value.isdigit() else None
 
     async def iter_body(self) -> AsyncIterator[bytes]:
         """Yield body bytes as they arrive; raises UpstreamError if the body is cut short."""
         while True:
-            event = await _next_event(self._conn, self._stream)
+            event = await _next_event(self._conn, self._stream, self._timeouts.chunk, "between two chunks")
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -47,7 +69,7 @@ class UpstreamResponse:
 @asynccontextmanager
 async def open_upstream_request(host: str, port: int, method: bytes, target: bytes,
                                 headers: Sequence[tuple[bytes, bytes]], body: bytes,
-                                ) -> AsyncIterator[UpstreamResponse]:
+                                timeouts: Timeouts = NO_TIMEOUTS) -> AsyncIterator[UpstreamResponse]:
     sock = trio.socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     stream = trio.SocketStream(sock)
@@ -65,37 +87,56 @@ async def open_upstream_request(host: str, port: int, method: bytes, target: byt
             await stream.send_all(data)
         except trio.BrokenResourceError as exc:
             raise UpstreamError(f"connection to {host}:{port} broke while sending: {exc}") from None
-        event = await _next_event(conn, stream)
-        while isinstance(event, h11.InformationalResponse):
+        with trio.move_on_after(timeouts.first_byte) as waiting:
             event = await _next_event(conn, stream)
-        assert isinstance(event, h11.Response)
-        yield UpstreamResponse(event.status_code, list(event.headers), stream, conn)
+            while isinstance(event, h11.InformationalResponse):
+                event = await _next_event(conn, stream)
+        if waiting.cancelled_caught:
+            raise UpstreamStalled(f"no answer within {timeouts.first_byte:g}s")
+        if not isinstance(event, h11.Response):
+            raise UpstreamError("the engine sent a body without a response")
+        yield UpstreamResponse(event.status_code, list(event.headers), stream, conn, timeouts)
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
 
-async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Event:
+async def _next_event(conn: h11.Connection, stream: trio.SocketStream, timeout: float = math.inf,
+                      gap: str = "") -> h11.Event:
+    closed_early: str | None = None
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
+            if closed_early:  # h11 words an early close as a protocol violation; say what happened
+                raise UpstreamError(closed_early) from None
             raise UpstreamError(f"engine broke the HTTP protocol: {exc}") from None
         if isinstance(event, h11.ConnectionClosed):
-            raise UpstreamError("the engine closed the connection before the response ended")
+            raise UpstreamError(_closed_early(conn.their_state))
         if event is not h11.NEED_DATA:
             return event
-        try:
-            data = await stream.receive_some(_RECEIVE_SIZE)
-        except trio.BrokenResourceError as exc:
-            raise UpstreamError(f"connection reset by the engine: {exc}") from None
+        with trio.move_on_after(timeout) as waiting:
+            try:
+                data = await stream.receive_some(_RECEIVE_SIZE)
+            except trio.BrokenResourceError as exc:
+                raise UpstreamError(f"connection reset by the engine: {exc}") from None
+        if waiting.cancelled_caught:
+            raise UpstreamStalled(f"nothing for {timeout:g}s {gap}".rstrip())
+        if not data:
+            closed_early = _closed_early(conn.their_state)
         conn.receive_data(data)
 
 
+def _closed_early(state: object) -> str:
+    if state is h11.SEND_RESPONSE:
+        return "the engine closed the connection without answering"
+    return "the engine closed the connection before the response ended"
+
+
 async def fetch_upstream(host: str, port: int, method: bytes, target: bytes,
-                         headers: Sequence[tuple[bytes, bytes]], body: bytes,
+                         headers: Sequence[tuple[bytes, bytes]], body: bytes, timeouts: Timeouts = NO_TIMEOUTS,
                          ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """One whole request and response, for answers steward must read (embedding steps)."""
-    async with open_upstream_request(host, port, method, target, headers, body) as response:
+    async with open_upstream_request(host, port, method, target, headers, body, timeouts) as response:
         chunks = [chunk async for chunk in response.iter_body()]
         return response.status, response.headers, b"".join(chunks)

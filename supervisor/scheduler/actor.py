@@ -19,11 +19,13 @@ import trio
 from supervisor.events import EventLog
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
+    CheckEngine,
     Effect,
     Emit,
     Fail,
     Grant,
     Measured,
+    Revoke,
     SchedulerSnapshot,
     StartEngine,
     StopEngine,
@@ -33,6 +35,7 @@ from supervisor.scheduler.types import (
 class EngineControl(Protocol):
     def start(self, generation: int) -> None: ...
     def stop(self, generation: int) -> None: ...
+    def check(self, generation: int) -> None: ...
 
 
 class JobFailed(Exception):
@@ -44,12 +47,27 @@ class JobFailed(Exception):
 
 
 @attrs.define(eq=False)
+class Abort:
+    """Lets the scheduler end a granted step whose engine went bad: the handler's relay
+    (which runs inside ``scope``) stops and answers with ``reason``."""
+
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    reason: str | None = None
+    code: str = "engine_unhealthy"
+
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        self.scope.cancel(reason=reason)
+
+
+@attrs.define(eq=False)
 class Ticket:
     """The one-shot reply to a submitted step (written once by the actor)."""
 
     job_id: int
     done: trio.Event = attrs.Factory(trio.Event)
     outcome: Grant | Fail | None = None
+    abort: Abort = attrs.Factory(Abort)
 
 
 @attrs.define(eq=False)
@@ -111,6 +129,20 @@ class ServiceMemory:
 
 
 @attrs.frozen
+class EngineChecked:
+    engine: str
+    generation: int
+    problem: str | None  # None: it answered its health check
+
+
+@attrs.frozen
+class EngineStalled:
+    engine: str
+    generation: int
+    detail: str
+
+
+@attrs.frozen
 class MemoryReading:
     used: int
     processes: dict[int, int]
@@ -121,7 +153,8 @@ class Close:
     """Shutdown began."""
 
 
-Message = Submit | Finish | EngineSpawned | EngineReady | EngineExited | ServiceMemory | MemoryReading | Close
+Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineChecked | EngineStalled
+           | ServiceMemory | MemoryReading | Close)
 
 
 @attrs.define(eq=False)
@@ -129,6 +162,7 @@ class Lease:
     """A granted step, held by its handler; ``status`` is what the client was answered."""
 
     grant: Grant
+    abort: Abort
     status: int = 499  # stays so if the client goes away first
 
 
@@ -174,7 +208,7 @@ class SchedulerClient:
             if isinstance(ticket.outcome, Fail):
                 raise JobFailed(ticket.outcome)
             assert ticket.outcome is not None
-            lease = Lease(ticket.outcome)
+            lease = Lease(ticket.outcome, ticket.abort)
             yield lease
             finished_cleanly = True
         finally:
@@ -193,6 +227,12 @@ class SchedulerClient:
 
     def report_exited(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineExited(engine, generation, detail))
+
+    def report_health(self, engine: str, generation: int, problem: str | None) -> None:
+        self._post(EngineChecked(engine, generation, problem))
+
+    def report_stall(self, engine: str, generation: int, detail: str) -> None:
+        self._post(EngineStalled(engine, generation, detail))
 
     def report_service_memory(self, engine: str, generation: int, nbytes: int) -> None:
         self._post(ServiceMemory(engine, generation, nbytes))
@@ -228,7 +268,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
 
     *on_measured* is told when an engine's measured memory replaces its estimate.
     """
-    tickets: dict[int, Ticket] = {}
+    tickets: dict[int, Ticket] = {}  # submitted, not yet answered
+    granted: dict[int, Ticket] = {}  # granted, not yet finished
 
     def perform(effects: list[Effect]) -> None:
         for effect in effects:
@@ -240,10 +281,17 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                     if ticket is not None:
                         ticket.outcome = effect
                         ticket.done.set()
+                        if isinstance(effect, Grant):
+                            granted[job_id] = ticket
+                case Revoke(job_id, reason):
+                    if (ticket := granted.get(job_id)) is not None:
+                        ticket.abort(reason)
                 case StartEngine(engine, generation):
                     engines[engine].start(generation)
                 case StopEngine(engine, generation):
                     engines[engine].stop(generation)
+                case CheckEngine(engine, generation):
+                    engines[engine].check(generation)
                 case Measured(engine, nbytes):
                     if on_measured is not None:
                         on_measured(engine, nbytes)
@@ -253,10 +301,13 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
         match message:
             case Submit(ticket, model, klass, request, step, steps, exclusive_memory, handoff):
                 tickets[ticket.job_id] = ticket
+                if handoff is not None:
+                    granted.pop(handoff[0], None)
                 return core.submit(ticket.job_id, model, klass, now, seq=request.seq, request=request.id,
                                    step=step, steps=steps, exclusive_memory=exclusive_memory, handoff=handoff)
             case Finish(job_id, status):
                 tickets.pop(job_id, None)
+                granted.pop(job_id, None)
                 return core.finish(job_id, now, status)
             case EngineSpawned(engine, generation, pid):
                 return core.engine_spawned(engine, generation, pid, now)
@@ -264,6 +315,10 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_ready(engine, generation, endpoint, now, pid)
             case EngineExited(engine, generation, detail):
                 return core.engine_exited(engine, generation, now, detail)
+            case EngineChecked(engine, generation, problem):
+                return core.engine_checked(engine, generation, now, problem)
+            case EngineStalled(engine, generation, detail):
+                return core.engine_stalled(engine, generation, now, detail)
             case ServiceMemory(engine, generation, nbytes):
                 return core.service_memory(engine, generation, nbytes, now)
             case MemoryReading(used, processes):

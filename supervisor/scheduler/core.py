@@ -52,6 +52,8 @@ from supervisor.scheduler.types import (
     Grant,
     Job,
     Measured,
+    CheckEngine,
+    Revoke,
     SchedulerSnapshot,
     SchedulingPolicy,
     StartEngine,
@@ -217,12 +219,17 @@ class Scheduler:
         engine = self.engines[name]
         if generation != engine.generation or engine.status in (EngineStatus.STOPPED, EngineStatus.FAILED):
             return self._flush()
-        expected = engine.status is EngineStatus.STOPPING
+        expected = engine.status is EngineStatus.STOPPING and not engine.restarting_unhealthy
+        if engine.restarting_unhealthy:
+            detail = f"restarted because it stopped answering its health checks ({detail})"
         was_starting = engine.status is EngineStatus.STARTING
         engine.endpoint = None
         engine.in_flight = 0
         engine.draining = False
         engine.external = 0
+        engine.check_failures = 0
+        engine.unhealthy_since = None
+        engine.restarting_unhealthy = False
         if self.observe_memory and engine.pid is not None:
             engine.release_deadline = now + self.policy.release_timeout
             if engine.outside_baseline is None:
@@ -251,6 +258,42 @@ class Scheduler:
                     self._fail(job, 503, "engine_start_failed", f"engine {name!r} failed to start: {detail}",
                                retry_after=delay, reason="engine_start_failed")
         return self._decide(now)
+
+    def engine_checked(self, name: str, generation: int, now: float, problem: str | None) -> list[Effect]:
+        """The result of one health check of a ready engine: *problem* None if it answered.
+
+        After ``unhealthy_after`` failures in a row the engine gets no new work and the steps
+        running on it are revoked (their clients get a clean error now, not at their own
+        timeout); if it does not answer again within ``recover_timeout`` it is restarted.
+        """
+        engine = self.engines[name]
+        if generation != engine.generation or engine.status is not EngineStatus.READY:
+            return self._flush()
+        if problem is None:
+            engine.check_failures = 0
+            if engine.unhealthy_since is not None:
+                self._emit("engine_recovered", "info", engine=name, unhealthy_s=_round(now - engine.unhealthy_since))
+                engine.unhealthy_since = None
+            return self._decide(now)
+        engine.check_failures += 1
+        self._emit("health_check_failed", "warning", engine=name, failures=engine.check_failures, detail=problem)
+        if engine.unhealthy_since is None and engine.check_failures >= self.policy.unhealthy_after:
+            engine.unhealthy_since = now
+            running = [job for job in self.running.values()
+                       if job.model == name and job.engine_generation == engine.generation]
+            self._emit("engine_unhealthy", "error", engine=name, failures=engine.check_failures, detail=problem,
+                       revoked=len(running), restart_in_s=self.policy.recover_timeout)
+            for job in running:
+                self._effects.append(Revoke(job.id, f"stopped answering its health checks ({problem})"))
+        return self._decide(now)
+
+    def engine_stalled(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
+        """A request on the engine got no byte within its timeout: check the engine now."""
+        engine = self.engines[name]
+        if generation == engine.generation and engine.status is EngineStatus.READY:
+            self._emit("engine_stalled", "warning", engine=name, detail=detail)
+            self._effects.append(CheckEngine(name, generation))
+        return self._flush()
 
     def observe(self, now: float, used: int, processes: dict[int, int]) -> list[Effect]:
         """A memory reading: the device's total use, and the per-process list (taken separately).
@@ -332,6 +375,8 @@ class Scheduler:
                 times.append(engine.release_deadline)
             if engine.status is EngineStatus.FAILED and (engine.profile.pinned or self._demand(engine.name)):
                 times.append(engine.retry_at)
+            if engine.unhealthy_since is not None and engine.status is EngineStatus.READY:
+                times.append(engine.unhealthy_since + self.policy.recover_timeout)
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
         for klass in CLASSES[1:]:
@@ -355,7 +400,8 @@ class Scheduler:
                 name=e.name, status=e.status.value, in_flight=e.in_flight, slots=e.profile.slots,
                 memory=e.profile.memory, reserved=self.ledger.reservations.get(e.name, 0),
                 draining=e.draining, pinned=e.profile.pinned, hot=e.hot(self.now, self.policy.hot_window),
-                queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures)
+                queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
+                healthy=not e.unhealthy)
                 for e in self.engines.values()))
 
     # ---- decisions ----------------------------------------------------------------
@@ -364,6 +410,7 @@ class Scheduler:
         self.now = now
         self._expire(now)
         self._release_overdue(now)
+        self._restart_unhealthy(now)
         promised = 0  # memory that loads decided earlier in this pass are waiting for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
@@ -492,7 +539,7 @@ class Scheduler:
         return promised
 
     def _has_free_slot(self, engine: EngineState) -> bool:
-        return (engine.status is EngineStatus.READY and not engine.draining
+        return (engine.status is EngineStatus.READY and not engine.draining and engine.unhealthy_since is None
                 and engine.in_flight < engine.profile.slots)
 
     def _may_start(self, engine: EngineState, now: float) -> bool:
@@ -520,7 +567,7 @@ class Scheduler:
         self._emit("dispatch", "debug", job=job.id, request=job.request, model=job.model, **{"class": job.klass},
                    step=f"{job.step}/{job.steps}", waited_s=_round(now - job.submitted),
                    in_flight=engine.in_flight, slots=engine.profile.slots, guard=by_guard)
-        self._effects.append(Grant(job.id, engine.name, engine.endpoint))
+        self._effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation))
 
     def _load_or_make_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
                            demand: Demand, reason: str) -> int:
@@ -599,6 +646,15 @@ class Scheduler:
         engine.release_deadline = None
         engine.outside_baseline = None
         return self.ledger.release(engine.name)
+
+    def _restart_unhealthy(self, now: float) -> None:
+        for engine in self.engines.values():
+            if (engine.status is EngineStatus.READY and engine.unhealthy_since is not None
+                    and now >= engine.unhealthy_since + self.policy.recover_timeout):
+                self._emit("engine_restart", "error", engine=engine.name, reason="unhealthy",
+                           unhealthy_s=_round(now - engine.unhealthy_since), in_flight=engine.in_flight)
+                engine.restarting_unhealthy = True
+                self._stop(engine)
 
     def _release_overdue(self, now: float) -> None:
         for engine in self.engines.values():

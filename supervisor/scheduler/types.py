@@ -53,6 +53,15 @@ class EngineState:
     # What a service says it holds (Ollama's /api/ps): its processes are not ours to name,
     # so this much of the device's unattributed memory is its, not outside use.
     external: int = 0
+    # Health checks of a ready engine: failed ones in a row, and since when it counts as
+    # unhealthy (no new work; restarted once recover_timeout has passed).
+    check_failures: int = 0
+    unhealthy_since: float | None = None
+    restarting_unhealthy: bool = False  # the stop under way is a restart: its exit is a failure
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.unhealthy_since is not None
 
     @property
     def name(self) -> str:
@@ -131,6 +140,10 @@ class SchedulingPolicy:
     # frozen: NVML's totals and its process list are separate calls (research: phantom memory).
     settle_polls: int = 2
     backoff: BackoffPolicy = attrs.Factory(BackoffPolicy)
+    # Failed health checks in a row that make a ready engine unhealthy, and how long it may
+    # stay so before it is restarted.
+    unhealthy_after: int = 3
+    recover_timeout: float = 30.0
 
 
 # Effects: what the async shell must do after a decision.
@@ -139,6 +152,7 @@ class Grant:
     job_id: int
     engine: str | None  # None for an exclusive job: the GPU is all its own
     endpoint: str | None
+    generation: int = attrs.field(default=0, eq=False)  # of the engine's process the step runs on
 
 
 @attrs.frozen
@@ -163,6 +177,22 @@ class StopEngine:
 
 
 @attrs.frozen
+class Revoke:
+    """End a granted step early: its engine stopped answering."""
+
+    job_id: int
+    reason: str
+
+
+@attrs.frozen
+class CheckEngine:
+    """Check the engine's health now (a request on it stalled)."""
+
+    engine: str
+    generation: int
+
+
+@attrs.frozen
 class Measured:
     """An engine's memory as measured; replaces the estimate for its model and arguments."""
 
@@ -177,7 +207,7 @@ class Emit:
     fields: dict[str, object]
 
 
-Effect = Grant | Fail | StartEngine | StopEngine | Measured | Emit
+Effect = Grant | Fail | StartEngine | StopEngine | Revoke | CheckEngine | Measured | Emit
 
 
 @attrs.frozen
@@ -193,6 +223,7 @@ class EngineSnapshot:
     hot: bool
     queued: int
     failures: int
+    healthy: bool = True
 
 
 @attrs.frozen

@@ -9,15 +9,102 @@ until the device's memory is back to what it was before the job (or a timeout).
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Mapping
+from typing import Any
 
+import attrs
 import httpx
 import trio
 
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
+from supervisor.gateway.errors import comfy_error_body
 
 _PROMPT_ID = re.compile(rb'"prompt_id"\s*:\s*"([^"]+)"')
+
+
+@attrs.frozen
+class PromptRefused:
+    """Why a /prompt body cannot run, in ComfyUI's own words (its execution.validate_prompt)."""
+
+    type: str
+    message: str
+    details: str = ""
+
+    def body(self) -> bytes:
+        return comfy_error_body(400, self.message, code=self.type, details=self.details)
+
+
+def check_prompt(body: bytes, nodes: Mapping[str, bool] | None) -> PromptRefused | None:
+    """What ComfyUI would refuse before running anything, checked before the GPU is taken.
+
+    *nodes* is ComfyUI's node classes (class_type -> is an output node), or None when they
+    are not known (ComfyUI unreachable): then only the shape of the prompt is checked. Pure.
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return PromptRefused("invalid_prompt", "The request body is not valid JSON.")
+    if not isinstance(payload, dict):
+        return PromptRefused("invalid_prompt", "The request body must be a JSON object with a prompt.")
+    if "prompt" not in payload:
+        return PromptRefused("no_prompt", "No prompt provided", "No prompt provided")
+    prompt = payload["prompt"]
+    if not isinstance(prompt, dict) or not prompt:
+        return PromptRefused("invalid_prompt", "Cannot execute because the prompt is not an object of nodes.")
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
+            return PromptRefused("invalid_prompt", "Cannot execute because a node is missing the class_type "
+                                 "property.", f"Node ID '#{node_id}'")
+        if nodes is not None and node["class_type"] not in nodes:
+            return PromptRefused("invalid_prompt", f"Cannot execute because node {node['class_type']} does not "
+                                 "exist.", f"Node ID '#{node_id}'")
+    partial = payload.get("partial_execution_targets")
+    if nodes is not None and partial is None and not any(nodes[n["class_type"]] for n in prompt.values()):
+        return PromptRefused("prompt_no_outputs", "Prompt has no outputs")
+    return None
+
+
+def prompt_classes(body: bytes) -> set[str]:
+    """The class_types a prompt names (empty if it is not readable: check_prompt says why)."""
+    try:
+        prompt = json.loads(body).get("prompt")
+        return {n["class_type"] for n in prompt.values() if isinstance(n.get("class_type"), str)}
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError, TypeError):
+        return set()
+
+
+@attrs.define(eq=False)
+class NodeCatalog:
+    """ComfyUI's node classes (``/object_info``), fetched when first needed, and again when a
+    prompt names a class it does not list (custom nodes installed, ComfyUI restarted)."""
+
+    http: httpx.AsyncClient
+    base_url: str
+    refresh_after: float = 10.0
+    timeout: float = 30.0  # a big install's /object_info is megabytes
+    nodes: dict[str, bool] | None = None
+    fetched_at: float = -math.inf
+    _lock: trio.Lock = attrs.Factory(trio.Lock)
+
+    async def lookup(self, class_types: set[str]) -> Mapping[str, bool] | None:
+        async with self._lock:
+            stale = trio.current_time() - self.fetched_at >= self.refresh_after
+            if self.nodes is None or (stale and not class_types <= self.nodes.keys()):
+                await self._fetch()
+        return self.nodes
+
+    async def _fetch(self) -> None:
+        self.fetched_at = trio.current_time()
+        try:
+            info: Any = (await self.http.get(f"{self.base_url}/object_info", timeout=self.timeout)).json()
+        except (httpx.HTTPError, ValueError):
+            return  # keep what we knew; unknown stays unknown
+        if isinstance(info, dict):
+            self.nodes = {str(name): bool(isinstance(entry, dict) and entry.get("output_node"))
+                          for name, entry in info.items()}
 
 
 def find_prompt_id(captured: bytes) -> str | None:

@@ -46,6 +46,10 @@ class OllamaHandle:
     def stop(self, generation: int) -> None:
         self._mailbox.send_nowait(_Command("stop", generation))
 
+    def check(self, generation: int) -> None:
+        """Ollama's health is not steward's to judge: it loads and unloads models by itself, so
+        a silent stream is reported to its client (504), and Ollama is left alone."""
+
 
 async def serve_ollama(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, http: httpx.AsyncClient,
                        *, task_status: trio.TaskStatus[OllamaHandle] = trio.TASK_STATUS_IGNORED) -> None:

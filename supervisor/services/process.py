@@ -12,6 +12,7 @@ import trio
 
 from supervisor.events import EventLog
 from supervisor.gateway.relay import Backoff
+from supervisor.engine import report_reaper
 from supervisor.process import describe_exit, open_child, pump_lines, stop_child
 
 
@@ -27,6 +28,7 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
             events.emit("spawn_failed", "error", engine=name, argv=list(argv), detail=str(exc))
         else:
             events.emit("spawn", "info", engine=name, pid=process.pid, argv=list(argv))
+            report_reaper(process, events, name)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(pump_lines, process.output,

@@ -1,0 +1,140 @@
+"""ASGI plumbing every listener shares: bodies read within bounds, JSON parsed safely,
+errors in the listener's own shape, the client's disconnect.
+
+A request steward refuses is a ``RequestError`` until it reaches the edge of a route,
+where it becomes the error object the route's clients expect (OpenAI's, Ollama's or
+ComfyUI's); nothing a client sends may turn into a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from supervisor.gateway.errors import ErrorShape, error_body, error_headers
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RequestError(Exception):
+    """A request steward refuses before queueing it; becomes the route's error object."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.close = close  # the rest of the request was not read: the connection must go
+
+
+@attrs.frozen
+class BodyLimits:
+    max_size: int
+    timeout: float  # the whole body, once the headers are in
+
+
+async def read_body(scope: Scope, receive: Receive, limits: BodyLimits) -> bytes | None:
+    """The whole request body, or None if the client left while sending it.
+
+    Raises RequestError: 413 past ``max_size``, 408 if it does not arrive within ``timeout``
+    (a client that sends headers and then trickles or stops must not hold a connection)."""
+    declared = header_value(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_size:
+        raise RequestError(413, f"Request body of {declared} bytes is larger than the limit of {limits.max_size} "
+                                f"bytes.", code="request_too_large", close=True)
+    chunks = []
+    size = 0
+    with trio.move_on_after(limits.timeout):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limits.max_size:
+                raise RequestError(413, f"Request body is larger than the limit of {limits.max_size} bytes.",
+                                   code="request_too_large", close=True)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+    raise RequestError(408, f"The request body did not arrive within {limits.timeout:g}s.",
+                       code="request_timeout", close=True)
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON value of a body; RequestError(400) for anything that is not (too deep included)."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(400, "We could not parse the JSON body of your request. The body must be valid "
+                                "JSON.") from None
+    except RecursionError:
+        raise RequestError(400, "The JSON body of your request is nested too deeply.") from None
+
+
+def dump_json(payload: Any) -> bytes:
+    """The body to forward after steward removed its own fields (what parsed also dumps,
+    unless it is so deep that only the parser's C stack coped)."""
+    try:
+        return json.dumps(payload).encode()
+    except (RecursionError, ValueError):
+        raise RequestError(400, "The JSON body of your request is nested too deeply.") from None
+
+
+def header_value(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def send_error(send: Send, status: int, message: str, *, shape: ErrorShape = error_body,
+                     param: str | None = None, code: str | None = None, retry_after: float | None = None,
+                     close: bool = False) -> None:
+    body = shape(status, message, param=param, code=code)
+    headers = error_headers(body, retry_after)
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_refusal(send: Send, exc: RequestError, shape: ErrorShape = error_body) -> None:
+    await send_error(send, exc.status, exc.message, shape=shape, param=exc.param, code=exc.code, close=exc.close)
+
+
+@attrs.define(eq=False)
+class TrackedSend:
+    """A send that knows when the client was handed its whole answer (the server's notice of
+    the disconnect that follows may cancel the handler before its last send returns)."""
+
+    send: Send
+    complete: bool = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+        await self.send(message)
+
+
+@attrs.define(eq=False)
+class Disconnect:
+    """Watches for the client leaving and cancels *scope* when it does."""
+
+    scope: trio.CancelScope
+    happened: bool = False
+
+    async def watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.happened = True
+        self.scope.cancel(reason="client disconnected")
+
+
+async def cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
+    await Disconnect(cancel_scope).watch(receive)

@@ -1,0 +1,41 @@
+"""The Quart-Trio app under each listener, with errors in the listener's own shape.
+
+Quart answers what steward's own ASGI handlers do not take (health, metrics, model list,
+unknown routes, wrong methods); left to itself it would answer 404/405 as HTML pages and
+merge ``//v1/...`` into ``/v1/...``, routing it to a handler that is never meant to run.
+"""
+
+from __future__ import annotations
+
+from quart import Response
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from supervisor.events import EventLog
+from supervisor.gateway.errors import ErrorShape
+
+_MESSAGES = {404: "Unknown route.", 405: "Method not allowed on this route."}
+
+
+def new_quart_app(name: str, shape: ErrorShape, events: EventLog) -> QuartTrio:
+    app = QuartTrio(name)
+    app.url_map.merge_slashes = False  # `//v1/models` is not `/v1/models`: 404, not a redirect
+    app.url_map.strict_slashes = False
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        return json_error(shape, status, _MESSAGES.get(status, exc.description or exc.name))
+
+    @app.errorhandler(Exception)
+    async def internal_error(exc: Exception) -> Response:
+        # A bug of ours: logged with what failed, answered in the listener's shape.
+        events.emit("internal_error", "error", source=name, error=f"{type(exc).__name__}: {exc}")
+        return json_error(shape, 500, f"steward failed to handle this request ({type(exc).__name__}).")
+
+    return app
+
+
+def json_error(shape: ErrorShape, status: int, message: str, *, param: str | None = None,
+               code: str | None = None) -> Response:
+    return Response(shape(status, message, param=param, code=code), status=status, content_type="application/json")
