@@ -168,12 +168,13 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         metrics.watch(client)
         events.listeners.append(metrics.observe)
         limits = body_limits(config)
-        listeners = [_listener(config, events, "openai", create_app(config, client, events, gate, metrics), config.listen,
-                               error_body, lambda scope: error_body)]
+        openai_app = create_app(config, client, events, gate, metrics)
+        listeners = [_listener(config, events, "openai", openai_app, config.listen, error_body,
+                               lambda scope: error_body)]
         if config.ollama is not None and config.ollama.listen is not None:
-            listeners.append(_listener(config, events, "ollama", create_ollama_app(config.ollama, client, events, gate, limits,
-                                                                           metrics),
-                                       config.ollama.listen, ollama_error_body, ollama_route_shape))
+            ollama_app = create_ollama_app(config.ollama, client, events, gate, limits, metrics)
+            listeners.append(_listener(config, events, "ollama", ollama_app, config.ollama.listen, ollama_error_body,
+                                       ollama_route_shape))
         if config.comfyui is not None and config.comfyui.command:
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))

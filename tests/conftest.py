@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from fakes import simgpu
+from supervisor import chaos
 from supervisor.events import read_event_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,36 +34,12 @@ ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     """Live (non-zombie) descendants of *pid* (default: this process), with their command lines."""
-    root = os.getpid() if pid is None else pid
-    children: dict[int, list[int]] = {}
-    states: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        states[int(entry)] = fields[0].decode()
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, stack = [], list(children.get(root, []))
-    while stack:
-        child = stack.pop()
-        stack.extend(children.get(child, []))
-        if states.get(child) not in ("Z", "X"):
-            try:
-                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            except OSError:
-                continue
-            found.append((child, cmdline))
-    return found
+    return chaos.descendants(os.getpid() if pid is None else pid)
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_children() -> Iterator[None]:
-    yield
-    deadline = time.monotonic() + 5.0
+def kill_leftovers(grace: float = 5.0) -> list[tuple[int, str]]:
+    """Give this process's descendants *grace* seconds to go, SIGKILL the rest; those that were left."""
+    deadline = time.monotonic() + grace
     while (left := descendants()) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid, _ in left:
@@ -70,6 +47,13 @@ def no_leaked_children() -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_children() -> Iterator[None]:
+    yield
+    left = kill_leftovers()
     assert not left, f"processes outlived the test: {left}"
 
 
@@ -200,14 +184,6 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """No child process may survive the suite, whichever test (or fixture) started it."""
-    deadline = time.monotonic() + 5.0
-    while (left := descendants()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        for pid, _ in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    if left := kill_leftovers():
         print(f"\nprocesses outlived the test suite (killed now): {left}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

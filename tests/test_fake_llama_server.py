@@ -352,27 +352,36 @@ def test_idle_keepalive_connection_closed(start_fake: Callable[..., Fake]) -> No
 
 def test_requests_beyond_slots_are_deferred(start_fake: Callable[..., Fake]) -> None:
     fake = start_fake("-np", "2", "--tokens-per-second", "20", "--metrics")
-    results: list[int] = []
+    # Two streams hold both slots until this test lets go of them, however slow the machine.
+    with fake.client() as first, fake.client() as second, \
+            first.stream("POST", "/v1/chat/completions", json=chat_body(stream=True, max_tokens=10_000)) as a, \
+            second.stream("POST", "/v1/chat/completions", json=chat_body(stream=True, max_tokens=10_000)) as b:
+        assert (a.status_code, b.status_code) == (200, 200)
+        wait_until(lambda: fake.stats()["active"] == 2)
+        results: list[int] = []
 
-    def one() -> None:
-        r = httpx.post(fake.url + "/v1/chat/completions", json=chat_body(max_tokens=8), timeout=10)
-        results.append(r.status_code)
+        def one() -> None:
+            r = httpx.post(fake.url + "/v1/chat/completions", json=chat_body(max_tokens=8), timeout=30)
+            results.append(r.status_code)
 
-    threads = [threading.Thread(target=one) for _ in range(5)]
-    for t in threads:
-        t.start()
-    try:
-        wait_until(lambda: fake.stats()["deferred"] == 3)
-        stats = fake.stats()
-        assert (stats["active"], stats["started"]) == (2, 2)
-        assert [s["is_processing"] for s in httpx.get(fake.url + "/slots").json()] == [True, True]
-        assert "llamacpp:requests_deferred 3" in httpx.get(fake.url + "/metrics").text
-    finally:
+        threads = [threading.Thread(target=one) for _ in range(3)]
         for t in threads:
-            t.join(timeout=10)
-    assert results == [200] * 5
+            t.start()
+        try:
+            wait_until(lambda: fake.stats()["deferred"] == 3, timeout=30)
+            stats = fake.stats()
+            assert (stats["active"], stats["started"]) == (2, 2)
+            assert [s["is_processing"] for s in httpx.get(fake.url + "/slots").json()] == [True, True]
+            assert "llamacpp:requests_deferred 3" in httpx.get(fake.url + "/metrics").text
+        finally:
+            a.close()
+            b.close()  # the slots free up: the three deferred requests run
+            for t in threads:
+                t.join(timeout=30)
+    assert results == [200] * 3
+    wait_until(lambda: fake.stats()["active"] == 0)
     stats = fake.stats()
-    assert (stats["started"], stats["completed"], stats["active"], stats["deferred"]) == (5, 5, 0, 0)
+    assert (stats["started"], stats["completed"], stats["cancelled"], stats["deferred"]) == (5, 3, 2, 0)
 
 
 def test_client_disconnect_cancels_generation(start_fake: Callable[..., Fake]) -> None:

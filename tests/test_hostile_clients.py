@@ -293,7 +293,8 @@ def test_a_good_prompt_still_runs_as_an_exclusive_job(door: Door, steward: Runni
 
 
 @pytest.mark.parametrize("listener", ["url", "ollama", "comfy"])
-def test_http10_and_connection_close_answers_close_the_connection(door: Door, steward: RunningSteward, listener: str) -> None:
+def test_http10_and_connection_close_answers_close_the_connection(door: Door, steward: RunningSteward,
+                                                                 listener: str) -> None:
     base = getattr(door, listener)
     path = {"url": b"/v1/models", "ollama": b"/api/tags", "comfy": b"/system_stats"}[listener]
     for request in (b"GET %s HTTP/1.0\r\n\r\n" % path,
@@ -302,7 +303,8 @@ def test_http10_and_connection_close_answers_close_the_connection(door: Door, st
         assert answer.startswith(b"HTTP/1.1 200 ") and closed, answer[:200]
 
 
-def test_a_relayed_answer_keeps_its_content_length_and_http10_gets_it_whole(door: Door, steward: RunningSteward) -> None:
+def test_a_relayed_answer_keeps_its_content_length_and_http10_gets_it_whole(door: Door,
+                                                                           steward: RunningSteward) -> None:
     body = json.dumps(CHAT).encode()
     answer, closed = _raw(_port(steward.url), b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json"
                                               b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))

@@ -103,8 +103,10 @@ def test_shutdown_ends_the_retries_of_an_ollama_that_is_down_with_ollama_shaped_
               threading.Thread(target=ask, args=("/api/generate", {"model": "gemma3:4b", "prompt": "x"}))]
     for thread in asking:
         thread.start()
-    steward.wait_event("upstream_retry", service="ollama")
-    steward.wait_event("enqueue", model="ollama")  # the generate waits for Ollama to come up
+    # Both requests are inside steward: the pass-through one retrying (its retries name no
+    # url; those of the service coming up do), the generate waiting for Ollama to come up.
+    steward.wait_event("upstream_retry", service="ollama", url=None)
+    steward.wait_event("enqueue", model="ollama")
     signalled = time.monotonic()
     steward.process.send_signal(signal.SIGTERM)
     assert steward.process.wait(20) == 0

@@ -10,7 +10,15 @@ import trio
 import trio.testing
 
 from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import EngineProfile, Fail, Grant, SchedulingPolicy, StartEngine, StopEngine
+from supervisor.scheduler.types import (
+    BackoffPolicy,
+    EngineProfile,
+    Fail,
+    Grant,
+    SchedulingPolicy,
+    StartEngine,
+    StopEngine,
+)
 from tests.harness import GIB, LOAD_S, STOP_S, client_loop, hold, hold_steps, start_harness
 
 
@@ -396,3 +404,30 @@ def test_regression_the_image_services_own_cache_does_not_block_the_next_exclusi
     assert Grant(1, None, None) in effects
     s.finish(1, 2.0)
     assert Grant(2, None, None) in s.submit(2, None, "interactive", 3.0)
+
+
+def test_regression_a_guard_step_whose_load_was_undone_gets_a_new_load() -> None:
+    """Found by `steward loadtest --chaos`: the guard loaded an engine for a starved batch step,
+    an image job evicted it before the step ran, and the step then waited for an engine
+    nobody loaded (until its queue timeout) while the GPU sat idle."""
+    s = Scheduler.create(10 * GIB, [EngineProfile("chat", 4 * GIB, 1), EngineProfile("big", 3 * GIB, 1),
+                                    EngineProfile("small", 2 * GIB, 1)],
+                         SchedulingPolicy(backoff=BackoffPolicy(64.0, 64.0)))
+    s.submit(1, "chat", "interactive", 0.0)
+    s.engine_ready("chat", 1, "http://127.0.0.1:1", 1.0)
+    s.finish(1, 2.0, 200)
+    s.submit(2, "big", "background", 3.0)
+    s.engine_exited("big", 1, 3.5, "exited with status 1")  # failed start: retried in 64 s
+    s.submit(3, "big", "background", 4.0)  # waits for that retry: background is never idle
+    s.submit(5, "small", "batch", 4.0)
+    effects = s.tick(14.0)  # batch starved for 10 s: the guard loads `small` for job 5
+    assert [e for e in effects if isinstance(e, StartEngine)] == [StartEngine("small", 1)]
+    s.submit(6, None, "interactive", 14.25)  # an image job: every engine goes
+    assert [e for e in s.engine_ready("small", 1, "http://127.0.0.1:3", 15.0)
+            if isinstance(e, StopEngine)] == [StopEngine("small", 1)]
+    s.engine_exited("small", 1, 15.5, "stopped")
+    s.engine_exited("chat", 1, 15.5, "stopped")
+    effects = s.finish(6, 20.0, 200)  # the image job is over
+    assert [e for e in effects if isinstance(e, StartEngine)] == [StartEngine("small", 2)]
+    granted = s.engine_ready("small", 2, "http://127.0.0.1:3", 21.0)
+    assert Grant(5, "small", "http://127.0.0.1:3") in granted

@@ -141,7 +141,9 @@ class FakeComfyUI:
                 await ex.respond(405, b"405: Method Not Allowed", TEXT)
             else:
                 await ex.respond(404, b"404: Not Found", TEXT)
-        except BadJson:
+        except Exception:  # noqa: BLE001 - aiohttp answers any handler exception (BadJson too) with a 500
+            if ex.status:
+                raise  # the answer started: aiohttp drops the connection too
             await ex.respond(500, SERVER_ERROR, TEXT)
         if self.cfg.verbose:
             self.log(f'{req.client} "{req.method} {req.path}" {ex.status}')

@@ -45,7 +45,11 @@ class Job:
 def body_json(request: Request) -> dict[str, Any]:
     """The body as a JSON object, or the 400 llama-server (nlohmann::json) gives."""
     try:
-        value = json.loads(request.body or b"{}")
+        # nlohmann::json refuses bytes that are not UTF-8; Python's parser would keep them as surrogates.
+        value = json.loads((request.body or b"{}").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise invalid_request(f"[json.exception.parse_error.101] parse error: syntax error while parsing value "
+                              f"- invalid string: ill-formed UTF-8 byte at byte {exc.start + 1}") from None
     except ValueError as exc:
         line, col = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
         raise invalid_request(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "

@@ -92,6 +92,10 @@ class FakeLlamaServer:
                 await handler(ex)
         except ApiError as err:  # raised before anything was sent
             await respond_error(ex, err)
+        except Exception as exc:  # noqa: BLE001 - llama-server's exception handler: a 500 error object
+            if ex.status:
+                raise
+            await respond_error(ex, ApiError(500, str(exc), "server_error"))
         if self.cfg.verbose:
             self.log(f"srv  log_server_r: request: {req.method} {req.path} {req.client} {ex.status}")
 

@@ -54,7 +54,11 @@ def keep_alive_seconds(value: object) -> float | None:
         raise ValueError(f"Unsupported type: '{kind}'")
     if isinstance(value, str):
         return parse_go_duration(value)
-    return FOREVER if value < 0 else float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # Go's float64 cannot hold it either
+        raise ValueError(f"json: cannot unmarshal number {value} into Go value of type float64") from None
+    return FOREVER if seconds < 0 else seconds
 
 
 def rfc3339(when: float | None = None) -> str:

@@ -23,7 +23,8 @@ def body_json(request: Request, struct: str) -> dict[str, Any]:
     if not request.body.strip():
         raise bad_request("missing request body")
     try:
-        value = json.loads(request.body)
+        # Go's decoder turns bytes that are not UTF-8 into U+FFFD; Python's would keep them as surrogates.
+        value = json.loads(request.body.decode("utf-8", "replace"))
     except ValueError as exc:
         raise bad_request(f"invalid character in JSON body: {getattr(exc, 'msg', exc)}") from None
     except RecursionError:

@@ -76,6 +76,10 @@ class FakeOllama:
                 await ex.respond(404, b"404 page not found", TEXT)
         except OllamaError as err:  # raised before anything was sent
             await respond_error(ex, err, openai=openai)
+        except Exception:  # noqa: BLE001 - gin's Recovery middleware: a panic is a 500 with no body
+            if ex.status:
+                raise
+            await ex.respond(500, b"", TEXT)
         if self.cfg.verbose:
             took = (time.monotonic() - started) * 1000
             self.log(f'[GIN] {time.strftime("%Y/%m/%d - %H:%M:%S")} | {ex.status:3d} | {took:10.3f}ms | '

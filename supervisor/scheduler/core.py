@@ -411,6 +411,7 @@ class Scheduler:
         self._expire(now)
         self._release_overdue(now)
         self._restart_unhealthy(now)
+        self._drop_stale_guards()
         promised = 0  # memory that loads decided earlier in this pass are waiting for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
@@ -537,6 +538,21 @@ class Scheduler:
             return promised + self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq),
                                                       f"job {head.id} (starvation guard)")
         return promised
+
+    def _drop_stale_guards(self) -> None:
+        """A guard step still waiting for the load made for it, which was undone (its engine
+        evicted, for an exclusive job say, before the step could run), no longer holds the
+        lane: the guard chooses again. Kept, it would wait for an engine nobody loads."""
+        for klass, job_id in self.guard.items():
+            job = self.waiting.get(job_id) if job_id is not None else None
+            if job is None or job.model is None:
+                continue  # running (or gone): its end frees the lane
+            engine = self.engines[job.model]
+            if not (engine.status is EngineStatus.STARTING
+                    or (engine.status is EngineStatus.READY and not engine.draining)):
+                self.guard[klass] = None
+                self._emit("starvation_retry", "info", job=job.id, model=job.model, **{"class": klass},
+                           engine_status=engine.status.value)
 
     def _has_free_slot(self, engine: EngineState) -> bool:
         return (engine.status is EngineStatus.READY and not engine.draining and engine.unhealthy_since is None

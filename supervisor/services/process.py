@@ -22,6 +22,7 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
     task_status.started()
     delays = backoff.delays()
     while True:
+        started = trio.current_time()
         try:
             process = open_child(argv, env)
         except OSError as exc:
@@ -43,6 +44,8 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
                         events.emit("exit", "info", engine=name, pid=process.pid, status=describe_exit(status),
                                     requested=True)
                     await process.output.aclose()
+        if trio.current_time() - started >= backoff.maximum:
+            delays = backoff.delays()  # it ran long enough: this is a new failure, not a loop
         delay = next(delays)
         events.emit("restart", "info", engine=name, restart_in_s=delay)
         await trio.sleep(delay)
