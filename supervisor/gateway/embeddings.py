@@ -23,10 +23,6 @@ def split_inputs(payload: dict[str, Any], chunk: int) -> list[list[Any]] | None:
     return [inputs[i:i + chunk] for i in range(0, len(inputs), chunk)]
 
 
-def step_body(payload: dict[str, Any], chunk: list[Any]) -> bytes:
-    return json.dumps({**payload, "input": chunk}).encode()
-
-
 @attrs.define
 class EmbeddingsAssembly:
     """Collects the steps' answers into one OpenAI embeddings response."""

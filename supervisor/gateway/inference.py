@@ -35,7 +35,7 @@ from supervisor.gateway.asgi import (
     send_refusal,
 )
 from supervisor.gateway.classes import choose_class
-from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs, step_body
+from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
@@ -87,7 +87,13 @@ class InferenceHandler:
             chunks = split_inputs(routed.payload, self.embedding_chunk)
         try:
             if chunks is not None:
-                await self._serve_embedding_steps(scope, routed, chunks, send)
+                try:
+                    # Written before the first step is queued: a body too deep to write again is a 400 now.
+                    bodies = [dump_json({**routed.payload, "input": chunk}) for chunk in chunks]
+                except RequestError as exc:
+                    await send_refusal(send, exc)
+                    return
+                await self._serve_embedding_steps(scope, routed, bodies, send)
                 return
             async with self.scheduler.open_grant(routed.model, routed.klass) as lease:
                 tracked = TrackedSend(send)
@@ -101,13 +107,13 @@ class InferenceHandler:
             await send_error(send, failure.status, failure.message, code=failure.code,
                              retry_after=failure.retry_after)
 
-    async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[list[Any]],
+    async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send) -> None:
         """One step per chunk, in order; a failing step fails the request, no partial answer."""
         async with self.scheduler.open_request() as request:
             await self._run_embedding_steps(scope, routed, chunks, send, request)
 
-    async def _run_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[list[Any]], send: Send,
+    async def _run_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes], send: Send,
                                    request: Request) -> None:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
@@ -119,7 +125,7 @@ class InferenceHandler:
                     try:
                         status, headers, body = await fetch_upstream(
                             host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                            _request_headers(scope), step_body(routed.payload, chunk), self.timeouts)
+                            _request_headers(scope), chunk, self.timeouts)
                     except UpstreamStalled as exc:
                         self._report_stall(lease, str(exc))
                         lease.status = 504
