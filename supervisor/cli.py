@@ -300,13 +300,10 @@ def _loadtest(args: argparse.Namespace) -> int:
 
 
 def _demo(port: int, *, real: bool = False, keep: bool = False) -> int:
-    import shutil
-
     from supervisor import demo
     from supervisor.config import parse_config
 
-    workdir = demo.make_workdir()
-    try:
+    with demo.open_workdir("demo", keep=keep) as workdir:
         try:
             raw = demo.real_demo_config_dict(workdir, port) if real else demo.demo_config_dict(workdir, port)
         except demo.RealEnginesUnavailable as exc:
@@ -320,11 +317,6 @@ def _demo(port: int, *, real: bool = False, keep: bool = False) -> int:
                               comfyui=steward.comfyui_urls[0] if steward.comfyui_urls else None), flush=True)
 
         return _run(config, on_ready=announce)
-    finally:
-        if keep:
-            print(f"steward: demo folder kept: {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -8,9 +8,12 @@ written on the fly; their memory is estimated, then measured.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from fakes import simgpu
@@ -127,8 +130,17 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
     }
 
 
-def make_workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="steward-demo-"))
+@contextlib.contextmanager
+def open_workdir(kind: str, *, keep: bool) -> Iterator[Path]:
+    """A fresh folder for one run (a demo's, a loadtest's steward): removed at the end unless *keep*."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"steward-{kind}-"))
+    try:
+        yield workdir
+    finally:
+        if keep:
+            print(f"steward: {kind} folder kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, ollama: str | None = None,

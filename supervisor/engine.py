@@ -29,6 +29,17 @@ from supervisor.scheduler.actor import SchedulerClient
 
 
 @attrs.frozen
+class HealthChecks:
+    """How often a ready engine's health is checked, and how long one check may take."""
+
+    interval: float = 10.0
+    timeout: float = 5.0
+    # After a failed check the next comes sooner, so that a frozen engine is found in
+    # seconds, not in several intervals.
+    retry: float = 1.0
+
+
+@attrs.frozen
 class EngineSpec:
     """Everything needed to run one model's engine, resolved from the config."""
 
@@ -41,7 +52,7 @@ class EngineSpec:
     stop_grace: float
     health_interval: float  # readiness polling while it loads
     tail_lines: int
-    checks: HealthChecks = attrs.Factory(lambda: HealthChecks())
+    checks: HealthChecks = attrs.Factory(HealthChecks)
 
     @classmethod
     def from_config(cls, name: str, config: Config) -> EngineSpec:
@@ -55,17 +66,6 @@ class EngineSpec:
 
     def command(self, port: int) -> list[str]:
         return self.adapter.command(self.model, self.host, port)
-
-
-@attrs.frozen
-class HealthChecks:
-    """How often a ready engine's health is checked, and how long one check may take."""
-
-    interval: float = 10.0
-    timeout: float = 5.0
-    # After a failed check the next comes sooner, so that a frozen engine is found in
-    # seconds, not in several intervals.
-    retry: float = 1.0
 
 
 @attrs.frozen

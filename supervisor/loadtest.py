@@ -17,17 +17,14 @@ fds gained; steward's memory and fds are sampled throughout.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,13 +36,11 @@ import trio
 import yaml
 
 from supervisor import chaos
+from supervisor.demo import RealEnginesUnavailable, demo_config_dict, open_workdir, real_demo_config_dict
 from supervisor.events import read_event_log
+from supervisor.process import become_subreaper, die_with_parent
 from supervisor.scheduler.types import CLASSES
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-# Loaded before any fork: steward's process must not dlopen between fork and exec.
-_libc = ctypes.CDLL(None)
 
 
 @attrs.frozen
@@ -533,11 +528,6 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _stop_with_parent() -> None:
-    """Runs in steward's process before exec: when the loadtest dies, however, steward gets SIGTERM."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[str, Any] | None = None,
                        stderr: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
     """A steward on the demo's engines (fake, or real with ``real``), as a child process.
@@ -546,8 +536,6 @@ def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[
     the demo has them: the real demo has neither); *stderr*: steward's terminal output
     goes there (default: the loadtest's stderr, never its stdout, which may be JSON).
     """
-    from supervisor.demo import RealEnginesUnavailable, demo_config_dict, real_demo_config_dict
-
     try:
         config = real_demo_config_dict(workdir, port=0) if real else demo_config_dict(workdir, port=0)
     except RealEnginesUnavailable as exc:
@@ -561,7 +549,8 @@ def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[
         err = stack.enter_context(stderr.open("ab")) if stderr is not None else 2  # fd 2, whatever sys.stderr is
         process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", str(config_path)],
                                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
-                                   preexec_fn=_stop_with_parent)  # noqa: PLW1509 - no threads run here
+                                   # When the loadtest dies, however, its steward gets SIGTERM.
+                                   preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM))
     events = workdir / "events.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -621,8 +610,7 @@ def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, mo
         return LoadReport(duration, outcomes)
     if real and services:
         raise RuntimeError(f"{' and '.join(services)} clients need the fake demo (no Ollama or ComfyUI with --real)")
-    workdir = Path(tempfile.mkdtemp(prefix="steward-loadtest-"))
-    try:
+    with open_workdir("loadtest", keep=keep) as workdir:
         if chaos_options is not None:
             return _run_chaos_loadtest(workdir, kinds, duration, seed, chaos_options, real=real, keep=keep,
                                        disconnect_rate=disconnect_rate, announce=announce or _announce)
@@ -634,11 +622,6 @@ def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, mo
         finally:
             stop_steward(process)
         return LoadReport(duration, outcomes, summarize_events(events))
-    finally:
-        if keep:
-            print(f"steward: loadtest folder kept: {workdir}", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _announce(record: chaos.ChaosRecord) -> None:
@@ -658,7 +641,7 @@ def _run_chaos_loadtest(workdir: Path, kinds: Mapping[ClientKind, int], duration
                         announce: Callable[[chaos.ChaosRecord], None]) -> LoadReport:
     # Orphans of a dying steward are re-parented here rather than to init, so the last
     # check (no process left) sees every descendant.
-    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    become_subreaper()
     ours = os.getpid()
     before = {pid for pid, _ in chaos.descendants(ours)}
     process, steward_url, events = start_demo_steward(workdir, real=real, overrides=CHAOS_CONFIG,

@@ -28,11 +28,19 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _reaper = Reaper()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Runs in the child between fork and exec."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Runs in the child between fork and exec (``preexec_fn``): *signum* when the parent dies."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent_pid:
         os._exit(1)  # the parent died before prctl took effect
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it, not to init."""
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 @attrs.define(eq=False)
@@ -106,7 +114,7 @@ def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Chi
     popen = subprocess.Popen(
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True, env={**os.environ, **(env or {})},
-        preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        preexec_fn=functools.partial(die_with_parent, os.getpid()))
     assert popen.stdout is not None
     output = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
     popen.stdout.close()

@@ -7,7 +7,6 @@ its test.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -25,11 +24,11 @@ import yaml
 
 from fakes import simgpu
 from supervisor import chaos
+from supervisor.process import become_subreaper
 from supervisor.events import read_event_log
 
 ROOT = Path(__file__).resolve().parent.parent
-_PR_SET_CHILD_SUBREAPER = 36
-ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+become_subreaper()
 
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:

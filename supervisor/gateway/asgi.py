@@ -93,6 +93,14 @@ def header_value(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+async def send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """A whole answer at once, with its Content-Length (any given in *headers* is replaced)."""
+    headers = [(k, v) for k, v in headers if k != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 async def send_error(send: Send, status: int, message: str, *, shape: ErrorShape = error_body,
                      param: str | None = None, code: str | None = None, retry_after: float | None = None,
                      close: bool = False) -> None:
@@ -100,8 +108,7 @@ async def send_error(send: Send, status: int, message: str, *, shape: ErrorShape
     headers = error_headers(body, retry_after)
     if close:
         headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, status, headers, body)
 
 
 async def send_refusal(send: Send, exc: RequestError, shape: ErrorShape = error_body) -> None:
@@ -134,7 +141,3 @@ class Disconnect:
             pass
         self.happened = True
         self.scope.cancel(reason="client disconnected")
-
-
-async def cancel_on_disconnect(receive: Receive, cancel_scope: trio.CancelScope) -> None:
-    await Disconnect(cancel_scope).watch(receive)

@@ -35,6 +35,7 @@ from supervisor.gateway.asgi import (
     Send,
     read_body,
     send_refusal,
+    send_whole,
 )
 from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
@@ -48,11 +49,11 @@ from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 from supervisor.services.comfyui import (
     NodeCatalog,
-    check_prompt,
+    PromptRefused,
     find_prompt_id,
     follow_prompt,
     free_gpu,
-    prompt_classes,
+    read_prompt,
     used_vram,
 )
 
@@ -107,12 +108,13 @@ class ComfyListener:
         if body is None:
             return
         # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
-        refused = check_prompt(body, await self.catalog.lookup(prompt_classes(body)))
+        request = read_prompt(body)
+        refused = request if isinstance(request, PromptRefused) else request.refusal(
+            await self.catalog.lookup(request.classes))
         if refused is not None:
             self.events.emit("image_refused", "info", type=refused.type, detail=refused.message)
             content = refused.body()
-            await send({"type": "http.response.start", "status": 400, "headers": error_headers(content)})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            await send_whole(send, 400, error_headers(content), content)
             return
         job = ImageJob(body)
         self.jobs.start_soon(self._run, job, scope["raw_path"] or scope["path"].encode())
@@ -121,9 +123,7 @@ class ComfyListener:
             await job.answered.wait()
             nursery.cancel_scope.cancel(reason="answered")
         if job.answer is not None:
-            status, headers, content = job.answer
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            await send_whole(send, *job.answer)
 
     async def _watch_client(self, receive: Receive, job: ImageJob, waiting: trio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -165,8 +165,7 @@ class ComfyListener:
     async def _forward_and_follow(self, job: ImageJob, target: bytes) -> int:
         baseline = await used_vram(self.http, self.base_url)
         status, headers, content = await self._post_prompt(job, target)
-        job.answer = (status, [(k, v) for k, v in headers if k not in REQUEST_FRAMING]
-                      + [(b"content-length", str(len(content)).encode())], content)
+        job.answer = (status, [(k, v) for k, v in headers if k not in REQUEST_FRAMING], content)
         job.answered.set()
         job.prompt_id = find_prompt_id(content[: self.config.prompt_capture_limit]) if status == 200 else None
         self.events.emit("image_forwarded", "info", prompt_id=job.prompt_id, status=status)

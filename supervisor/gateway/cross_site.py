@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from supervisor.address import Address
-from supervisor.gateway.asgi import Receive, Scope, Send, send_error
+from supervisor.gateway.asgi import Receive, Scope, Send, header_value, send_error, send_whole
 from supervisor.gateway.errors import ErrorShape
 
 ANY = "*"
@@ -112,13 +112,6 @@ def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def cross_site_guard(app: ASGI, policy: CrossSitePolicy, shape_for: Callable[[Scope], ErrorShape],
                      on_refused: Callable[[Scope, str], None] = lambda scope, problem: None) -> ASGI:
     """*app* behind the door: refused requests get 403 in the route's error shape (websockets: closed)."""
@@ -127,7 +120,7 @@ def cross_site_guard(app: ASGI, policy: CrossSitePolicy, shape_for: Callable[[Sc
         if scope["type"] not in ("http", "websocket"):
             await app(scope, receive, send)
             return
-        host, origin = _header(scope, b"host"), _header(scope, b"origin")
+        host, origin = header_value(scope, b"host"), header_value(scope, b"origin")
         problem = policy.host_problem(host) or policy.origin_problem(origin, host)
         if problem is not None:
             on_refused(scope, problem)
@@ -139,7 +132,7 @@ def cross_site_guard(app: ASGI, policy: CrossSitePolicy, shape_for: Callable[[Sc
         if origin is None or not policy.cross_origin_allowed(origin) or scope["type"] != "http":
             await app(scope, receive, send)
             return
-        if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None:
+        if scope["method"] == "OPTIONS" and header_value(scope, b"access-control-request-method") is not None:
             await _answer_preflight(scope, send, origin)
             return
         await app(scope, receive, _with_cors(send, origin))
@@ -150,12 +143,11 @@ def cross_site_guard(app: ASGI, policy: CrossSitePolicy, shape_for: Callable[[Sc
 async def _answer_preflight(scope: Scope, send: Send, origin: str) -> None:
     headers = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-               (b"access-control-max-age", _PREFLIGHT_MAX_AGE), (b"content-length", b"0")]
-    requested = _header(scope, b"access-control-request-headers")
+               (b"access-control-max-age", _PREFLIGHT_MAX_AGE)]
+    requested = header_value(scope, b"access-control-request-headers")
     if requested:
         headers.append((b"access-control-allow-headers", requested.encode("latin-1")))
-    await send({"type": "http.response.start", "status": 204, "headers": headers})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send_whole(send, 204, headers, b"")
 
 
 def _with_cors(send: Send, origin: str) -> Send:

@@ -33,6 +33,7 @@ from supervisor.gateway.asgi import (
     read_body,
     send_error,
     send_refusal,
+    send_whole,
 )
 from supervisor.gateway.classes import choose_class
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
@@ -142,7 +143,7 @@ class InferenceHandler:
                 lease.status = status
                 if status != 200:
                     # The engine's own error, unchanged, like a single-step request would get it.
-                    await _send_whole(send, status, [(k, v) for k, v in headers if k not in HOP_BY_HOP], body)
+                    await send_whole(send, status, [(k, v) for k, v in headers if k not in HOP_BY_HOP], body)
                     return
                 try:
                     assembly.add(json.loads(body))
@@ -152,7 +153,7 @@ class InferenceHandler:
                                      f"with an unreadable embeddings response: {exc}", code="engine_error")
                     return
         body = assembly.response()
-        await _send_whole(send, 200, [(b"content-type", b"application/json")], body)
+        await send_whole(send, 200, [(b"content-type", b"application/json")], body)
 
     async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
         host, port = self._endpoint(lease.grant.endpoint)
@@ -201,9 +202,3 @@ def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json")]
     return headers + [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
 
-
-async def _send_whole(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    headers = [(k, v) for k, v in headers if k != b"content-length"]
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})

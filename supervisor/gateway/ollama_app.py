@@ -63,14 +63,9 @@ def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> Ollam
     except (ValueError, UnicodeDecodeError, RecursionError):
         payload = None
     if not isinstance(payload, dict):
-        payload = {}
-        body_is_object = False
-    else:
-        body_is_object = True
+        return OllamaRoute(choose_class(scope, {}, default_class).klass, body)
     choice = choose_class(scope, payload, default_class)
-    if choice.changed and body_is_object:
-        body = dump_json(payload)
-    return OllamaRoute(choice.klass, body)
+    return OllamaRoute(choice.klass, dump_json(payload) if choice.changed else body)
 
 
 def error_shape(scope: Scope) -> ErrorShape:

@@ -125,13 +125,13 @@ class _Answer:
     error_shape: ErrorShape
     on_status: Callable[[int], None]
     framing: bytes | None = None  # the content type, once the response started
-    declared_length: int | None = None
+    length_declared: bool = False  # by the upstream: the body must then go through whole
     complete: bool = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
         self.on_status(status)
         self.framing = next((v for k, v in headers if k == b"content-type"), b"")
-        self.declared_length = length
+        self.length_declared = length is not None
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, chunk: bytes, *, more: bool = True) -> None:
@@ -147,7 +147,7 @@ class _Answer:
             self.framing = b"application/json"
             await self.send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
             await self.body(body, more=False)
-        elif self.declared_length is None:
+        elif not self.length_declared:
             await self.body(error_in_stream(self.framing, message, code=code), more=False)
         else:
             # A body of announced length cannot take an error; ending here without its last

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import resource
 import socket
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -37,9 +36,8 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, wrap_app
 
 from supervisor.events import EventLog
+from supervisor.gateway.errors import ErrorShape
 from supervisor.address import Address
-
-ErrorShape = Callable[..., bytes]  # (status, message, *, code) -> the listener's error body
 
 _RECEIVE_SIZE = 65536
 # A client that has not taken a single byte of its answer for this long is gone.
@@ -86,7 +84,7 @@ def connection_capacity(configured: int) -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
         except (ValueError, OSError):
-            pass
+            pass  # not allowed here: the cap stays within the soft limit we have
     return max(1, min(configured, soft - _FD_RESERVE))
 
 
@@ -143,24 +141,22 @@ async def serve_http(listeners: list[Listener], max_connections: int, events: Ev
     settings = hypercorn_settings(events)
     context = WorkerContext(None)
     capacity = trio.CapacityLimiter(connection_capacity(max_connections))
-    bound = [(listener, _bind(listener)) for listener in listeners]
+    bound = [(listener, _bind(listener), wrap_app(listener.app, settings.wsgi_max_body_size, "asgi"))
+             for listener in listeners]
     async with trio.open_nursery() as nursery:
-        lifespans = []
-        for listener, _ in bound:
-            lifespan = Lifespan(wrap_app(listener.app, settings.wsgi_max_body_size, "asgi"), settings, {})
+        for _, _, app in bound:
+            lifespan = Lifespan(app, settings, {})
             await nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
-            lifespans.append(lifespan)
         sockets = []
         urls: dict[str, list[str]] = {}
         async with trio.open_nursery() as connections:
-            for listener, sock in bound:
+            for listener, sock, app in bound:
                 serving = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 sockets.append(serving)
                 host, port = sock.getsockname()[:2]
                 urls.setdefault(listener.name, []).append(f"http://{Address(host, port)}")
-                handler = _ConnectionHandler(wrap_app(listener.app, settings.wsgi_max_body_size, "asgi"), listener,
-                                             settings, context, capacity, events)
+                handler = _ConnectionHandler(app, listener, settings, context, capacity, events)
                 nursery.start_soon(_accept_forever, serving, handler, connections)
             task_status.started(HttpServer(urls, context, sockets, capacity))
             await trio.sleep_forever()

@@ -11,7 +11,7 @@ import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import attrs
 import trio
@@ -53,7 +53,7 @@ class Abort:
 
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     reason: str | None = None
-    code: str = "engine_unhealthy"
+    code: ClassVar[str] = "engine_unhealthy"  # the only reason the scheduler revokes a step
 
     def __call__(self, reason: str) -> None:
         self.reason = reason

@@ -277,7 +277,7 @@ class Scheduler:
             return self._decide(now)
         engine.check_failures += 1
         self._emit("health_check_failed", "warning", engine=name, failures=engine.check_failures, detail=problem)
-        if engine.unhealthy_since is None and engine.check_failures >= self.policy.unhealthy_after:
+        if not engine.unhealthy and engine.check_failures >= self.policy.unhealthy_after:
             engine.unhealthy_since = now
             running = [job for job in self.running.values()
                        if job.model == name and job.engine_generation == engine.generation]
@@ -555,7 +555,7 @@ class Scheduler:
                            engine_status=engine.status.value)
 
     def _has_free_slot(self, engine: EngineState) -> bool:
-        return (engine.status is EngineStatus.READY and not engine.draining and engine.unhealthy_since is None
+        return (engine.status is EngineStatus.READY and not engine.draining and not engine.unhealthy
                 and engine.in_flight < engine.profile.slots)
 
     def _may_start(self, engine: EngineState, now: float) -> bool:

@@ -37,12 +37,33 @@ class PromptRefused:
         return comfy_error_body(400, self.message, code=self.type, details=self.details)
 
 
-def check_prompt(body: bytes, nodes: Mapping[str, bool] | None) -> PromptRefused | None:
-    """What ComfyUI would refuse before running anything, checked before the GPU is taken.
+@attrs.frozen
+class PromptRequest:
+    """A /prompt body read once: a JSON object whose prompt is a graph of nodes with class types."""
 
-    *nodes* is ComfyUI's node classes (class_type -> is an output node), or None when they
-    are not known (ComfyUI unreachable): then only the shape of the prompt is checked. Pure.
-    """
+    prompt: dict[str, dict[str, Any]]
+    partial: bool  # partial_execution_targets given: ComfyUI runs those, outputs or not
+
+    @property
+    def classes(self) -> set[str]:
+        return {node["class_type"] for node in self.prompt.values()}
+
+    def refusal(self, nodes: Mapping[str, bool] | None) -> PromptRefused | None:
+        """What ComfyUI would refuse of it, given its node classes (class_type -> is an output
+        node); *nodes* None (ComfyUI unreachable): nothing more is checked. Pure."""
+        if nodes is None:
+            return None
+        for node_id, node in self.prompt.items():
+            if node["class_type"] not in nodes:
+                return PromptRefused("invalid_prompt", f"Cannot execute because node {node['class_type']} does not "
+                                     "exist.", f"Node ID '#{node_id}'")
+        if not self.partial and not any(nodes[node["class_type"]] for node in self.prompt.values()):
+            return PromptRefused("prompt_no_outputs", "Prompt has no outputs")
+        return None
+
+
+def read_prompt(body: bytes) -> PromptRequest | PromptRefused:
+    """The prompt of a /prompt body, or why ComfyUI would refuse it whatever its nodes. Pure."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -58,22 +79,7 @@ def check_prompt(body: bytes, nodes: Mapping[str, bool] | None) -> PromptRefused
         if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
             return PromptRefused("invalid_prompt", "Cannot execute because a node is missing the class_type "
                                  "property.", f"Node ID '#{node_id}'")
-        if nodes is not None and node["class_type"] not in nodes:
-            return PromptRefused("invalid_prompt", f"Cannot execute because node {node['class_type']} does not "
-                                 "exist.", f"Node ID '#{node_id}'")
-    partial = payload.get("partial_execution_targets")
-    if nodes is not None and partial is None and not any(nodes[n["class_type"]] for n in prompt.values()):
-        return PromptRefused("prompt_no_outputs", "Prompt has no outputs")
-    return None
-
-
-def prompt_classes(body: bytes) -> set[str]:
-    """The class_types a prompt names (empty if it is not readable: check_prompt says why)."""
-    try:
-        prompt = json.loads(body).get("prompt")
-        return {n["class_type"] for n in prompt.values() if isinstance(n.get("class_type"), str)}
-    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError, TypeError):
-        return set()
+    return PromptRequest(prompt, partial=payload.get("partial_execution_targets") is not None)
 
 
 @attrs.define(eq=False)
