@@ -1,8 +1,22 @@
-"""One module per runtime. ``ADAPTERS`` maps a config's ``runtime`` to its adapter."""
+"""One module per runtime. ``RUNTIMES`` maps a model's ``runtime`` key to its adapter."""
 
-from adapters.base import RuntimeAdapter
-from adapters.llama_server import LlamaServerAdapter
+from collections.abc import Callable
 
-ADAPTERS: dict[str, RuntimeAdapter] = {"llama-server": LlamaServerAdapter()}
+from adapters.base import EngineUsage, LogReader, Residence, Runtime
+from adapters.llama_server import LlamaServerRuntime
+from adapters.ollama import OllamaRuntime
+from adapters.openai import OpenAIRuntime
+from supervisor.config import ModelConfig
 
-__all__ = ["ADAPTERS", "LlamaServerAdapter", "RuntimeAdapter"]
+RUNTIMES: dict[str, Callable[[ModelConfig], Runtime]] = {
+    "llama-server": LlamaServerRuntime,
+    "openai": OpenAIRuntime,
+}
+
+
+def model_runtime(model: ModelConfig) -> Runtime:
+    return RUNTIMES[model.runtime](model)
+
+
+__all__ = ["RUNTIMES", "EngineUsage", "LlamaServerRuntime", "LogReader", "OllamaRuntime", "OpenAIRuntime",
+           "Residence", "Runtime", "model_runtime"]

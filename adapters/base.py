@@ -1,12 +1,42 @@
-"""What steward needs to know of a runtime: how to start it, when it is ready, how many slots."""
+"""The one shape of a runtime, as supervisor/engine.py drives it.
+
+A runtime is a kind of inference server. ``supervisor/engine.py`` starts it (spawns its
+process, or attaches to an address), waits until it is ready, checks its health, reads
+what it says of its memory and load, and stops it (stops the process, or asks the server
+to unload or sleep). Each runtime is one module in ``adapters/``; adding one is that
+module, its config keys, and one line in ``adapters/__init__.py``.
+"""
 
 from __future__ import annotations
 
+import enum
 from typing import Protocol
 
+import attrs
 import httpx
 
-from supervisor.config import ModelConfig
+from supervisor.events import EventLog
+
+
+class Residence(enum.Enum):
+    """Where the engine's process lives, which says what loading and unloading mean."""
+
+    # A process per load: loading spawns it, unloading stops it (its memory goes with it).
+    SPAWNED = "spawned"
+    # A process steward keeps running for as long as it runs (restarted with backoff):
+    # loading waits for it (and wakes it), unloading asks it to unload (Ollama) or sleep.
+    SERVICE = "service"
+    # Someone else's server at an address: the same, minus the process.
+    ATTACHED = "attached"
+
+
+@attrs.frozen
+class EngineUsage:
+    """What a runtime says of itself; None: it does not say."""
+
+    memory: int | None = None  # bytes it holds (Ollama's /api/ps)
+    running: int | None = None  # requests it computes now (vLLM's vllm:num_requests_running)
+    waiting: int | None = None  # requests queued inside it
 
 
 class LogReader(Protocol):
@@ -19,15 +49,31 @@ class LogReader(Protocol):
         ...
 
 
-class RuntimeAdapter(Protocol):
-    name: str
+class Runtime(Protocol):
+    """One engine's runtime, made from its config."""
 
-    def command(self, model: ModelConfig, host: str, port: int | str) -> list[str]:
-        """The full command line; steward assigns host and port."""
+    name: str
+    residence: Residence
+    slots: int  # how many requests it runs at once; steward never sends more
+    # Whether steward judges its health (Ollama loads and unloads by itself: not ours to judge).
+    checks_health: bool
+    # Whether unloading puts it to sleep (it keeps some memory, and is woken to load again).
+    sleeps: bool
+    # Whether its memory is measured from its process tree (False: it says what it holds, Ollama).
+    measured: bool
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Set in its process's environment, over steward's own."""
         ...
 
-    def slots(self, model: ModelConfig) -> int:
-        """How many requests the engine runs at once; steward never sends more."""
+    def command(self, host: str, port: int) -> list[str] | None:
+        """The full command line of its process, steward assigning host and port; None when
+        steward runs no process for it (attached)."""
+        ...
+
+    def log_reader(self) -> LogReader | None:
+        """A fresh reader of one process's output, or None if the runtime says nothing useful."""
         ...
 
     async def is_ready(self, http: httpx.AsyncClient, base_url: str) -> bool:
@@ -38,6 +84,32 @@ class RuntimeAdapter(Protocol):
         """One health check of a ready engine: None if it answered as it should, else what went wrong."""
         ...
 
-    def log_reader(self) -> LogReader | None:
-        """A fresh reader of one process's output, or None if the runtime says nothing useful."""
+    async def unload(self, http: httpx.AsyncClient, base_url: str, events: EventLog) -> str:
+        """Make a server whose process stays (service, attached) give its memory back: unload
+        its models or put it to sleep. Never raises; says what happened."""
         ...
+
+    async def wake(self, http: httpx.AsyncClient, base_url: str) -> str | None:
+        """Undo a sleep before serving again; None when it is awake (or never sleeps), else why not."""
+        ...
+
+    async def read_usage(self, http: httpx.AsyncClient, base_url: str) -> EngineUsage | None:
+        """What it says of its memory and load now; None if it says nothing (or cannot be asked)."""
+        ...
+
+
+async def probe_path(http: httpx.AsyncClient, url: str, timeout: float | None = None) -> str | None:
+    """GET *url*: None on a 200, else what went wrong, in words for the event log."""
+    try:
+        response = await (http.get(url) if timeout is None else http.get(url, timeout=timeout))
+    except httpx.TimeoutException:
+        return f"{_path(url)} did not answer within {timeout:g}s" if timeout else f"{_path(url)} timed out"
+    except httpx.TransportError as exc:
+        return f"{_path(url)}: {exc or type(exc).__name__}"
+    if response.status_code != 200:
+        return f"{_path(url)} answered {response.status_code}"
+    return None
+
+
+def _path(url: str) -> str:
+    return "/" + url.split("://", 1)[-1].partition("/")[2]

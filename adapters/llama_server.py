@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import httpx
 
+from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.accounting.llama_logs import LlamaLogAccumulator
-from supervisor.config import ModelConfig
+from supervisor.config import PORT_PLACEHOLDER, ModelConfig
+from supervisor.events import EventLog
 
 # llama-server's `--parallel -1` (its default) means 4 slots sharing a unified KV cache.
 AUTO_SLOTS = 4
@@ -14,54 +17,76 @@ _PARALLEL_FLAGS = ("-np", "--parallel")
 # only from verbosity 4; steward reads them as the engine's own account of its memory.
 _VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
 BUFFER_LOG_VERBOSITY = "4"
+# `--fit` (on by default) changes unset parameters (context, layers offloaded) to fit the
+# memory it sees free at start, which can differ from what steward reserved: steward owns
+# that decision, so fitting is off unless the model's args set it.
+FIT_FLAGS = ("-fit", "--fit")
 
 
-class LlamaServerAdapter:
+def fits_itself(model: ModelConfig) -> bool:
+    """Whether the model's args leave llama-server's own fitting on (steward turns it off otherwise)."""
+    return _has(model.args, FIT_FLAGS) or "LLAMA_ARG_FIT" in model.env
+
+
+@attrs.frozen
+class LlamaServerRuntime:
+    model: ModelConfig
     name = "llama-server"
+    residence = Residence.SPAWNED
+    checks_health = True
+    measured = True
+    sleeps = False
 
-    def command(self, model: ModelConfig, host: str, port: int | str) -> list[str]:
+    def command(self, host: str, port: int) -> list[str]:
+        model = self.model
+        assert model.command is not None  # the config requires it for llama-server
         argv = list(model.command)
         if model.model is not None:
             argv += ["--model", model.model]
-        argv += ["--host", host, "--port", str(port)]
+        placeholder = any(PORT_PLACEHOLDER in part for part in [*model.command, *model.args])
+        argv += ["--host", host] + ([] if placeholder else ["--port", str(port)])
         if model.parallel is not None:
             argv += ["--parallel", str(model.parallel)]
         if _flag_value(model.args, _VERBOSITY_FLAGS) is None and not _has(model.args, _VERBOSITY_FLAGS):
             argv += ["-lv", BUFFER_LOG_VERBOSITY]
-        return argv + list(model.args)
+        if not fits_itself(model):
+            argv += ["--fit", "off"]
+        return [part.replace(PORT_PLACEHOLDER, str(port)) for part in argv + list(model.args)]
 
-    def slots(self, model: ModelConfig) -> int:
-        if model.parallel is not None:
-            return model.parallel
-        parallel = _flag_value(model.args, _PARALLEL_FLAGS)
+    @property
+    def slots(self) -> int:
+        if self.model.parallel is not None:
+            return self.model.parallel
+        parallel = _flag_value(self.model.args, _PARALLEL_FLAGS)
         if parallel is None:
             return AUTO_SLOTS
         count = int(parallel)
         return AUTO_SLOTS if count < 1 else count
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.model.env
 
     def log_reader(self) -> BufferSizeReader:
         return BufferSizeReader()
 
     async def is_ready(self, http: httpx.AsyncClient, base_url: str) -> bool:
         # 503 `unavailable_error` while the model loads; 200 {"status":"ok"} once ready.
-        try:
-            response = await http.get(f"{base_url}/health")
-        except httpx.TransportError:
-            return False
-        return response.status_code == 200
+        return await probe_path(http, f"{base_url}/health") is None
 
     async def check_health(self, http: httpx.AsyncClient, base_url: str, timeout: float) -> str | None:
         # Answered by llama-server's HTTP threads even while every slot computes; a frozen
         # or wedged server does not answer (its socket still accepts: the kernel does that).
-        try:
-            response = await http.get(f"{base_url}/health", timeout=timeout)
-        except httpx.TimeoutException:
-            return f"/health did not answer within {timeout:g}s"
-        except httpx.TransportError as exc:
-            return f"/health: {exc or type(exc).__name__}"
-        if response.status_code != 200:
-            return f"/health answered {response.status_code}"
+        return await probe_path(http, f"{base_url}/health", timeout)
+
+    async def unload(self, http: httpx.AsyncClient, base_url: str, events: EventLog) -> str:
+        return "nothing to unload: its process is stopped"
+
+    async def wake(self, http: httpx.AsyncClient, base_url: str) -> str | None:
         return None
+
+    async def read_usage(self, http: httpx.AsyncClient, base_url: str) -> EngineUsage | None:
+        return None  # its memory is measured (and read from its log); its slots are steward's
 
 
 class BufferSizeReader:

@@ -28,6 +28,10 @@ sys.exit(main(["install", "--quiet", path]))
 PY
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extra}"
-# the tests also run a real llama.cpp llama-server: build it once into the cache (~5 min on 2 cores)
-if [ "${1:-}" = "test" ]; then sh deploy/build-llama-server.sh; fi
+# the tests also run a real llama.cpp llama-server and a real vLLM (CPU build): built and
+# installed once into the cache (~5 min and ~3 min on 2 cores), reused after
+if [ "${1:-}" = "test" ]; then
+    sh deploy/build-llama-server.sh
+    sh deploy/install-vllm.sh >/dev/null
+fi
 echo "install.sh: installed into $(pwd)/.venv" >&2

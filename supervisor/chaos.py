@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from supervisor.process_tree import stat_fields
+
 ACTIONS = ("stop", "freeze", "kill")
 SIGNALS = {"stop": signal.SIGTERM, "freeze": signal.SIGSTOP, "kill": signal.SIGKILL}
 
@@ -162,7 +164,7 @@ def open_child_pidfd(incarnation: Incarnation, parent: int) -> int | None:
         pidfd = os.pidfd_open(incarnation.pid)
     except ProcessLookupError:
         return None
-    stat = _stat(incarnation.pid)
+    stat = stat_fields(incarnation.pid)
     if stat is None or int(stat[1]) != parent or int(stat[19]) != incarnation.start_time:
         os.close(pidfd)
         return None
@@ -221,23 +223,14 @@ async def run_chaos(schedule: Sequence[ChaosAction], watch: ProcessWatch, parent
 # ---- /proc -----------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat from field 3 (state) on: the command name may hold spaces and parentheses."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
-    except OSError:
-        return None
-
-
 def process_start_time(pid: int) -> int | None:
-    stat = _stat(pid)
+    stat = stat_fields(pid)
     return int(stat[19]) if stat is not None else None
 
 
 def is_running(incarnation: Incarnation) -> bool:
     """The very process (not a later one with its pid) exists and is not a zombie."""
-    stat = _stat(incarnation.pid)
+    stat = stat_fields(incarnation.pid)
     return (stat is not None and stat[0] not in ("Z", "X") and incarnation.start_time is not None
             and int(stat[19]) == incarnation.start_time)
 
@@ -247,7 +240,7 @@ def descendants(root: int) -> list[tuple[int, str]]:
     children: dict[int, list[int]] = {}
     states: dict[int, str] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+        if entry.isdigit() and (stat := stat_fields(int(entry))) is not None:
             states[int(entry)] = stat[0]
             children.setdefault(int(stat[1]), []).append(int(entry))
     found, stack = [], list(children.get(root, []))
@@ -261,16 +254,6 @@ def descendants(root: int) -> list[tuple[int, str]]:
                 continue
             found.append((pid, cmdline))
     return found
-
-
-def rss_bytes(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 @attrs.frozen

@@ -16,15 +16,16 @@ from typing import TypeVar
 
 import trio
 
-from supervisor.config import Config, ConfigError, load_config
-from supervisor.engine import EngineSpec
+from adapters.llama_server import fits_itself
+from supervisor.config import Config, ConfigError, ModelConfig, load_config
+from supervisor.config_policy import engine_specs
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
-from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import budget_problems, plan_all
-from supervisor.tree import StopSignals, Steward, memory_device, resolve_budget, run_steward
-from supervisor.units import format_size, parse_duration
+from supervisor.probes import ProbeUnavailable, open_probe
+from supervisor.tree import Steward, StopSignals, memory_device, resolve_budget, run_steward
+from supervisor.units import format_duration, format_size, parse_duration
 
 EXIT_CONFIG = 2
 E = TypeVar("E", bound=BaseException)
@@ -134,9 +135,9 @@ def _check(config: Config) -> int:
         print(f"steward: gpu.probe: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     budget, source = resolve_budget(config, readings)
-    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
+    specs = engine_specs(config)
     try:
-        plans = plan_all(config, {name: spec.command(0) for name, spec in specs.items()},
+        plans = plan_all(config, {name: specs[name].command(0) for name in config.models},
                          MeasurementStore.open(config.state_file), memory_device(probe))
     except ConfigError as exc:
         for problem in exc.problems:
@@ -148,15 +149,28 @@ def _check(config: Config) -> int:
     for name, model in config.models.items():
         spec, plan = specs[name], plans[name]
         aliases = [alias for alias, target in config.alias_table().items() if target == name and alias != name]
-        tier = "pinned" if model.pinned else "on demand"
-        print(f"\nmodel {name}  ({model.runtime}, {tier})")
-        print(f"  command  {shlex.join(spec.command('<port>'))}")
+        print(f"\nmodel {name}  ({model.runtime}, {_tier(model)})")
+        if model.upstream is not None:
+            print(f"  attach   {model.upstream.url} (someone else runs it; steward waits for {model.health})")
+        else:
+            print(f"  command  {shlex.join(spec.command('<port>') or [])}")
         print(f"  memory   {format_size(plan.nbytes)} ({plan.nbytes} bytes) reserved while loaded, "
               f"{_SOURCES[plan.source]}")
-        print(f"  slots    {spec.slots}")
+        print(f"  slots    {spec.slots}" + ("" if model.runtime == "llama-server" else
+                                             " (requests steward sends at once; the rest wait in its queue)"))
+        if model.sleep is not None:
+            held = (f"holds {format_size(model.sleep.memory)} asleep" if model.sleep.memory is not None
+                    else "what it holds asleep is measured")
+            print(f"  sleep    unloading is POST /sleep?level={model.sleep.level}, loading POST /wake_up; {held}")
+        if model.idle_unload is not None:
+            print(f"  idle     unloaded after {format_duration(model.idle_unload)} without a request")
+        if model.runtime == "llama-server":
+            print("  fit      llama-server's own --fit is " + (
+                "on (set in args): it may change unset parameters to fit the memory it sees free"
+                if fits_itself(model) else "off: steward plans the memory (set --fit in args to let it)"))
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
-        if shutil.which(model.command[0]) is None:
+        if model.command is not None and shutil.which(model.command[0]) is None:
             print(f"  warning  {model.command[0]} is not an executable program here")
         if model.model is not None and not os.path.exists(model.model):
             print(f"  warning  model file {model.model} does not exist here")
@@ -171,12 +185,18 @@ def _check(config: Config) -> int:
         need = config.comfyui.memory or budget
         print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
     total = sum(plan.nbytes for plan in plans.values())
-    pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.pinned)
+    pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
     problems = budget_problems(config, plans, budget)
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0
+
+
+def _tier(model: ModelConfig) -> str:
+    if model.pinned:
+        return "pinned"
+    return "always on" if model.resident else "on demand"
 
 
 _SOURCES = {"config": "set by hand", "measured": "measured on an earlier load",

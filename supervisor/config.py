@@ -31,10 +31,13 @@ PositiveInt = NewType("PositiveInt", int)
 Fraction = NewType("Fraction", float)
 Port = NewType("Port", int)  # 1..65535
 Host = NewType("Host", str)  # an IP address or an RFC 1123 host name
-ListenAddress = NewType("ListenAddress", str)  # HOST:PORT to listen on; port 0: any free one
-UpstreamAddress = NewType("UpstreamAddress", str)  # HOST:PORT of a server steward connects to
+ListenAddress = NewType("ListenAddress", Address)  # HOST:PORT to listen on; port 0: any free one
+UpstreamAddress = NewType("UpstreamAddress", Address)  # HOST:PORT of a server steward connects to
 
-RuntimeName = Literal["llama-server"]
+# What speaks on the other side (one module each in adapters/): llama.cpp's llama-server,
+# or any OpenAI-compatible server (vLLM, SGLang, TGI, a llama-server someone else runs).
+RuntimeName = Literal["llama-server", "openai"]
+SleepLevel = Literal[1, 2]
 ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
 LogLevel = Literal["debug", "info", "warning"]
 
@@ -48,8 +51,20 @@ class ConfigError(Exception):
 
 
 @attrs.frozen
+class SleepConfig:
+    """Evicting the engine puts it to sleep (POST /sleep?level=N) instead of stopping it;
+    the next demand wakes it (POST /wake_up): much faster than a cold start."""
+
+    level: SleepLevel = 1
+    # Reserved while it sleeps; default: what is measured once it sleeps.
+    memory: Size | None = None
+
+
+@attrs.frozen
 class ModelConfig:
-    command: list[str]
+    # The engine's program, supervised by steward; `${PORT}` in it or in args is the port
+    # steward picked. Left out for a server someone else runs (`upstream`).
+    command: list[str] | None = None
     # Set by hand, or left out: then measured after the first load, estimated from the
     # GGUF header until then (supervisor/memory_plan.py).
     memory: Size | None = None
@@ -58,10 +73,25 @@ class ModelConfig:
     args: list[str] = attrs.Factory(list)
     parallel: PositiveInt | None = None
     aliases: list[str] = attrs.Factory(list)
-    pinned: bool = False
+    pinned: bool = False  # the older name of always_on
+    # Loaded at start and never evicted; default: true for an attached server, else false.
+    always_on: bool | None = None
     env: dict[str, str] = attrs.Factory(dict)
     # A fixed port for the engine; default: a free one picked at each start.
     port: Port | None = None
+    # Attach to a server that runs already, at HOST:PORT, instead of starting one.
+    upstream: UpstreamAddress | None = None
+    health: str = "/health"  # readiness and health path (runtime openai)
+    sleep: SleepConfig | None = None
+    # Stopped (or put to sleep) once it has had no request for this long; null: never.
+    idle_unload: PositiveDuration | None = None
+
+    @property
+    def resident(self) -> bool:
+        """Loaded at start, never evicted."""
+        if self.always_on is not None:
+            return self.always_on
+        return self.pinned or self.upstream is not None
 
 
 @attrs.frozen
@@ -156,7 +186,7 @@ class OllamaConfig:
     """Ollama behind steward: its clients talk to ``listen``; steward talks to ``upstream``."""
 
     upstream: UpstreamAddress  # the real Ollama (e.g. started with OLLAMA_HOST=127.0.0.1:11435)
-    listen: ListenAddress | None = ListenAddress("127.0.0.1:11434")  # null: no Ollama listener
+    listen: ListenAddress | None = ListenAddress(Address("127.0.0.1", 11434))  # null: no Ollama listener
     # Supervise `ollama serve` as a child (OLLAMA_HOST is set to upstream); default: attach.
     command: list[str] | None = None
     parallel: PositiveInt = PositiveInt(4)  # inference requests steward lets through at once
@@ -181,7 +211,7 @@ class ComfyConfig:
     """ComfyUI behind steward: each `/prompt` is an exclusive GPU job in steward's scheduler."""
 
     upstream: UpstreamAddress  # the real ComfyUI (e.g. started with --port 8189)
-    listen: ListenAddress | None = ListenAddress("127.0.0.1:8188")  # null: no ComfyUI listener
+    listen: ListenAddress | None = ListenAddress(Address("127.0.0.1", 8188))  # null: no ComfyUI listener
     command: list[str] | None = None  # supervise ComfyUI as a child; default: attach
     job_class: ClassName = "interactive"  # image jobs wait in this class (writer preference within it)
     memory: Size | None = None  # GPU memory a job needs; default: the whole budget
@@ -198,7 +228,7 @@ class ComfyConfig:
 @attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
-    listen: ListenAddress = ListenAddress("127.0.0.1:8080")
+    listen: ListenAddress = ListenAddress(Address("127.0.0.1", 8080))
     aliases: dict[str, str] = attrs.Factory(dict)
     gpu: GpuConfig = attrs.Factory(GpuConfig)
     limits: LimitsConfig = attrs.Factory(LimitsConfig)
@@ -211,14 +241,6 @@ class Config:
     state_file: str | None = "steward-state.json"
     ollama: OllamaConfig | None = None
     comfyui: ComfyConfig | None = None
-
-    @property
-    def listen_host(self) -> str:
-        return Address.parse(self.listen).host
-
-    @property
-    def listen_port(self) -> int:
-        return Address.parse(self.listen).port
 
     def alias_table(self) -> dict[str, str]:
         """Every name a client may send, mapped to the model it means."""
@@ -266,10 +288,10 @@ def _structure_host(value: Any, _: Any) -> str:
 _HOST_PORT = re.compile(r"(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>[0-9]+)")
 
 
-def _address_hook(lowest_port: int, note: str) -> Callable[[Any, Any], str]:
-    """HOST:PORT, kept as written (supervisor.address.Address.parse reads it where it is used)."""
+def _address_hook(lowest_port: int, note: str) -> Callable[[Any, Any], Address]:
+    """HOST:PORT (IPv6 in brackets) into a typed Address, parsed once here."""
 
-    def structure(value: Any, _: Any) -> str:
+    def structure(value: Any, _: Any) -> Address:
         match = _HOST_PORT.fullmatch(value) if isinstance(value, str) else None
         if match is None:
             raise ValueError(f"must be HOST:PORT like 127.0.0.1:8080, got {show(value)}")
@@ -278,7 +300,7 @@ def _address_hook(lowest_port: int, note: str) -> Callable[[Any, Any], str]:
             raise ValueError(f"must have an IP address or a host name before the port, got {show(value)}")
         if len(port) > 5 or not lowest_port <= int(port) <= 65535:
             raise ValueError(f"must have a port {lowest_port}..65535 after the host{note}, got {show(value)}")
-        return value
+        return Address(host if v6 is None else v6, int(port))
 
     return structure
 
@@ -313,6 +335,13 @@ def _structure_command(value: Any, _: Any) -> list[str]:
     if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
         return list(value)
     raise ValueError(f"must be a program path or a non-empty list of strings, got {show(value)}")
+
+
+def _optional(structure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def optional(value: Any, type_: Any) -> Any:
+        return None if value is None else structure(value, type_)
+
+    return optional
 
 
 def _literal_hook(type_: Any, _: cattrs.Converter) -> Callable[[Any, Any], Any]:
@@ -369,7 +398,7 @@ def make_converter() -> cattrs.Converter:
     # `command` is the one field that takes either form; a hook on the field keeps it local.
     model_hook = cattrs.gen.make_dict_structure_fn(
         ModelConfig, converter, _cattrs_forbid_extra_keys=True,
-        command=cattrs.gen.override(struct_hook=_structure_command),
+        command=cattrs.gen.override(struct_hook=_optional(_structure_command)),
     )
     converter.register_structure_hook(ModelConfig, _shaped(dict, model_hook))
     return converter
@@ -554,6 +583,7 @@ def _check_semantics(config: Config) -> list[str]:
         if model.memory is None and model.model is None:
             problems.append(f"models.{name}.memory: required when models.{name}.model names no GGUF file "
                             f"to estimate it from")
+        problems += _runtime_problems(name, model)
         if config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget:
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
                             f"({config.gpu.budget} bytes); it could never load")
@@ -578,6 +608,43 @@ def _check_semantics(config: Config) -> list[str]:
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+PORT_PLACEHOLDER = "${PORT}"  # llama-swap's spelling: the port steward picked for the engine
+
+
+def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
+    """How the engine is reached: started from `command`, or attached at `upstream`."""
+    key = f"models.{name}"
+    problems = []
+    if model.command is None and model.upstream is None:
+        problems.append(f"{key}.command: required key is missing (the engine's program); or set {key}.upstream "
+                        f"to attach to a server that runs already")
+    if model.command is not None and model.upstream is not None:
+        problems.append(f"{key}.upstream: give command (steward runs the server) or upstream (someone else "
+                        f"does), not both")
+    if model.upstream is not None and model.port is not None:
+        problems.append(f"{key}.port: an attached server's port is the one in {key}.upstream")
+    if model.runtime == "llama-server" and model.upstream is not None:
+        problems.append(f"{key}.upstream: to attach to a llama-server someone else runs, use runtime: openai")
+    if model.runtime != "llama-server":
+        if model.model is not None:
+            problems.append(f"{key}.model: runtime {model.runtime} takes no GGUF path; name the model in "
+                            f"its command")
+        placeholder = any(PORT_PLACEHOLDER in part for part in [*(model.command or []), *model.args])
+        if model.command is not None and model.port is None and not placeholder:
+            problems.append(f"{key}.command: must hold {PORT_PLACEHOLDER} where the server takes its port "
+                            f"(or set {key}.port to the port it listens on)")
+    if model.sleep is not None and model.runtime != "openai":
+        problems.append(f"{key}.sleep: only runtime openai engines can sleep (vLLM's /sleep and /wake_up)")
+    if not model.health.startswith("/"):
+        problems.append(f"{key}.health: must be a path like /health, got {show(model.health)}")
+    if model.idle_unload is not None and model.resident:
+        problems.append(f"{key}.idle_unload: an always-on engine is never unloaded; drop idle_unload, or set "
+                        f"always_on: false")
+    if model.always_on is not None and model.pinned and not model.always_on:
+        problems.append(f"{key}.always_on: false contradicts pinned: true; keep always_on")
+    return problems
 
 
 def _alias_problem(alias: str) -> str | None:
@@ -624,7 +691,7 @@ def _port_problems(config: Config) -> list[str]:
     services = _services(config)
     texts = [("listen", config.listen)] + [(f"{name}.listen", service.listen) for name, service in services]
     texts += [(f"{name}.upstream", service.upstream) for name, service in services]
-    fixed = [(key, Address.parse(text)) for key, text in texts if text is not None]
+    fixed = [(key, address) for key, address in texts if address is not None]
     fixed += [(f"models.{name}.port", Address(config.engines.host, model.port))
               for name, model in config.models.items() if model.port is not None]
     fixed = [(key, address) for key, address in fixed if address.port != 0]  # 0: the system picks a free one

@@ -1,7 +1,8 @@
 """``steward demo``: the whole system on a simulated 16 GiB GPU with fake engines.
 
 Needs no GPU, no model files and no config: four fake llama-servers shaped like the
-GridCore article's models (research: seeds/gridcore-article.md) behind one gateway.
+GridCore article's models (research: seeds/gridcore-article.md) and one always-on fake
+vLLM behind one gateway and one queue.
 ``--real``: the same four names on real llama-server engines (CPU) with tiny models
 written on the fly; their memory is estimated, then measured.
 """
@@ -21,6 +22,7 @@ from supervisor.config import Config, parse_config
 
 GIB = 1024**3
 DEMO_GPU_BYTES = 16 * GIB
+SHARED_MODEL = "qwen3-4b-shared"  # the demo's always-on engine (runtime openai)
 
 # name: (memory, fake flags, extra config)
 DEMO_MODELS: dict[str, dict[str, object]] = {
@@ -55,6 +57,14 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
             "pinned": spec.get("pinned", False),
             "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), *spec["fake"]],  # type: ignore[misc]
         }
+    # An always-on engine behind the same queue: a fake vLLM that the agents share (it batches
+    # many requests in one KV pool), its memory held in a child process as vLLM's is.
+    models[SHARED_MODEL] = {
+        "runtime": "openai", "memory": "3GiB", "parallel": 16, "always_on": True, "aliases": ["agents"],
+        "command": [sys.executable, "-m", "fakes.openai_server", "--port", "${PORT}", "--served-model-name",
+                    SHARED_MODEL, "--memory", "3GiB", "--sim-gpu", str(gpu_dir), "--memory-in-child",
+                    "--max-num-seqs", "64", "--tokens-per-second", "150"],
+    }
     ollama_port, comfy_port = _free_port(), _free_port()
     return {
         "listen": f"127.0.0.1:{port}",

@@ -1,31 +1,42 @@
-"""One supervisor task per engine: spawn, wait ready, serve, stop, report.
+"""One supervisor task per engine, for every runtime: start, wait ready, serve, stop, report.
 
-The scheduler decides *when* an engine starts and stops; this task does it and
-reports back what happened (ready, or exited and why). Everything that happens
-to the engine arrives in one mailbox — the scheduler's commands and the notices
-of the engine's own helper tasks (ready, exited, too slow) — and is handled in
-order, so the engine's state has one owner.
+The scheduler decides *when* an engine loads and unloads; this task does it, through the
+engine's runtime (``adapters/``), and reports back what happened (ready, asleep, or gone
+and why). What loading means depends on where the engine's process lives
+(``adapters.base.Residence``): a spawned engine is a process per load; a service's process
+(``ollama serve``, a vLLM that sleeps) and an attached server stay up, and loading waits
+for them (waking them), unloading asks them to unload or sleep. Everything that happens to
+the engine arrives in one mailbox — the scheduler's commands and the notices of the
+engine's helper tasks (ready, exited, too slow) — and is handled in order, so the engine's
+state has one owner.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import functools
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import attrs
 import httpx
 import trio
 
-from adapters import ADAPTERS, RuntimeAdapter
-from adapters.base import LogReader
-from supervisor.config import Config, ModelConfig
+from adapters import LogReader, OllamaRuntime, Residence, Runtime, model_runtime
+from supervisor.address import Address
+from supervisor.backoff import Backoff
+from supervisor.config import OLLAMA_ENGINE, Config, OllamaConfig
 from supervisor.events import EventLog
-from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, stop_child
+from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, report_reaper, stop_child
 from supervisor.scheduler.actor import SchedulerClient
+from supervisor.services.process import ServiceProcess, serve_service_process
+
+# How often a runtime is asked what it holds and how loaded it is (Ollama's /api/ps,
+# vLLM's /metrics), unless its config says otherwise.
+USAGE_POLL_S = 2.0
 
 
 @attrs.frozen
@@ -41,43 +52,67 @@ class HealthChecks:
 
 @attrs.frozen
 class EngineSpec:
-    """Everything needed to run one model's engine, resolved from the config."""
+    """Everything needed to run one engine, resolved from the config."""
 
     name: str
-    model: ModelConfig
-    adapter: RuntimeAdapter
+    runtime: Runtime
     host: str
-    slots: int
     start_timeout: float
     stop_grace: float
     health_interval: float  # readiness polling while it loads
     tail_lines: int
     checks: HealthChecks = attrs.Factory(HealthChecks)
+    port: int | None = None  # fixed: configured, or the attached server's; else one is picked per process
+    usage_poll: float = USAGE_POLL_S
+    # A service's restarts, and an attached server's reconnects while it is awaited.
+    retry: Backoff = attrs.Factory(Backoff)
+
+    @property
+    def slots(self) -> int:
+        return self.runtime.slots
 
     @classmethod
     def from_config(cls, name: str, config: Config) -> EngineSpec:
         model = config.models[name]
-        adapter = ADAPTERS[model.runtime]
-        return cls(name=name, model=model, adapter=adapter, host=config.engines.host,
-                   slots=adapter.slots(model), start_timeout=config.engines.start_timeout,
-                   stop_grace=config.engines.stop_grace, health_interval=config.engines.health_interval,
-                   tail_lines=config.engines.stderr_tail_lines,
-                   checks=HealthChecks(config.engines.health_check_interval, config.engines.health_check_timeout))
+        host = model.upstream.host if model.upstream is not None else config.engines.host
+        port = model.upstream.port if model.upstream is not None else model.port
+        return cls._with_defaults(name, model_runtime(model), host, port, config)
 
-    def command(self, port: int) -> list[str]:
-        return self.adapter.command(self.model, self.host, port)
+    @classmethod
+    def for_ollama(cls, config: Config) -> EngineSpec:
+        ollama: OllamaConfig = config.ollama  # type: ignore[assignment]
+        return attrs.evolve(cls._with_defaults(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream.host,
+                                               ollama.upstream.port, config),
+                            usage_poll=ollama.ps_poll, retry=Backoff(ollama.retry_initial, ollama.retry_max))
+
+    @classmethod
+    def _with_defaults(cls, name: str, runtime: Runtime, host: str, port: int | None, config: Config) -> EngineSpec:
+        engines = config.engines
+        return cls(name=name, runtime=runtime, host=host, port=port, start_timeout=engines.start_timeout,
+                   stop_grace=engines.stop_grace, health_interval=engines.health_interval,
+                   tail_lines=engines.stderr_tail_lines,
+                   checks=HealthChecks(engines.health_check_interval, engines.health_check_timeout),
+                   retry=Backoff(engines.restart_backoff, engines.restart_backoff_max))
+
+    def command(self, port: int | str) -> list[str] | None:
+        return self.runtime.command(self.host, port)  # type: ignore[arg-type]
+
+
+Kind = Literal["start", "stop", "check", "ready", "exited", "too_slow"]
 
 
 @attrs.frozen
 class _Command:
-    kind: Literal["start", "stop", "check", "ready", "exited", "too_slow"]
+    kind: Kind
     generation: int
+    detail: str = ""
 
 
 class EndKind(enum.Enum):
     STOPPED = "stopped"  # steward stopped it (evicted, restarted, shutting down)
+    ASLEEP = "asleep"  # steward put it to sleep: its process stays, holding less
     TOO_SLOW = "too_slow"  # steward stopped it: not ready within start_timeout
-    EXITED = "exited"  # it exited, or was killed, on its own
+    EXITED = "exited"  # it exited, was killed or failed on its own
 
     @property
     def requested(self) -> bool:
@@ -96,9 +131,10 @@ class EngineHandle:
 
     name: str
     _mailbox: trio.MemorySendChannel[_Command]
-    pid: int | None = None
+    pid: int | None = None  # the root of its process tree, when steward runs its process
     port: int | None = None
     output_tail: collections.deque[str] = attrs.Factory(collections.deque)
+    generation: int = 0  # the one running now (or last)
 
     def start(self, generation: int) -> None:
         self._mailbox.send_nowait(_Command("start", generation))
@@ -110,6 +146,10 @@ class EngineHandle:
         """Check its health now (a request on it stalled)."""
         self._mailbox.send_nowait(_Command("check", generation))
 
+    def notify(self, kind: Kind, detail: str = "") -> None:
+        """From the engine's own helpers: about the generation running now."""
+        self._mailbox.send_nowait(_Command(kind, self.generation, detail))
+
 
 def pick_port(host: str) -> int:
     """A port that is free right now (the engine may still lose a race; then it fails and restarts)."""
@@ -118,100 +158,190 @@ def pick_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+@attrs.define(eq=False)
+class _Engine:
+    """The state one engine task owns, and what it talks to."""
+
+    spec: EngineSpec
+    handle: EngineHandle
+    receive: trio.MemoryReceiveChannel[_Command]
+    scheduler: SchedulerClient
+    events: EventLog
+    http: httpx.AsyncClient
+    service: ServiceProcess | None = None
+    asleep: bool = False  # its kept process was unloaded by steward: wake it before serving
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
 async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: EventLog, http: httpx.AsyncClient,
                        *, task_status: trio.TaskStatus[EngineHandle] = trio.TASK_STATUS_IGNORED) -> None:
     send, receive = trio.open_memory_channel[_Command](math.inf)
     handle = EngineHandle(spec.name, send, output_tail=collections.deque(maxlen=spec.tail_lines))
-    task_status.started(handle)
-    async for command in receive:
-        if command.kind == "start":
-            detail = await _run_once(spec, command.generation, handle, receive, send, events, http, scheduler)
-            scheduler.report_exited(spec.name, command.generation, detail)
-        # Anything else refers to a process that is already gone.
+    engine = _Engine(spec, handle, receive, scheduler, events, http)
+    async with trio.open_nursery() as nursery:
+        residence = spec.runtime.residence
+        if residence is Residence.SERVICE and (argv := _service_argv(spec, handle)) is not None:
+            service = ServiceProcess(on_exit=functools.partial(handle.notify, "exited"),
+                                     on_line=handle.output_tail.append)
+            if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
+                service.on_spawn = functools.partial(setattr, handle, "pid")
+            engine.service = await nursery.start(serve_service_process, spec.name, argv, spec.runtime.env, events,
+                                                 spec.retry, service)
+        task_status.started(handle)
+        async for command in receive:
+            if command.kind == "start":
+                handle.generation = command.generation
+                run = _run_spawned if residence is Residence.SPAWNED else _run_kept
+                ended = await run(engine, command.generation)
+                if ended.kind is EndKind.ASLEEP:
+                    scheduler.report_asleep(spec.name, command.generation, ended.detail)
+                else:
+                    scheduler.report_exited(spec.name, command.generation, ended.detail)
+            elif command.kind == "exited" and engine.asleep and command.generation == handle.generation:
+                # Its kept process went while it slept: it holds nothing now.
+                engine.asleep = False
+                scheduler.report_exited(spec.name, command.generation, f"its process ended while asleep "
+                                        f"({command.detail})")
+            # Anything else refers to a generation that is already over.
+        nursery.cancel_scope.cancel(reason="engine mailbox closed")
 
 
-async def _run_once(spec: EngineSpec, generation: int, handle: EngineHandle,
-                    receive: trio.MemoryReceiveChannel[_Command], send: trio.MemorySendChannel[_Command],
-                    events: EventLog, http: httpx.AsyncClient, scheduler: SchedulerClient) -> str:
-    """Run one process of the engine from spawn to exit; returns why it ended."""
-    port = spec.model.port or pick_port(spec.host)
+def _service_argv(spec: EngineSpec, handle: EngineHandle) -> list[str] | None:
+    port = spec.port or pick_port(spec.host)
+    handle.port = port
+    return spec.command(port)
+
+
+async def _run_spawned(engine: _Engine, generation: int) -> Ended:
+    """Run one process of the engine from spawn to exit."""
+    spec, handle = engine.spec, engine.handle
+    port = spec.port or pick_port(spec.host)
     argv = spec.command(port)
+    assert argv is not None  # a spawned runtime always has a command
     handle.output_tail.clear()
     try:
-        process = open_child(argv, spec.model.env)
+        process = open_child(argv, spec.runtime.env)
     except OSError as exc:
         detail = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
-        events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
-        return detail
+        engine.events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
+        return Ended(EndKind.EXITED, detail)
     handle.pid, handle.port = process.pid, port
-    scheduler.report_spawned(spec.name, generation, process.pid)
-    events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv, generation=generation)
-    report_reaper(process, events, spec.name)
-    base_url = f"http://{spec.host}:{port}" if ":" not in spec.host else f"http://[{spec.host}]:{port}"
-
-    log_reader = spec.adapter.log_reader()
+    engine.scheduler.report_spawned(spec.name, generation, process.pid)
+    engine.events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv,
+                       generation=generation)
+    report_reaper(process, engine.events, spec.name)
+    address = Address(spec.host, port)
+    log_reader = spec.runtime.log_reader()
 
     def on_line(line: str) -> None:
         handle.output_tail.append(line)
         if log_reader is not None:
             log_reader.feed(line)
-        events.emit("engine_output", "debug", engine=spec.name, line=line)
+        engine.events.emit("engine_output", "debug", engine=spec.name, line=line)
 
     stop_requested = False
     try:
         async with trio.open_nursery() as nursery:
             output_done = trio.Event()
-            watch = _HealthWatch(spec, http, base_url, scheduler, generation)
             nursery.start_soon(_pump_output, process, on_line, output_done)
-            nursery.start_soon(_notify_exit, process, output_done, send, generation)
-            nursery.start_soon(_notify_ready, spec, http, base_url, send, generation)
-            nursery.start_soon(_notify_too_slow, spec.start_timeout, send, generation)
-            nursery.start_soon(watch.run)
-            ended = await _follow(spec, generation, process, handle, receive, events, scheduler, base_url,
-                                  log_reader, watch)
+            nursery.start_soon(_notify_exit, process, output_done, handle)
+
+            async def stop() -> Ended:
+                await stop_child(process, spec.stop_grace)
+                return Ended(EndKind.STOPPED, f"stopped ({describe_exit(process.returncode)})")
+
+            def exited(detail: str) -> str:
+                return f"{describe_exit(process.returncode)}; last output: {_tail(handle)}"
+
+            ended = await _serve_generation(engine, generation, address, lambda: process.pid, nursery, stop,
+                                            exited, log_reader)
+            if ended.kind is EndKind.TOO_SLOW:
+                await stop_child(process, spec.stop_grace)
             stop_requested = ended.kind.requested
             nursery.cancel_scope.cancel(reason="engine process ended")
-        return ended.detail
+        return ended
     finally:
         with trio.CancelScope(shield=True):
             # Reached on every path, shutdown included: the process never outlives this task.
             if process.returncode is None:
                 stop_requested = True  # steward is shutting down
                 await stop_child(process, spec.stop_grace)
-            events.emit("exit", "info" if stop_requested else "warning", engine=spec.name, pid=process.pid,
-                        status=describe_exit(process.returncode), requested=stop_requested)
-            report_reaper(process, events, spec.name)
+            engine.events.emit("exit", "info" if stop_requested else "warning", engine=spec.name, pid=process.pid,
+                               status=describe_exit(process.returncode), requested=stop_requested)
+            report_reaper(process, engine.events, spec.name)
             handle.pid = handle.port = None
             await process.output.aclose()
 
 
-async def _follow(spec: EngineSpec, generation: int, process: ChildProcess, handle: EngineHandle,
-                  receive: trio.MemoryReceiveChannel[_Command], events: EventLog, scheduler: SchedulerClient,
-                  base_url: str, log_reader: LogReader | None, watch: _HealthWatch) -> Ended:
-    """Handle the engine's mailbox until its process is gone; returns why it ended."""
+async def _run_kept(engine: _Engine, generation: int) -> Ended:
+    """Serve one load of an engine whose process stays: a service of steward's, or attached."""
+    spec, handle = engine.spec, engine.handle
+    port = handle.port if engine.service is not None else spec.port
+    assert port is not None  # an attached server's address is configured; a service's port is picked once
+    address = Address(spec.host, port)
+    async with trio.open_nursery() as nursery:
+
+        async def unload() -> Ended:
+            detail = await spec.runtime.unload(engine.http, address.url, engine.events)
+            # Asleep, it still holds some memory and must be woken; emptied (Ollama), it is simply stopped.
+            engine.asleep = spec.runtime.sleeps
+            return Ended(EndKind.ASLEEP if spec.runtime.sleeps else EndKind.STOPPED, detail)
+
+        def exited(detail: str) -> str:
+            return f"its process {detail}; last output: {_tail(handle)}"
+
+        service = engine.service
+
+        def pid() -> int | None:
+            # Ollama says what it holds itself (its runners are not ours to name); others are measured.
+            return service.pid if service is not None and spec.runtime.measured else None
+
+        ended = await _serve_generation(engine, generation, address, pid, nursery, unload, exited, None)
+        nursery.cancel_scope.cancel(reason="load ended")
+    if ended.kind in (EndKind.EXITED, EndKind.TOO_SLOW) and engine.service is not None:
+        # A failed wake or start: the next load gets a fresh process, which is awake.
+        await engine.service.restart()
+        engine.asleep = False
+    return ended
+
+
+async def _serve_generation(engine: _Engine, generation: int, address: Address, pid: Callable[[], int | None],
+                            nursery: trio.Nursery, unload: Callable[[], Awaitable[Ended]], exited: Callable[[str], str],
+                            log_reader: LogReader | None) -> Ended:
+    """Wait until the engine is ready, serve until it is unloaded or gone; returns why it ended."""
+    spec, handle = engine.spec, engine.handle
+    watch = _HealthWatch(spec, engine.http, address.url, engine.scheduler, generation)
+    nursery.start_soon(_notify_ready, engine, address, handle)
+    if spec.runtime.residence is not Residence.ATTACHED:  # someone else's server: waited for, never restarted
+        nursery.start_soon(_notify_too_slow, spec.start_timeout, handle)
+    if spec.runtime.checks_health:
+        nursery.start_soon(watch.run)
+    nursery.start_soon(_watch_usage, engine, address, generation, watch.ready)
     ready = False
-    async for command in receive:
+    async for command in engine.receive:
         if command.generation != generation:
             continue
         if command.kind == "ready" and not ready:
             ready = True
-            scheduler.report_ready(spec.name, generation, base_url, process.pid)
+            engine.asleep = False
+            engine.scheduler.report_ready(spec.name, generation, address, pid())
             watch.ready.set()
             if log_reader is not None and (buffers := log_reader.summary()):
                 # The engine's own account of its memory, from its log: the measured breakdown.
-                events.emit("buffers", "info", engine=spec.name, devices=buffers)
+                engine.events.emit("buffers", "info", engine=spec.name, devices=buffers)
         elif command.kind == "check":
             watch.check_now()
         elif command.kind == "too_slow" and not ready:
-            events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
-            await stop_child(process, spec.stop_grace)
+            engine.events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
             return Ended(EndKind.TOO_SLOW, f"did not become ready within {spec.start_timeout:g}s; last output: "
                                            f"{_tail(handle)}")
         elif command.kind == "stop":
-            await stop_child(process, spec.stop_grace)
-            return Ended(EndKind.STOPPED, f"stopped ({describe_exit(process.returncode)})")
+            return await unload()
         elif command.kind == "exited":
-            return Ended(EndKind.EXITED, f"{describe_exit(process.returncode)}; last output: {_tail(handle)}")
+            return Ended(EndKind.EXITED, exited(command.detail))
     raise AssertionError("the engine's mailbox closed while it ran")
 
 
@@ -239,9 +369,21 @@ class _HealthWatch:
             with trio.move_on_after(wait):
                 await self._wake.wait()
             self._wake = trio.Event()
-            problem = await self.spec.adapter.check_health(self.http, self.base_url, checks.timeout)
+            problem = await self.spec.runtime.check_health(self.http, self.base_url, checks.timeout)
             self.scheduler.report_health(self.spec.name, self.generation, problem)
             wait = checks.interval if problem is None else min(checks.retry, checks.interval)
+
+
+async def _watch_usage(engine: _Engine, address: Address, generation: int, ready: trio.Event) -> None:
+    """Tell the scheduler what the runtime says it holds (Ollama) and how loaded it is (vLLM)."""
+    await ready.wait()
+    while True:
+        usage = await engine.spec.runtime.read_usage(engine.http, address.url)
+        if usage is not None and usage.memory is not None:
+            engine.scheduler.report_service_memory(engine.name, generation, usage.memory)
+        if usage is not None and (usage.running is not None or usage.waiting is not None):
+            engine.scheduler.report_load(engine.name, generation, usage.running, usage.waiting)
+        await trio.sleep(engine.spec.usage_poll)
 
 
 async def _pump_output(process: ChildProcess, on_line: Callable[[str], None], done: trio.Event) -> None:
@@ -251,31 +393,38 @@ async def _pump_output(process: ChildProcess, on_line: Callable[[str], None], do
         done.set()
 
 
-async def _notify_exit(process: ChildProcess, output_done: trio.Event, send: trio.MemorySendChannel[_Command],
-                       generation: int) -> None:
+async def _notify_exit(process: ChildProcess, output_done: trio.Event, handle: EngineHandle) -> None:
     await process.wait()
     # Let the last lines it printed (its reason for dying) reach the tail first.
     with trio.move_on_after(0.5):
         await output_done.wait()
-    send.send_nowait(_Command("exited", generation))
+    handle.notify("exited")
 
 
-async def _notify_ready(spec: EngineSpec, http: httpx.AsyncClient, base_url: str,
-                        send: trio.MemorySendChannel[_Command], generation: int) -> None:
-    while not await spec.adapter.is_ready(http, base_url):
-        await trio.sleep(spec.health_interval)
-    send.send_nowait(_Command("ready", generation))
+async def _notify_ready(engine: _Engine, address: Address, handle: EngineHandle) -> None:
+    """Poll until it answers; a server steward put to sleep is woken first."""
+    spec = engine.spec
+    delays = spec.retry.delays() if spec.runtime.residence is Residence.ATTACHED else None
+    while not await spec.runtime.is_ready(engine.http, address.url):
+        if delays is None:
+            await trio.sleep(spec.health_interval)
+            continue
+        delay = next(delays)  # someone else's server: say so while it does not answer
+        engine.events.emit("upstream_retry", "warning", service=spec.name, url=address.url,
+                           detail="not answering yet", retry_in_s=delay)
+        await trio.sleep(delay)
+    if engine.asleep:
+        if (problem := await spec.runtime.wake(engine.http, address.url)) is not None:
+            engine.events.emit("wake_failed", "error", engine=spec.name, detail=problem)
+            handle.notify("exited", f"could not be woken: {problem}")
+            return
+        engine.events.emit("woken", "info", engine=spec.name)
+    handle.notify("ready")
 
 
-async def _notify_too_slow(timeout: float, send: trio.MemorySendChannel[_Command], generation: int) -> None:
+async def _notify_too_slow(timeout: float, handle: EngineHandle) -> None:
     await trio.sleep(timeout)
-    send.send_nowait(_Command("too_slow", generation))
-
-
-def report_reaper(process: ChildProcess, events: EventLog, name: str) -> None:
-    """What went wrong with the reaper for this child (it was replaced, could not start)."""
-    for warning in process.take_reaper_warnings():
-        events.emit("reaper", "warning", engine=name, detail=warning)
+    handle.notify("too_slow")
 
 
 def _tail(handle: EngineHandle, lines: int = 2) -> str:

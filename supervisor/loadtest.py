@@ -39,6 +39,7 @@ from supervisor import chaos
 from supervisor.demo import RealEnginesUnavailable, demo_config_dict, open_workdir, real_demo_config_dict
 from supervisor.events import read_event_log
 from supervisor.process import become_subreaper, die_with_parent
+from supervisor.process_tree import rss_bytes
 from supervisor.scheduler.types import CLASSES
 
 
@@ -715,7 +716,7 @@ async def _chaos_session(process: subprocess.Popen[bytes], endpoints: Endpoints,
     load = trio.CancelScope()
 
     def sample() -> None:
-        rss, fds = chaos.rss_bytes(process.pid), chaos.count_fds(process.pid, ports)
+        rss, fds = rss_bytes(process.pid), chaos.count_fds(process.pid, ports)
         if rss is not None and fds is not None:
             report.samples.append(ResourceSample(round(trio.current_time() - started, 1), rss, fds.total,
                                                  fds.own_total))

@@ -45,13 +45,14 @@ def plan_memory(name: str, model: ModelConfig, argv: list[str], store: Measureme
     return MemoryPlan(result.gpu_total if device == "gpu" else result.host.total, "estimate", key)
 
 
-def plan_all(config: Config, argvs: dict[str, list[str]], store: MeasurementStore, device: Device,
+def plan_all(config: Config, argvs: dict[str, list[str] | None], store: MeasurementStore, device: Device,
              ) -> dict[str, MemoryPlan]:
     """*argvs*: each engine's full command line; the program's own words are left out."""
     problems, plans = [], {}
     for name, model in config.models.items():
         try:
-            plans[name] = plan_memory(name, model, argvs[name][len(model.command):], store, device)
+            argv = argvs.get(name) or []  # an attached server has none
+            plans[name] = plan_memory(name, model, argv[len(model.command or []):], store, device)
         except ConfigError as exc:
             problems += exc.problems
     if problems:
@@ -64,7 +65,7 @@ def budget_problems(config: Config, plans: dict[str, MemoryPlan], budget: int) -
     over = f"exceeds the budget {format_size(budget)}"
     problems = [f"models.{name}.memory: {format_size(plans[name].nbytes)} {over}; it could never load"
                 for name in config.models if plans[name].nbytes > budget]
-    pinned = [name for name, model in config.models.items() if model.pinned]
+    pinned = [name for name, model in config.models.items() if model.resident]
     need = sum(plans[name].nbytes for name in pinned)
     if need > budget:
         problems.append(f"models: the pinned models ({', '.join(pinned)}) need {format_size(need)}, "

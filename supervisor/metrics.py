@@ -49,7 +49,10 @@ class _SchedulerCollector(Collector):
                                             ("queued", "Steps waiting for the engine"),
                                             ("reserved_bytes", "Memory reserved for the engine"),
                                             ("ready", "1 while the engine serves"),
-                                            ("healthy", "0 while the engine fails its health checks"))}
+                                            ("healthy", "0 while the engine fails its health checks"),
+                                            ("measured_bytes", "The most its process tree was seen to hold"),
+                                            ("reported_running", "Requests running inside the engine, as it says"),
+                                            ("reported_waiting", "Requests queued inside the engine, as it says"))}
         for engine in snapshot.engines:
             families["in_flight"].add_metric([engine.name], engine.in_flight)
             families["slots"].add_metric([engine.name], engine.slots)
@@ -57,6 +60,12 @@ class _SchedulerCollector(Collector):
             families["reserved_bytes"].add_metric([engine.name], engine.reserved)
             families["ready"].add_metric([engine.name], 1.0 if engine.status == "ready" else 0.0)
             families["healthy"].add_metric([engine.name], 1.0 if engine.healthy else 0.0)
+            families["measured_bytes"].add_metric([engine.name], engine.measured)
+            # Only engines that say (vLLM's metrics): overload inside the engine shows here too.
+            if engine.engine_running is not None:
+                families["reported_running"].add_metric([engine.name], engine.engine_running)
+            if engine.engine_waiting is not None:
+                families["reported_waiting"].add_metric([engine.name], engine.engine_waiting)
         yield from families.values()
 
 

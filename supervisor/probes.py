@@ -15,6 +15,7 @@ from typing import Protocol
 import attrs
 
 from supervisor.config import GpuConfig
+from supervisor.process_tree import read_parents, tree_rss
 
 
 @attrs.frozen
@@ -86,27 +87,17 @@ class NvmlProbe:
 
 @attrs.define(eq=False)
 class HostMemoryProbe:
-    """Host RAM: the total, and the resident set of each engine process (VmRSS)."""
+    """Host RAM: the total, and the resident set of each engine's process tree (VmRSS)."""
 
     engine_pids: Callable[[], Iterable[int]]
     kind: str = "host"
 
     def read(self) -> list[GpuReading]:
-        processes = {pid: rss for pid in self.engine_pids() if (rss := process_rss(pid)) is not None}
+        parents = read_parents()
+        processes = {pid: rss for pid in self.engine_pids() if (rss := tree_rss(pid, parents)) is not None}
         # Other processes' use of RAM is not the ledger's to count: gpu.budget is the share
         # the engines may have, so only the engines' own memory is "used".
         return [GpuReading("host", "host RAM", host_memory_total(), sum(processes.values()), processes)]
-
-
-def process_rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None  # exited between the listing and the read
-    return None
 
 
 def open_probe(config: GpuConfig, engine_pids: Callable[[], Iterable[int]] = tuple) -> tuple[GpuProbe | None, str]:

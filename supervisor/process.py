@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import trio
 
+from supervisor.events import EventLog
 from supervisor.reaper import Reaper
 
 _PR_SET_PDEATHSIG = 1
@@ -134,6 +135,12 @@ async def stop_child(process: ChildProcess, grace: float) -> int:
     return await process.wait()  # which kills what the leader left in its group
 
 
+def terminate_child(process: ChildProcess) -> None:
+    """Ask the group to exit, without waiting (whoever waits on it sees the exit)."""
+    _signal_group(process, signal.SIGTERM)
+    _signal_group(process, signal.SIGCONT)
+
+
 def _signal_group(process: ChildProcess, signum: int) -> None:
     if process.returncode is None:  # a reaped leader's id may be someone else's by now
         _kill_group(process.pid, signum)
@@ -170,3 +177,9 @@ def describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+def report_reaper(process: ChildProcess, events: EventLog, name: str) -> None:
+    """What went wrong with the reaper for this child (it was replaced, could not start)."""
+    for warning in process.take_reaper_warnings():
+        events.emit("reaper", "warning", engine=name, detail=warning)

@@ -17,16 +17,19 @@ way out; the event log is written to the last line.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 import httpx
 import trio
 
+from adapters.ollama import warm_model
 from supervisor.address import Address
+from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
-from supervisor.engine import EngineHandle, EngineSpec, serve_engine
+from supervisor.config_policy import build_scheduler, engine_specs
+from supervisor.engine import EngineHandle, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.comfy_app import create_comfy_app
@@ -37,14 +40,11 @@ from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
 from supervisor.gateway.server import Listener, serve_http
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, MemoryPlan, budget_problems, plan_all
+from supervisor.memory_plan import Device, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
+from supervisor.process_tree import fold_to_roots, read_parents
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
-from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
-from supervisor.gateway.relay import Backoff
-from supervisor.services.ollama import serve_ollama, warm_model
 from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
@@ -74,34 +74,6 @@ def resolve_budget(config: Config, readings: list[GpuReading]) -> tuple[int, str
     if readings:
         return readings[0].total_bytes, f"{readings[0].device} total ({readings[0].name})"
     return host_memory_total(), "host memory total (no GPU probed; set gpu.budget to choose)"
-
-
-def scheduling_policy(config: Config) -> SchedulingPolicy:
-    defaults = SchedulingPolicy()
-    classes = {klass: getattr(config.classes, klass) for klass in CLASSES}
-    return SchedulingPolicy(
-        interactive_window=config.scheduler.interactive_window,
-        starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
-                    "batch": config.scheduler.batch_max_starvation},
-        hot_window=config.scheduler.hot_window,
-        guard_share=config.scheduler.guard_share,
-        guard_gap_wait=config.scheduler.guard_gap_wait,
-        max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
-        queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
-                       for k, c in classes.items()},
-        release_timeout=config.scheduler.release_timeout,
-        backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max),
-        unhealthy_after=config.engines.unhealthy_after, recover_timeout=config.engines.recover_timeout)
-
-
-def build_scheduler(config: Config, specs: dict[str, EngineSpec], plans: dict[str, MemoryPlan], budget: int, *,
-                    observe_memory: bool) -> Scheduler:
-    profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.pinned,
-                              fixed_memory=plans[name].source == "config")
-                for name, model in config.models.items()]
-    if config.ollama is not None:
-        profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel))
-    return Scheduler.create(budget, profiles, scheduling_policy(config), observe_memory=observe_memory)
 
 
 def memory_device(probe: GpuProbe | None) -> Device:
@@ -134,15 +106,14 @@ async def run_steward(config: Config, stop: StopSignals, *,
 async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
                     task_status: trio.TaskStatus[Steward]) -> None:
     engines: dict[str, EngineHandle] = {}
-    probe, probe_note = open_probe(config.gpu, lambda: [pid for h in engines.values()
-                                                        if (pid := getattr(h, "pid", None)) is not None])
+    probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
     readings = probe.read() if probe else []
     budget, budget_source = resolve_budget(config, readings)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
                 budget=budget, budget_text=format_size(budget), budget_source=budget_source)
-    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
+    specs = engine_specs(config)
     store = MeasurementStore.open(config.state_file)
-    plans = plan_all(config, {name: spec.command(0) for name, spec in specs.items()}, store, memory_device(probe))
+    plans = plan_all(config, {name: specs[name].command(0) for name in config.models}, store, memory_device(probe))
     for name, plan in plans.items():
         events.emit("memory_plan", "info", engine=name, memory=plan.nbytes, memory_text=format_size(plan.nbytes),
                     source=plan.source)
@@ -158,7 +129,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
         if config.ollama is not None:
-            engines[OLLAMA_ENGINE] = await root.start(serve_ollama, config.ollama, client, events, http)
+            root.start_soon(probe_upstream, http, OLLAMA_ENGINE, f"{config.ollama.upstream.url}/api/version", events,
+                            bool(config.ollama.command))
         await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember))
         steward = Steward([], events, client, engines, probe, readings)
         if probe is not None:
@@ -179,7 +151,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
         if config.comfyui is not None:
-            root.start_soon(probe_upstream, http, "comfyui", f"http://{config.comfyui.upstream}/system_stats", events,
+            root.start_soon(probe_upstream, http, "comfyui", f"{config.comfyui.upstream.url}/system_stats", events,
                             bool(config.comfyui.command))
         if config.comfyui is not None and config.comfyui.listen is not None:
             jobs = await root.start(_serve_job_nursery)
@@ -209,10 +181,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         task_status.started(steward)
 
 
-def _listener(config: Config, events: EventLog, name: str, app: object, listen: str, shape: ErrorShape,
+def _listener(config: Config, events: EventLog, name: str, app: object, address: Address, shape: ErrorShape,
               shape_for: Callable[[dict[str, Any]], ErrorShape]) -> Listener:
     """One listener behind the cross-site door."""
-    address = Address.parse(listen)
     policy = CrossSitePolicy.create(address, config.security.allowed_hosts, config.security.allowed_origins)
 
     def refused(scope: dict[str, Any], problem: str) -> None:
@@ -275,14 +246,21 @@ async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, schedu
     while True:
         try:
             steward.readings = probe.read()
+            device = steward.readings[0]
+            # An engine's memory is its whole process tree's (vLLM's is in its child processes).
+            processes = fold_to_roots(device.processes, engine_pids(steward.engines), read_parents())
         except Exception as exc:  # a flaky driver must not take steward down
             steward.events.emit("probe_error", "warning", probe=probe.kind, detail=str(exc))
         else:
-            device = steward.readings[0]
-            scheduler.report_memory(device.used_bytes, device.processes)
+            scheduler.report_memory(device.used_bytes, processes)
         snapshot = scheduler.snapshot()
         settling = snapshot.releasing or any(e.status == "stopping" for e in snapshot.engines)
         await trio.sleep(min(interval, FAST_POLL_S) if settling else interval)
+
+
+def engine_pids(engines: Mapping[str, EngineHandle]) -> list[int]:
+    """The roots of the engines' process trees (the processes steward runs for them)."""
+    return [handle.pid for handle in engines.values() if handle.pid is not None]
 
 
 FAST_POLL_S = 0.1

@@ -26,6 +26,7 @@ from fakes import simgpu
 from supervisor import chaos
 from supervisor.process import become_subreaper
 from supervisor.events import read_event_log
+from tests.vllm_server import long_lived_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 become_subreaper()
@@ -36,10 +37,26 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     return chaos.descendants(os.getpid() if pid is None else pid)
 
 
-def kill_leftovers(grace: float = 5.0) -> list[tuple[int, str]]:
+# Roots of process trees that outlive single tests on purpose: a server started once for a
+# whole test module (vLLM takes a minute to start). The per-test leak check spares them and
+# what they started; the module's own teardown must leave nothing, which the session's
+# last check sees.
+MODULE_SCOPED: set[int] = set()
+
+
+def spared() -> set[int]:
+    """The processes of the module-scoped trees (and the vLLM servers' process groups)."""
+    pids = set(long_lived_pids())
+    for root in MODULE_SCOPED:
+        pids.add(root)
+        pids.update(pid for pid, _ in descendants(root))
+    return pids
+
+
+def kill_leftovers(grace: float = 5.0, *, spare: Callable[[], set[int]] = set) -> list[tuple[int, str]]:
     """Give this process's descendants *grace* seconds to go, SIGKILL the rest; those that were left."""
     deadline = time.monotonic() + grace
-    while (left := descendants()) and time.monotonic() < deadline:
+    while (left := [d for d in descendants() if d[0] not in spare()]) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid, _ in left:
         try:
@@ -52,7 +69,7 @@ def kill_leftovers(grace: float = 5.0) -> list[tuple[int, str]]:
 @pytest.fixture(autouse=True)
 def no_leaked_children() -> Iterator[None]:
     yield
-    left = kill_leftovers()
+    left = kill_leftovers(spare=spared)
     assert not left, f"processes outlived the test: {left}"
 
 

@@ -41,7 +41,7 @@ def test_check_prints_the_resolved_plan(tmp_path: Path) -> None:
     out = result.stdout
     assert "budget   16.0 GiB (17179869184 bytes) from gpu.budget" in out
     assert ("command  /opt/llama/llama-server --model /models/gemma.gguf --host 127.0.0.1 --port '<port>' "
-            "--parallel 2 -lv 4 -c 8192 -ngl 99") in out
+            "--parallel 2 -lv 4 --fit off -c 8192 -ngl 99") in out
     assert "memory   8.3 GiB (8912057139 bytes) reserved while loaded" in out
     assert "aliases  gpt-4o" in out
     assert "slots    4" in out  # embed: llama-server's automatic --parallel
@@ -153,10 +153,27 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
         assert len([c for c in stream if c.choices and c.choices[0].delta.content]) == 3
         embedded = client.embeddings.create(model="nomic-embed", input=["a", "b"])
         assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 64
+        # The always-on fake vLLM, behind the same queue.
+        shared = client.chat.completions.create(model="agents", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4)
+        assert shared.model == "qwen3-4b-shared" and shared.usage is not None
+        assert shared.usage.completion_tokens == 4
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
     assert not event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
+
+
+def test_check_shows_the_demos_always_on_engine(tmp_path: Path) -> None:
+    from supervisor.demo import SHARED_MODEL, demo_config_dict
+
+    path = write(tmp_path, demo_config_dict(tmp_path, 0))
+    result = steward("check", path)
+    assert result.returncode == 0, result.stderr
+    assert f"model {SHARED_MODEL}  (openai, always on)" in result.stdout
+    assert "--port '<port>' --served-model-name" in result.stdout  # ${PORT}, filled in at start
+    assert "slots    16 (requests steward sends at once; the rest wait in its queue)" in result.stdout
+    assert "fit      llama-server's own --fit is off" in result.stdout
 
 
 def test_every_example_config_is_valid() -> None:

@@ -57,7 +57,9 @@ def test_the_issue_example_message() -> None:
     ({"models": {"chat": {**GOOD, "memory": "8.3XB"}}},
      "models.chat.memory: must be a size like 16GiB or 8.3GB, got '8.3XB'"),
     ({"models": {"chat": {**GOOD, "parralel": 2}}}, "models.chat.parralel: unknown key"),
-    ({"models": {"chat": {"memory": "1GiB"}}}, "models.chat.command: required key is missing"),
+    ({"models": {"chat": {"memory": "1GiB"}}},
+     "models.chat.command: required key is missing (the engine's program); or set models.chat.upstream "
+     "to attach to a server that runs already"),
     ({"models": {"chat": GOOD}, "classes": {"batch": {"queue_timeout": "soon"}}},
      "classes.batch.queue_timeout: must be a duration like 2s or 5m, got 'soon'"),
     ({"models": {"chat": GOOD}, "classes": {"urgent": {}}}, "classes.urgent: unknown key"),
@@ -95,7 +97,7 @@ def test_a_full_config_resolves() -> None:
         "classes": {"background": {"queue_timeout": "2m"}},
         "scheduler": {"interactive_window": "500ms", "background_max_starvation": "0s"},
     })
-    assert config.listen_port == 9000
+    assert config.listen.port == 9000
     assert config.models["chat"].args == ["-c", "8192", "-ngl", "99"]  # YAML numbers become text
     assert config.classes.background.queue_timeout == 120.0 and config.limits.max_body_size == 1024**2
     assert config.classes.batch.queue_timeout is None  # the class default applies
@@ -182,7 +184,7 @@ def test_bad_host_port_values(key: str, value: str, expected: str) -> None:
 
 def test_an_ipv6_listen_address() -> None:
     config = parse_config({**with_model(), "listen": "[::1]:0"})
-    assert (config.listen_host, config.listen_port) == ("::1", 0)
+    assert (config.listen.host, config.listen.port) == ("::1", 0)
 
 
 @pytest.mark.parametrize("port", [0, 70000, -1, "8080"])

@@ -8,8 +8,8 @@ from typing import Any
 
 import trio
 
+from supervisor.backoff import Backoff
 from supervisor.events import EventLog
-from supervisor.gateway.relay import Backoff
 from supervisor.services.process import serve_service_process
 
 

@@ -84,7 +84,10 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,
                                      "queued": e.queued, "memory": e.memory, "reserved": e.reserved,
                                      "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
-                                     "failures": e.failures, "healthy": e.healthy}
+                                     "failures": e.failures, "healthy": e.healthy, "measured": e.measured,
+                                     # The engine's own account of its queue, where it gives one (vLLM).
+                                     "engine_load": None if e.engine_running is None and e.engine_waiting is None
+                                     else {"running": e.engine_running, "waiting": e.engine_waiting}}
                             for e in snapshot.engines}}
 
     @app.get("/metrics")

@@ -24,6 +24,9 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, follow_prompt, free_gpu, read_prompt, used_vram
+from supervisor.address import Address
+from supervisor.backoff import Backoff
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
@@ -41,21 +44,12 @@ from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.ollama_app import turnstile_health
 from supervisor.gateway.quart_app import new_quart_app
-from supervisor.gateway.relay import REQUEST_FRAMING, Backoff, UpstreamRequest, relay
+from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
-from supervisor.services.comfyui import (
-    NodeCatalog,
-    PromptRefused,
-    find_prompt_id,
-    follow_prompt,
-    free_gpu,
-    read_prompt,
-    used_vram,
-)
 
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
@@ -93,7 +87,7 @@ class ComfyListener:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.config.upstream}"
+        return self.config.upstream.url
 
     @property
     def backoff(self) -> Backoff:
@@ -182,13 +176,13 @@ class ComfyListener:
     async def _post_prompt(self, job: ImageJob, target: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """POST the prompt, retrying while ComfyUI refuses connections (nothing was sent then),
         until the client leaves or steward shuts down."""
-        host, _, port = self.config.upstream.rpartition(":")
+        upstream = self.config.upstream
         headers = [(b"content-type", b"application/json")]
         backoff = self.backoff
         for delay in backoff.delays():
             job.forwarded = True  # from here on ComfyUI may have it: the job must not vanish
             try:
-                return await fetch_upstream(host, int(port), b"POST", target, headers, job.body)
+                return await fetch_upstream(upstream.host, upstream.port, b"POST", target, headers, job.body)
             except UpstreamUnreachable as exc:
                 job.forwarded = False
                 if job.client_left:
@@ -218,11 +212,11 @@ class ComfyListener:
             return
         if body is None:
             return
-        host, _, port = self.config.upstream.rpartition(":")
+        upstream = self.config.upstream
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        request = UpstreamRequest(host, int(port), scope["method"].encode(), target,
+        request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target,
                                   upstream_headers(scope["headers"], self.config.upstream), body)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
@@ -232,11 +226,11 @@ class ComfyListener:
             nursery.cancel_scope.cancel(reason="request finished")
 
 
-def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: str) -> list[tuple[bytes, bytes]]:
+def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> list[tuple[bytes, bytes]]:
     """ComfyUI refuses a request whose Origin does not match its Host: speak as its own page would
     (steward's own door has already refused a cross-site Origin)."""
     out = [(k, v) for k, v in headers if k not in REQUEST_FRAMING]
-    return [(k, f"http://{upstream}".encode() if k == b"origin" else v) for k, v in out]
+    return [(k, upstream.url.encode() if k == b"origin" else v) for k, v in out]
 
 
 def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
@@ -257,8 +251,7 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
     async def other(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
             # Outside the gate: a websocket only reports, and must not hold a shutdown open.
-            host, _, port = config.upstream.rpartition(":")
-            await proxy_websocket(scope, receive, send, host, int(port),
+            await proxy_websocket(scope, receive, send, config.upstream.host, config.upstream.port,
                                   [(k, v) for k, v in upstream_headers(scope["headers"], config.upstream)
                                    if k == b"origin"])
         else:

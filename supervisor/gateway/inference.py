@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import trio
 
+from supervisor.address import Address
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
     BodyLimits,
@@ -63,7 +64,6 @@ class InferenceHandler:
     body_limits: BodyLimits
     embedding_chunk: int
     timeouts: Timeouts  # toward the engines
-    _endpoints: dict[str, tuple[str, int]] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -171,13 +171,9 @@ class InferenceHandler:
         assert lease.grant.engine is not None
         self.scheduler.report_stall(lease.grant.engine, lease.grant.generation, detail)
 
-    def _endpoint(self, endpoint: str | None) -> tuple[str, int]:
+    def _endpoint(self, endpoint: Address | None) -> tuple[str, int]:
         assert endpoint is not None
-        cached = self._endpoints.get(endpoint)
-        if cached is None:
-            host, _, port = endpoint.removeprefix("http://").rpartition(":")
-            cached = self._endpoints[endpoint] = (host.strip("[]"), int(port))
-        return cached
+        return endpoint.host, endpoint.port
 
 
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> RoutedRequest:

@@ -17,6 +17,7 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
@@ -36,7 +37,7 @@ from supervisor.gateway.classes import CLASS_HEADER, choose_class
 from supervisor.gateway.errors import ErrorShape, error_body, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.quart_app import new_quart_app
-from supervisor.gateway.relay import REQUEST_FRAMING, Backoff, UpstreamRequest, relay
+from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.upstream import Timeouts
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
@@ -84,8 +85,7 @@ class OllamaListener:
     port: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        host, _, port = self.config.upstream.rpartition(":")
-        self.host, self.port = host.strip("[]"), int(port)
+        self.host, self.port = self.config.upstream.host, self.config.upstream.port
 
     @property
     def backoff(self) -> Backoff:

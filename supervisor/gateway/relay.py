@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
-import trio
 
+from supervisor.backoff import Backoff
 from supervisor.gateway.errors import ErrorShape, error_body, error_headers, error_in_stream
 from supervisor.gateway.upstream import (
     NO_TIMEOUTS,
@@ -36,30 +36,6 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te
                         b"proxy-connection", b"host"})
 # What steward's upstream client sets itself on a request it forwards.
 REQUEST_FRAMING = HOP_BY_HOP | {b"content-length"}
-
-
-@attrs.frozen
-class Backoff:
-    initial: float = 1.0
-    maximum: float = 60.0
-    # Set when retrying must end (steward shuts down): a request that never reached its
-    # upstream must not hold the drain open for the whole shutdown timeout.
-    until: trio.Event | None = attrs.field(default=None, eq=False)
-
-    def delays(self) -> Any:
-        delay = self.initial
-        while True:
-            yield delay
-            delay = min(delay * 2, self.maximum)
-
-    async def sleep(self, delay: float) -> bool:
-        """Wait *delay* seconds before the next try; False when retrying must end instead."""
-        if self.until is None:
-            await trio.sleep(delay)
-            return True
-        with trio.move_on_after(delay):
-            await self.until.wait()
-        return not self.until.is_set()
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 import attrs
 import trio
 
+from supervisor.address import Address
 from supervisor.events import EventLog
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
@@ -110,8 +111,23 @@ class EngineSpawned:
 class EngineReady:
     engine: str
     generation: int
-    endpoint: str
+    endpoint: Address
     pid: int | None
+
+
+@attrs.frozen
+class EngineAsleep:
+    engine: str
+    generation: int
+    detail: str
+
+
+@attrs.frozen
+class EngineLoad:
+    engine: str
+    generation: int
+    running: int | None
+    waiting: int | None
 
 
 @attrs.frozen
@@ -153,8 +169,8 @@ class Close:
     """Shutdown began."""
 
 
-Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineChecked | EngineStalled
-           | ServiceMemory | MemoryReading | Close)
+Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineAsleep | EngineLoad | EngineChecked
+           | EngineStalled | ServiceMemory | MemoryReading | Close)
 
 
 @attrs.define(eq=False)
@@ -222,8 +238,15 @@ class SchedulerClient:
     def report_spawned(self, engine: str, generation: int, pid: int) -> None:
         self._post(EngineSpawned(engine, generation, pid))
 
-    def report_ready(self, engine: str, generation: int, endpoint: str, pid: int | None = None) -> None:
+    def report_ready(self, engine: str, generation: int, endpoint: Address, pid: int | None = None) -> None:
         self._post(EngineReady(engine, generation, endpoint, pid))
+
+    def report_asleep(self, engine: str, generation: int, detail: str) -> None:
+        self._post(EngineAsleep(engine, generation, detail))
+
+    def report_load(self, engine: str, generation: int, running: int | None, waiting: int | None) -> None:
+        """What the engine says of its own queue (vLLM's metrics); shown, not decided on."""
+        self._post(EngineLoad(engine, generation, running, waiting))
 
     def report_exited(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineExited(engine, generation, detail))
@@ -315,6 +338,10 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_ready(engine, generation, endpoint, now, pid)
             case EngineExited(engine, generation, detail):
                 return core.engine_exited(engine, generation, now, detail)
+            case EngineAsleep(engine, generation, detail):
+                return core.engine_asleep(engine, generation, now, detail)
+            case EngineLoad(engine, generation, running, waiting):
+                return core.engine_load(engine, generation, running, waiting)
             case EngineChecked(engine, generation, problem):
                 return core.engine_checked(engine, generation, now, problem)
             case EngineStalled(engine, generation, detail):

@@ -37,11 +37,13 @@ from collections.abc import Iterable
 
 import attrs
 
+from supervisor.address import Address
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.queues import ClassQueue
 from supervisor.scheduler.types import (
     CLASSES,
     RANK,
+    CheckEngine,
     Effect,
     Emit,
     EngineProfile,
@@ -52,7 +54,6 @@ from supervisor.scheduler.types import (
     Grant,
     Job,
     Measured,
-    CheckEngine,
     Revoke,
     SchedulerSnapshot,
     SchedulingPolicy,
@@ -184,12 +185,12 @@ class Scheduler:
             self.exclusive_holder = None
         else:
             engine = self.engines[job.model]  # type: ignore[index]
-            if job.engine_generation == engine.generation and engine.status is EngineStatus.READY:
+            if job.engine_generation == engine.generation and engine.serving:
                 engine.in_flight -= 1
                 engine.last_used = now
                 if klass == "interactive":
                     engine.last_interactive = now
-                if engine.draining and engine.in_flight == 0:
+                if engine.status is EngineStatus.DRAINING and engine.in_flight == 0:
                     self._stop(engine)
         self._emit("complete", "debug", job=job_id, request=job.request, model=job.model, **{"class": klass},
                    step=f"{job.step}/{job.steps}", status=status,
@@ -202,7 +203,7 @@ class Scheduler:
             engine.pid = pid
         return self._flush()
 
-    def engine_ready(self, name: str, generation: int, endpoint: str, now: float,
+    def engine_ready(self, name: str, generation: int, endpoint: Address, now: float,
                      pid: int | None = None) -> list[Effect]:
         engine = self.engines[name]
         if generation != engine.generation or engine.status is not EngineStatus.STARTING:
@@ -212,26 +213,29 @@ class Scheduler:
         engine.pid = pid if pid is not None else engine.pid
         engine.ready_at = now
         engine.last_used = now
-        self._emit("ready", "info", engine=name, load_s=_round(now - engine.start_decided_at), endpoint=endpoint)
+        self._emit("ready", "info", engine=name, load_s=_round(now - engine.start_decided_at),
+                   endpoint=endpoint.url if isinstance(endpoint, Address) else endpoint)
         return self._decide(now)
 
     def engine_exited(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
         engine = self.engines[name]
         if generation != engine.generation or engine.status in (EngineStatus.STOPPED, EngineStatus.FAILED):
             return self._flush()
-        expected = engine.status is EngineStatus.STOPPING and not engine.restarting_unhealthy
+        # A sleeping engine's kept process that went away had been unloaded already.
+        expected = (engine.status is EngineStatus.STOPPING and not engine.restarting_unhealthy
+                    or engine.status is EngineStatus.SLEEPING)
         if engine.restarting_unhealthy:
             detail = f"restarted because it stopped answering its health checks ({detail})"
         was_starting = engine.status is EngineStatus.STARTING
         engine.endpoint = None
         engine.in_flight = 0
-        engine.draining = False
         engine.external = 0
         engine.check_failures = 0
         engine.unhealthy_since = None
         engine.restarting_unhealthy = False
+        engine.reported_running = engine.reported_waiting = None
         if self.observe_memory and engine.pid is not None:
-            engine.release_deadline = now + self.policy.release_timeout
+            self.ledger.await_free(name, now + self.policy.release_timeout)
             if engine.outside_baseline is None:
                 engine.outside_baseline = self.outside_memory
             released = 0
@@ -259,6 +263,37 @@ class Scheduler:
                                retry_after=delay, reason="engine_start_failed")
         return self._decide(now)
 
+    def engine_asleep(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
+        """An engine told to stop was put to sleep instead: its process stays, holding less.
+
+        Its reservation becomes ``sleep_memory`` when set, else what is measured while it
+        sleeps (the full reservation until a reading says so)."""
+        engine = self.engines[name]
+        if generation != engine.generation or engine.status is not EngineStatus.STOPPING:
+            return self._flush()
+        if engine.restarting_unhealthy:  # a restart was asked for, not a sleep
+            return self.engine_exited(name, generation, now, f"put to sleep, not restarted ({detail})")
+        engine.status = EngineStatus.SLEEPING
+        engine.endpoint = None
+        engine.in_flight = 0
+        engine.check_failures = 0
+        engine.unhealthy_since = None
+        engine.reported_running = engine.reported_waiting = None
+        engine.measured = 0
+        reserved = self.ledger.reservations.get(name, 0)
+        if engine.profile.sleep_memory is not None and name in self.ledger.reservations:
+            self.ledger.resize(name, min(engine.profile.sleep_memory, reserved))
+        self._emit("asleep", "info", engine=name, detail=detail, reserved=self.ledger.reservations.get(name, 0),
+                   released=reserved - self.ledger.reservations.get(name, 0), free=self.ledger.free)
+        return self._decide(now)
+
+    def engine_load(self, name: str, generation: int, running: int | None, waiting: int | None) -> list[Effect]:
+        """The engine's own account of its queue: kept for the snapshot, decides nothing."""
+        engine = self.engines[name]
+        if generation == engine.generation and engine.serving:
+            engine.reported_running, engine.reported_waiting = running, waiting
+        return self._flush()
+
     def engine_checked(self, name: str, generation: int, now: float, problem: str | None) -> list[Effect]:
         """The result of one health check of a ready engine: *problem* None if it answered.
 
@@ -267,7 +302,7 @@ class Scheduler:
         timeout); if it does not answer again within ``recover_timeout`` it is restarted.
         """
         engine = self.engines[name]
-        if generation != engine.generation or engine.status is not EngineStatus.READY:
+        if generation != engine.generation or not engine.serving:
             return self._flush()
         if problem is None:
             engine.check_failures = 0
@@ -290,7 +325,7 @@ class Scheduler:
     def engine_stalled(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
         """A request on the engine got no byte within its timeout: check the engine now."""
         engine = self.engines[name]
-        if generation == engine.generation and engine.status is EngineStatus.READY:
+        if generation == engine.generation and engine.serving:
             self._emit("engine_stalled", "warning", engine=name, detail=detail)
             self._effects.append(CheckEngine(name, generation))
         return self._flush()
@@ -307,11 +342,11 @@ class Scheduler:
         and the unattributed memory is back to the frozen estimate.
         """
         live = {e.pid: e for e in self.engines.values()
-                if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY,
-                                                      EngineStatus.STOPPING)}
+                if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY, EngineStatus.DRAINING,
+                                                      EngineStatus.STOPPING, EngineStatus.SLEEPING)}
         unattributed = used - sum(nbytes for pid, nbytes in processes.items() if pid in live)
-        unattributed -= sum(e.external for e in self.engines.values() if e.status is EngineStatus.READY)
-        if any(e.releasing or e.status is EngineStatus.STOPPING for e in self.engines.values()):
+        unattributed -= sum(e.external for e in self.engines.values() if e.serving)
+        if self.ledger.awaiting_free or any(e.status is EngineStatus.STOPPING for e in self.engines.values()):
             self.settle_polls_left = self.policy.settle_polls
         elif self.settle_polls_left > 0:
             self.settle_polls_left -= 1
@@ -319,15 +354,26 @@ class Scheduler:
             self.outside_memory = max(0, unattributed)
             self.ledger.outside = self.outside_memory
         for engine in self.engines.values():
-            if engine.releasing and engine.pid not in processes:
+            if self.ledger.releasing(engine.name) and engine.pid not in processes:
                 baseline = engine.outside_baseline if engine.outside_baseline is not None else unattributed
                 if unattributed <= baseline + self.policy.release_tolerance:
                     released = self._release(engine)
                     self._emit("released", "info", engine=engine.name, released=released, free=self.ledger.free)
         for pid, engine in live.items():
-            if engine.status is EngineStatus.READY and pid in processes:
+            if engine.serving and pid in processes:
                 self._measure(engine, processes[pid])
+            elif engine.status is EngineStatus.SLEEPING and pid in processes:
+                self._measure_asleep(engine, processes[pid])
         return self._decide(now)
+
+    def _measure_asleep(self, engine: EngineState, nbytes: int) -> None:
+        """What a sleeping engine holds becomes its reservation, unless set by hand."""
+        reserved = self.ledger.reservations.get(engine.name)
+        if engine.profile.sleep_memory is not None or reserved is None or abs(nbytes - reserved) <= reserved // 100:
+            return
+        self.ledger.resize(engine.name, nbytes)
+        self._emit("measured", "info", engine=engine.name, measured=nbytes, estimate=reserved, free=self.ledger.free,
+                   asleep=True)
 
     def _measure(self, engine: EngineState, nbytes: int) -> None:
         """Keep the most the process has used; it replaces the estimate once it differs by 1 %."""
@@ -350,7 +396,7 @@ class Scheduler:
         amount while the service is up, since it may load a model at any request.
         """
         engine = self.engines[name]
-        if generation != engine.generation or engine.status is not EngineStatus.READY:
+        if generation != engine.generation or not engine.serving:
             return self._flush()
         engine.external = nbytes
         reserved = self.ledger.reservations.get(name, 0)
@@ -370,13 +416,14 @@ class Scheduler:
             heapq.heappop(self._deadlines)
         if self._deadlines:
             times.append(self._deadlines[0][0])
+        times += self.ledger.awaiting_free.values()
         for engine in self.engines.values():
-            if engine.release_deadline is not None:
-                times.append(engine.release_deadline)
             if engine.status is EngineStatus.FAILED and (engine.profile.pinned or self._demand(engine.name)):
                 times.append(engine.retry_at)
-            if engine.unhealthy_since is not None and engine.status is EngineStatus.READY:
+            if engine.unhealthy_since is not None and engine.serving:
                 times.append(engine.unhealthy_since + self.policy.recover_timeout)
+            if self._may_idle_unload(engine):
+                times.append(engine.last_used + engine.profile.idle_unload)  # type: ignore[operator]
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
         for klass in CLASSES[1:]:
@@ -394,14 +441,16 @@ class Scheduler:
             queued=len(self.waiting),
             queued_by_class={k: q.size for k, q in self.queues.items()},
             running_by_class=dict(self.running_by_class),
-            releasing=sum(e.releasing for e in self.engines.values()),
+            releasing=len(self.ledger.awaiting_free),
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
             engines=tuple(EngineSnapshot(
-                name=e.name, status=e.status.value, in_flight=e.in_flight, slots=e.profile.slots,
+                # A draining engine still serves its steps: shown as ready, with draining set.
+                name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value, in_flight=e.in_flight,
+                slots=e.profile.slots,
                 memory=e.profile.memory, reserved=self.ledger.reservations.get(e.name, 0),
                 draining=e.draining, pinned=e.profile.pinned, hot=e.hot(self.now, self.policy.hot_window),
                 queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
-                healthy=not e.unhealthy)
+                healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running, engine_waiting=e.reported_waiting)
                 for e in self.engines.values()))
 
     # ---- decisions ----------------------------------------------------------------
@@ -411,6 +460,7 @@ class Scheduler:
         self._expire(now)
         self._release_overdue(now)
         self._restart_unhealthy(now)
+        self._unload_idle(now)
         self._drop_stale_guards()
         promised = 0  # memory that loads decided earlier in this pass are waiting for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
@@ -548,20 +598,19 @@ class Scheduler:
             if job is None or job.model is None:
                 continue  # running (or gone): its end frees the lane
             engine = self.engines[job.model]
-            if not (engine.status is EngineStatus.STARTING
-                    or (engine.status is EngineStatus.READY and not engine.draining)):
+            if engine.status not in (EngineStatus.STARTING, EngineStatus.READY):
                 self.guard[klass] = None
                 self._emit("starvation_retry", "info", job=job.id, model=job.model, **{"class": klass},
                            engine_status=engine.status.value)
 
     def _has_free_slot(self, engine: EngineState) -> bool:
-        return (engine.status is EngineStatus.READY and not engine.draining and not engine.unhealthy
+        return (engine.status is EngineStatus.READY and not engine.unhealthy
                 and engine.in_flight < engine.profile.slots)
 
     def _may_start(self, engine: EngineState, now: float) -> bool:
-        if engine.releasing:
+        if self.ledger.releasing(engine.name):
             return False
-        if engine.status is EngineStatus.STOPPED:
+        if engine.status in (EngineStatus.STOPPED, EngineStatus.SLEEPING):
             return True
         return engine.status is EngineStatus.FAILED and now >= engine.retry_at
 
@@ -588,7 +637,7 @@ class Scheduler:
     def _load_or_make_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
                            demand: Demand, reason: str) -> int:
         """Start *engine* if its memory is free, else evict for it. Returns the memory still awaited."""
-        need = engine.profile.memory
+        need = self._load_need(engine)
         if need <= self.ledger.free - promised:
             self._load(engine, now, reason)
             return 0
@@ -601,7 +650,7 @@ class Scheduler:
                    demand: Demand, *, idle_only: bool) -> list[EngineState] | None:
         """The victims that would make room for *engine*: [] if memory on its way out is
         enough already, None if nothing allowed frees enough now."""
-        need = engine.profile.memory
+        need = self._load_need(engine)
         free = self.ledger.free - promised
         if need <= free:
             return []
@@ -610,7 +659,7 @@ class Scheduler:
             return [] if not idle_only else None  # on its way out: wait, no second victim
         interactive = demand[0] == 0
         candidates = [e for e in self.engines.values()
-                      if e.status is EngineStatus.READY and not e.draining and not e.profile.pinned
+                      if e.status is EngineStatus.READY and not e.profile.pinned
                       and e is not engine and wanted.get(e.name, NO_DEMAND) > demand
                       and (interactive or not e.hot(now, self.policy.hot_window))
                       and not (idle_only and e.in_flight)]
@@ -627,27 +676,35 @@ class Scheduler:
     def _freeing(self) -> int:
         """Memory of engines on their way out: draining, stopping, or exited and not yet released."""
         return sum(self.ledger.reservations.get(e.name, 0) for e in self.engines.values()
-                   if e.releasing or e.status is EngineStatus.STOPPING
-                   or (e.status is EngineStatus.READY and e.draining))
+                   if self.ledger.releasing(e.name) or e.status in (EngineStatus.STOPPING, EngineStatus.DRAINING))
 
     def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int, free: int) -> None:
-        victim.draining = True
+        victim.status = EngineStatus.DRAINING
         self._emit("evict", "info", engine=victim.name, memory=self.ledger.reservations.get(victim.name, 0),
                    for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
                    idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window))
         if victim.in_flight == 0:
             self._stop(victim)
 
+    def _load_need(self, engine: EngineState) -> int:
+        """Memory a load takes from what is free: a sleeping engine holds part of it already."""
+        return engine.profile.memory - self.ledger.reservations.get(engine.name, 0)
+
     def _load(self, engine: EngineState, now: float, reason: str) -> None:
         restart = engine.status is EngineStatus.FAILED
-        self.ledger.reserve(engine.name, engine.profile.memory)
+        waking = engine.status is EngineStatus.SLEEPING
+        if waking:
+            self.ledger.resize(engine.name, engine.profile.memory)  # the rest of its memory
+        else:
+            self.ledger.reserve(engine.name, engine.profile.memory)
+            engine.pid = None  # a new process; a waking one keeps its own
         engine.generation += 1
         engine.status = EngineStatus.STARTING
         engine.start_decided_at = now
         engine.ready_at = None
-        engine.pid = None
         engine.measured = 0
-        self._emit("restart" if restart else "load", "info", engine=engine.name, memory=engine.profile.memory,
+        self._emit("restart" if restart else "wake" if waking else "load", "info",
+                   engine=engine.name, memory=engine.profile.memory,
                    reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
                    generation=engine.generation)
         self._effects.append(StartEngine(engine.name, engine.generation))
@@ -659,24 +716,38 @@ class Scheduler:
         self._effects.append(StopEngine(engine.name, engine.generation))
 
     def _release(self, engine: EngineState) -> int:
-        engine.release_deadline = None
         engine.outside_baseline = None
         return self.ledger.release(engine.name)
 
     def _restart_unhealthy(self, now: float) -> None:
         for engine in self.engines.values():
-            if (engine.status is EngineStatus.READY and engine.unhealthy_since is not None
+            if (engine.serving and engine.unhealthy_since is not None
                     and now >= engine.unhealthy_since + self.policy.recover_timeout):
                 self._emit("engine_restart", "error", engine=engine.name, reason="unhealthy",
                            unhealthy_s=_round(now - engine.unhealthy_since), in_flight=engine.in_flight)
                 engine.restarting_unhealthy = True
                 self._stop(engine)
 
-    def _release_overdue(self, now: float) -> None:
+    def _may_idle_unload(self, engine: EngineState) -> bool:
+        """Ready, idle, unloadable when idle, and nothing waits for it (then it is not idle)."""
+        return (engine.profile.idle_unload is not None and not engine.profile.pinned
+                and engine.status is EngineStatus.READY and engine.in_flight == 0
+                and not self._demand(engine.name))
+
+    def _unload_idle(self, now: float) -> None:
+        # Decided here, in the actor, like every other stop: a request that arrives first
+        # keeps the engine; one that arrives after waits for the stop and loads it again.
         for engine in self.engines.values():
-            if engine.release_deadline is not None and now >= engine.release_deadline:
-                released = self._release(engine)
-                self._emit("release_timeout", "warning", engine=engine.name, released=released,
+            if self._may_idle_unload(engine) and now >= engine.last_used + engine.profile.idle_unload:  # type: ignore[operator]
+                self._emit("idle_unload", "info", engine=engine.name, idle_s=_round(now - engine.last_used),
+                           idle_unload_s=engine.profile.idle_unload)
+                self._stop(engine)
+
+    def _release_overdue(self, now: float) -> None:
+        for name, deadline in list(self.ledger.awaiting_free.items()):
+            if now >= deadline:
+                released = self._release(self.engines[name])
+                self._emit("release_timeout", "warning", engine=name, released=released,
                            timeout_s=self.policy.release_timeout, free=self.ledger.free)
 
     # ---- exclusive jobs -------------------------------------------------------------
@@ -697,7 +768,7 @@ class Scheduler:
         unreserved = self.ledger.budget - self.ledger.reserved
         if self.exclusive_holder is None and need > unreserved + self._freeing():
             candidates = [e for e in self.engines.values()
-                          if e.status is EngineStatus.READY and not e.draining
+                          if e.status is EngineStatus.READY
                           and wanted.get(e.name, NO_DEMAND)[0] >= rank]
             candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, e.last_used))
             gain = unreserved + self._freeing()

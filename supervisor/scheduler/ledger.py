@@ -21,6 +21,9 @@ class Ledger:
     reservations: dict[str, int] = attrs.Factory(dict)
     # Memory the device reports used by processes that are not steward's engines.
     outside: int = 0
+    # Owners whose process exited while their memory is not yet observed free: the
+    # reservation is still held, until this time at the latest.
+    awaiting_free: dict[str, float] = attrs.Factory(dict)
 
     @property
     def reserved(self) -> int:
@@ -39,7 +42,15 @@ class Ledger:
         self.reservations[owner] = nbytes
 
     def release(self, owner: str) -> int:
+        self.awaiting_free.pop(owner, None)
         return self.reservations.pop(owner, 0)
+
+    def await_free(self, owner: str, deadline: float) -> None:
+        """Keep *owner*'s reservation until its memory is observed free, or *deadline*."""
+        self.awaiting_free[owner] = deadline
+
+    def releasing(self, owner: str) -> bool:
+        return owner in self.awaiting_free
 
     def resize(self, owner: str, nbytes: int) -> int:
         """A measurement replaced an estimate; returns the previous reservation."""

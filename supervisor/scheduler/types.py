@@ -7,6 +7,8 @@ import math
 
 import attrs
 
+from supervisor.address import Address
+
 CLASSES = ("interactive", "background", "batch")
 RANK = {klass: rank for rank, klass in enumerate(CLASSES)}
 
@@ -15,7 +17,12 @@ class EngineStatus(enum.Enum):
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
+    # Ready, but chosen for eviction (or an exclusive job): no new work, stopped once idle.
+    DRAINING = "draining"
     STOPPING = "stopping"
+    # Unloaded but its process kept (vLLM's /sleep): it holds its sleeping memory, and the
+    # next demand wakes it, which is a load of the difference.
+    SLEEPING = "sleeping"
     FAILED = "failed"  # exited unexpectedly; may start again at retry_at
 
 
@@ -29,6 +36,10 @@ class EngineProfile:
     pinned: bool = False
     # Set by hand: a measurement is reported but does not replace it.
     fixed_memory: bool = False
+    # Stopped (or put to sleep) after this long without a request; None: never.
+    idle_unload: float | None = None
+    # What it holds asleep, set by hand; None: measured once it sleeps (the full reservation until then).
+    sleep_memory: int | None = None
 
 
 @attrs.define
@@ -36,19 +47,18 @@ class EngineState:
     profile: EngineProfile
     status: EngineStatus = EngineStatus.STOPPED
     generation: int = 0  # bumped by every start; stale reports carry an old one
-    endpoint: str | None = None
+    endpoint: Address | None = None
     pid: int | None = None
     in_flight: int = 0  # steps of the current generation granted and not finished
     last_used: float = -math.inf
     last_interactive: float = -math.inf  # residency: hot while this is within hot_window
-    draining: bool = False  # chosen for eviction (or an exclusive job): no new work, stop once idle
     failures: int = 0  # consecutive unexpected exits
     retry_at: float = -math.inf
     start_decided_at: float = 0.0
     ready_at: float | None = None
-    # Exited, but its memory not yet observed free: the reservation is still held.
-    release_deadline: float | None = None
-    outside_baseline: int | None = None  # memory used outside engines when its stop began
+    # Memory used outside engines when its stop began: what the device must be back to once
+    # it exited (its reservation is the ledger's, held until then: Ledger.awaiting_free).
+    outside_baseline: int | None = None
     measured: int = 0  # the most this generation's process has been seen to use
     # What a service says it holds (Ollama's /api/ps): its processes are not ours to name,
     # so this much of the device's unattributed memory is its, not outside use.
@@ -58,6 +68,9 @@ class EngineState:
     check_failures: int = 0
     unhealthy_since: float | None = None
     restarting_unhealthy: bool = False  # the stop under way is a restart: its exit is a failure
+    # What the engine says of its own queue (vLLM's metrics), for /healthz and /metrics.
+    reported_running: int | None = None
+    reported_waiting: int | None = None
 
     @property
     def unhealthy(self) -> bool:
@@ -68,8 +81,14 @@ class EngineState:
         return self.profile.name
 
     @property
-    def releasing(self) -> bool:
-        return self.release_deadline is not None
+    def draining(self) -> bool:
+        """On its way out: no new work (draining its steps, or stopping)."""
+        return self.status in (EngineStatus.DRAINING, EngineStatus.STOPPING)
+
+    @property
+    def serving(self) -> bool:
+        """Its process serves the steps already granted to it (ready, or draining them)."""
+        return self.status in (EngineStatus.READY, EngineStatus.DRAINING)
 
     def hot(self, now: float, window: float) -> bool:
         return now - self.last_interactive < window
@@ -151,7 +170,7 @@ class SchedulingPolicy:
 class Grant:
     job_id: int
     engine: str | None  # None for an exclusive job: the GPU is all its own
-    endpoint: str | None
+    endpoint: Address | None
     generation: int = attrs.field(default=0, eq=False)  # of the engine's process the step runs on
 
 
@@ -224,6 +243,9 @@ class EngineSnapshot:
     queued: int
     failures: int
     healthy: bool = True
+    measured: int = 0  # the most its process tree was seen to hold, this load
+    engine_running: int | None = None  # as the engine itself reports (vLLM's metrics)
+    engine_waiting: int | None = None
 
 
 @attrs.frozen

@@ -1,25 +1,57 @@
-"""A service steward supervises as a child for as long as steward runs (Ollama, ComfyUI).
+"""A process steward supervises for as long as it runs (Ollama, ComfyUI, a sleeping vLLM).
 
-Unlike an engine, its process is not started and stopped with its models: it stays up,
-and it is restarted with backoff if it exits.
+Unlike a spawned engine, its process is not started and stopped with its models: it stays
+up, and it is restarted with backoff if it exits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import attrs
 import trio
 
+from supervisor.backoff import Backoff
 from supervisor.events import EventLog
-from supervisor.gateway.relay import Backoff
-from supervisor.engine import report_reaper
-from supervisor.process import describe_exit, open_child, pump_lines, stop_child
+from supervisor.process import (
+    ChildProcess,
+    describe_exit,
+    open_child,
+    pump_lines,
+    report_reaper,
+    stop_child,
+    terminate_child,
+)
+
+
+@attrs.define(eq=False)
+class ServiceProcess:
+    """The service's process now, for whoever serves through it (its engine)."""
+
+    on_spawn: Callable[[int | None], None] = lambda pid: None  # told each new process's pid (None: gone)
+    on_exit: Callable[[str], None] = lambda detail: None  # told why each process ended
+    on_line: Callable[[str], None] = lambda line: None
+    _current: ChildProcess | None = None
+    _gone: trio.Event = attrs.Factory(trio.Event)  # set once the current process has exited
+
+    @property
+    def pid(self) -> int | None:
+        return self._current.pid if self._current is not None and self._current.returncode is None else None
+
+    async def restart(self) -> None:
+        """End the current process and wait until it is gone; the supervisor starts a fresh one
+        (after its backoff), so nothing that answers before then is the old one."""
+        if self._current is not None and self._current.returncode is None:
+            terminate_child(self._current)
+            await self._gone.wait()
 
 
 async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str, str], events: EventLog,
-                                backoff: Backoff, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-                                ) -> None:
-    task_status.started()
+                                backoff: Backoff, service: ServiceProcess | None = None, *,
+                                task_status: trio.TaskStatus[ServiceProcess] = trio.TASK_STATUS_IGNORED) -> None:
+    """*service*: its callbacks set by the caller before the first process starts."""
+    service = service or ServiceProcess()
+    task_status.started(service)
     delays = backoff.delays()
     while True:
         started = trio.current_time()
@@ -27,16 +59,25 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
             process = open_child(argv, env)
         except OSError as exc:
             events.emit("spawn_failed", "error", engine=name, argv=list(argv), detail=str(exc))
+            service.on_exit(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
         else:
+            service._current, service._gone = process, trio.Event()
+            service.on_spawn(process.pid)
             events.emit("spawn", "info", engine=name, pid=process.pid, argv=list(argv))
             report_reaper(process, events, name)
+
+            def on_line(line: str) -> None:
+                service.on_line(line)
+                events.emit("engine_output", "debug", engine=name, line=line)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(pump_lines, process.output,
-                                       lambda line: events.emit("engine_output", "debug", engine=name, line=line))
+                    nursery.start_soon(pump_lines, process.output, on_line)
                     status = await process.wait()
                 events.emit("exit", "error", engine=name, pid=process.pid, status=describe_exit(status),
                             requested=False)
+                service._gone.set()
+                service.on_spawn(None)
+                service.on_exit(describe_exit(status))
             finally:
                 with trio.CancelScope(shield=True):
                     if process.returncode is None:  # steward is stopping: so does the service

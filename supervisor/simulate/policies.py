@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from supervisor import tree
+from supervisor import config_policy
 from supervisor.config import Config
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import Effect, EngineProfile, SchedulingPolicy
@@ -40,7 +40,7 @@ def profiles(scenario: Scenario) -> list[EngineProfile]:
 
 def scheduling_policy(scenario: Scenario) -> SchedulingPolicy:
     """Exactly what `steward run` would make of the same config sections."""
-    return tree.scheduling_policy(Config(models={}, scheduler=scenario.scheduler, classes=scenario.classes))
+    return config_policy.scheduling_policy(Config(models={}, scheduler=scenario.scheduler, classes=scenario.classes))
 
 
 def queue_timeouts(scenario: Scenario) -> dict[str, float]:

@@ -1,0 +1,109 @@
+"""Any OpenAI-compatible server: vLLM, SGLang, TGI, a llama-server someone else runs.
+
+Steward runs it from ``command`` (``${PORT}`` filled in) or attaches to ``upstream``. Its
+readiness and health are one path (``health``, default ``/health``: vLLM answers 200 with
+an empty body once its engine is up). Where it serves vLLM's Prometheus gauges, its own
+queue is read from ``/metrics`` so that overload inside the engine shows in steward too.
+With ``sleep``, unloading it is ``POST /sleep?level=N`` and loading again ``POST /wake_up``
+(vLLM, only with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode).
+"""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.base import EngineUsage, Residence, probe_path
+from supervisor.config import PORT_PLACEHOLDER, ModelConfig
+from supervisor.events import EventLog
+
+# Requests steward sends at once when `parallel` is not set: such servers batch many
+# requests in one KV pool, so more than a llama-server's slots, fewer than its own limit.
+DEFAULT_PARALLEL = 8
+_RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+
+
+class OpenAIRuntime:
+    name = "openai"
+    checks_health = True
+    measured = True
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.model = model
+        self.residence = (Residence.ATTACHED if model.upstream is not None
+                          else Residence.SERVICE if model.sleep is not None else Residence.SPAWNED)
+        self.slots = model.parallel or DEFAULT_PARALLEL
+        self.sleeps = model.sleep is not None
+        self._metrics = True  # until the server shows it has none
+
+    def command(self, host: str, port: int) -> list[str] | None:
+        if self.model.command is None:
+            return None
+        return [part.replace(PORT_PLACEHOLDER, str(port)) for part in [*self.model.command, *self.model.args]]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.model.env
+
+    def log_reader(self) -> None:
+        return None
+
+    async def is_ready(self, http: httpx.AsyncClient, base_url: str) -> bool:
+        return await probe_path(http, f"{base_url}{self.model.health}") is None
+
+    async def check_health(self, http: httpx.AsyncClient, base_url: str, timeout: float) -> str | None:
+        return await probe_path(http, f"{base_url}{self.model.health}", timeout)
+
+    async def unload(self, http: httpx.AsyncClient, base_url: str, events: EventLog) -> str:
+        if self.model.sleep is None:
+            return "left loaded: it has no sleep configured"
+        level = self.model.sleep.level
+        try:
+            response = await http.post(f"{base_url}/sleep", params={"level": level}, timeout=60)
+        except httpx.HTTPError as exc:
+            return f"POST /sleep?level={level} failed: {exc or type(exc).__name__}"
+        if response.status_code != 200:
+            return f"POST /sleep?level={level} answered {response.status_code}: {response.text[:200]}"
+        return f"asleep (level {level})"
+
+    async def wake(self, http: httpx.AsyncClient, base_url: str) -> str | None:
+        if self.model.sleep is None:
+            return None
+        try:
+            response = await http.post(f"{base_url}/wake_up", timeout=120)
+        except httpx.HTTPError as exc:
+            return f"POST /wake_up failed: {exc or type(exc).__name__}"
+        if response.status_code != 200:
+            return f"POST /wake_up answered {response.status_code}: {response.text[:200]}"
+        return None
+
+    async def read_usage(self, http: httpx.AsyncClient, base_url: str) -> EngineUsage | None:
+        if not self._metrics:
+            return None
+        try:
+            response = await http.get(f"{base_url}/metrics")
+        except httpx.HTTPError:
+            return None  # down for now; its health check says so
+        if response.status_code == 404:
+            self._metrics = False  # a server without Prometheus metrics: stop asking
+            return None
+        if response.status_code != 200:
+            return None
+        return read_vllm_load(response.text)
+
+
+def read_vllm_load(text: str) -> EngineUsage | None:
+    """vLLM's running/waiting gauges (summed over its model_name labels), or None without them."""
+    found: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in (_RUNNING, _WAITING):
+                    found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    except (ValueError, TypeError, IndexError):
+        return None  # not Prometheus text after all
+    if not found:
+        return None
+    running, waiting = found.get(_RUNNING), found.get(_WAITING)
+    return EngineUsage(running=None if running is None else int(running),
+                       waiting=None if waiting is None else int(waiting))

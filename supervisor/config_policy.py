@@ -1,0 +1,54 @@
+"""From the config to what the scheduler's core decides with: its policy and its engines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from supervisor.config import OLLAMA_ENGINE, Config
+from supervisor.engine import EngineSpec
+from supervisor.memory_plan import MemoryPlan
+from supervisor.scheduler.core import Scheduler
+from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
+
+
+def engine_specs(config: Config) -> dict[str, EngineSpec]:
+    """Every engine the config names, each through its runtime's adapter: the models, then Ollama."""
+    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
+    if config.ollama is not None:
+        specs[OLLAMA_ENGINE] = EngineSpec.for_ollama(config)
+    return specs
+
+
+def scheduling_policy(config: Config) -> SchedulingPolicy:
+    defaults = SchedulingPolicy()
+    classes = {klass: getattr(config.classes, klass) for klass in CLASSES}
+    return SchedulingPolicy(
+        interactive_window=config.scheduler.interactive_window,
+        starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
+                    "batch": config.scheduler.batch_max_starvation},
+        hot_window=config.scheduler.hot_window,
+        guard_share=config.scheduler.guard_share,
+        guard_gap_wait=config.scheduler.guard_gap_wait,
+        max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
+        queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
+                       for k, c in classes.items()},
+        release_timeout=config.scheduler.release_timeout,
+        backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max),
+        unhealthy_after=config.engines.unhealthy_after, recover_timeout=config.engines.recover_timeout)
+
+
+def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapping[str, MemoryPlan],
+                    ) -> list[EngineProfile]:
+    profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.resident,
+                              fixed_memory=plans[name].source == "config", idle_unload=model.idle_unload,
+                              sleep_memory=model.sleep.memory if model.sleep is not None else None)
+                for name, model in config.models.items()]
+    if config.ollama is not None:
+        profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel))
+    return profiles
+
+
+def build_scheduler(config: Config, specs: Mapping[str, EngineSpec], plans: Mapping[str, MemoryPlan], budget: int,
+                    *, observe_memory: bool) -> Scheduler:
+    return Scheduler.create(budget, engine_profiles(config, specs, plans), scheduling_policy(config),
+                            observe_memory=observe_memory)

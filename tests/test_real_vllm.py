@@ -1,0 +1,164 @@
+"""Steward in front of a real vLLM it attaches to (runtime openai, upstream).
+
+One vLLM server serves the module (it takes about a minute to start); one steward,
+attached to it, serves the module too. vLLM runs with --max-num-seqs 4: left to itself it
+would run 4 of 6 requests at once and queue 2 inside; behind steward with `parallel: 2` it
+never sees more than 2, and the rest wait in steward's queue, in class order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from adapters.openai import read_vllm_load
+from fakes.tiny_hf import write_tiny_model
+from tests.conftest import MODULE_SCOPED, RunningSteward, launch_steward
+from tests.vllm_server import require_vllm_python, running_vllm
+
+pytestmark = pytest.mark.slow
+
+NAME = "tiny"  # steward's model name is vLLM's --served-model-name: the body goes through unchanged
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_vllm_python()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with running_vllm(write_tiny_model(), NAME, log=log) as (_, base_url):
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def steward(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSteward]:
+    started: list[RunningSteward] = []
+    upstream = vllm.removeprefix("http://")
+    running = launch_steward(tmp_path_factory.mktemp("steward"), {
+        NAME: {"runtime": "openai", "upstream": upstream, "memory": "3GiB", "parallel": 2}},
+        started, gpu={"probe": "none", "budget": "16GiB"})
+    MODULE_SCOPED.add(running.process.pid)
+    try:
+        running.wait_event("ready", engine=NAME, timeout=30)  # attached: always on, loaded at start
+        yield running
+    finally:
+        running.stop()
+        MODULE_SCOPED.discard(running.process.pid)
+
+
+def chat(max_tokens: int, **extra: object) -> dict[str, object]:
+    return {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, **extra}
+
+
+def test_the_attached_server_is_listed_always_on_and_ready(steward: RunningSteward) -> None:
+    models = httpx.get(f"{steward.base_url}/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == [NAME]
+    engine = steward.health()["engines"][NAME]
+    assert engine["status"] == "ready" and engine["pinned"] is True and engine["slots"] == 2
+
+
+def test_vllm_never_sees_more_than_parallel_and_the_rest_wait_in_class_order(
+        steward: RunningSteward, vllm: str) -> None:
+    # vLLM asleep holds the requests it gets (its /health stays 200): the first two stay
+    # inside it while four more arrive, so the order they leave steward in is the queue's.
+    assert httpx.post(f"{vllm}/sleep", params={"level": 1}, timeout=60).status_code == 200
+    inside: list[int] = []  # requests inside vLLM (running + waiting), as it reports them
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                load = read_vllm_load(httpx.get(f"{vllm}/metrics", timeout=10).text)
+            except httpx.HTTPError:
+                continue
+            if load is not None:
+                inside.append((load.running or 0) + (load.waiting or 0))
+
+    statuses: list[int] = []
+
+    def ask(model: str) -> None:
+        body = {**chat(16), "model": model}
+        statuses.append(httpx.post(f"{steward.base_url}/chat/completions", json=body, timeout=300).status_code)
+
+    def wait_for(event: str, count: int) -> None:
+        deadline = time.monotonic() + 120
+        while len(steward.events(event)) < count:
+            assert time.monotonic() < deadline, f"fewer than {count} {event!r} events"
+            time.sleep(0.01)
+
+    dispatched, queued = len(steward.events("dispatch")), len(steward.events("enqueue"))
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    threads = []
+    for i, model in enumerate([f"{NAME}@batch"] * 4 + [NAME] * 2):  # the interactive ones arrive last
+        threads.append(threading.Thread(target=ask, args=(model,)))
+        threads[-1].start()
+        wait_for("enqueue", queued + i + 1)
+    wait_for("dispatch", dispatched + 2)
+    health = steward.health()
+    assert health["classes"]["batch"] == {"queued": 2, "running": 2}
+    assert health["classes"]["interactive"] == {"queued": 2, "running": 0}
+    assert httpx.post(f"{vllm}/wake_up", timeout=60).status_code == 200
+    for thread in threads:
+        thread.join(300)
+    done.set()
+    sampler.join(30)
+    assert statuses == [200] * 6
+    assert inside and max(inside) == 2  # alone, vLLM (--max-num-seqs 4) would have held all 6
+    classes = [e["class"] for e in steward.events("dispatch")[dispatched:]]
+    assert classes == ["batch", "batch", "interactive", "interactive", "batch", "batch"]
+
+
+def test_a_stream_is_relayed_chunk_by_chunk_with_its_usage(steward: RunningSteward) -> None:
+    with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=120,
+                      json=chat(200, stream=True, stream_options={"include_usage": True})) as response:
+        assert response.status_code == 200
+        reads = [chunk for chunk in response.iter_raw()]
+    assert len(reads) > 1  # what vLLM sent as it went, not one buffered answer
+    events = [line.removeprefix("data: ") for line in b"".join(reads).decode().split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 200
+    client = openai.OpenAI(base_url=steward.base_url, api_key="x", max_retries=0, timeout=120)
+    streamed = list(client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=8, stream=True))
+    assert sum(1 for c in streamed if c.choices and c.choices[0].delta.content is not None) >= 8
+
+
+def test_vllm_errors_come_back_unchanged(steward: RunningSteward, vllm: str) -> None:
+    body = chat(4, messages=[{"role": "user", "content": "word " * 2000}])  # past --max-model-len 512
+    direct = httpx.post(f"{vllm}/v1/chat/completions", json=body, timeout=60)
+    through = httpx.post(f"{steward.base_url}/chat/completions", json=body, timeout=60)
+    assert direct.status_code == 400
+    assert (through.status_code, through.json()) == (direct.status_code, direct.json())
+    assert through.json()["error"]["type"] == "BadRequestError"
+
+
+def test_the_engines_own_queue_shows_in_healthz_and_metrics(steward: RunningSteward) -> None:
+    deadline = time.monotonic() + 30
+    while (load := steward.health()["engines"][NAME]["engine_load"]) is None:
+        assert time.monotonic() < deadline, "vLLM's own load never reached /healthz"
+        time.sleep(0.1)
+    assert set(load) == {"running", "waiting"}
+    metrics = httpx.get(f"{steward.url}/metrics", timeout=10).text
+    assert f'steward_engine_reported_waiting{{engine="{NAME}"}}' in metrics
+
+
+def test_steward_check_shows_the_attached_server(steward: RunningSteward, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    config = steward.events_path.parent / "config.yaml"
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "check", str(config)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"model {NAME}  (openai, always on)" in result.stdout
+    assert "attach   http://127.0.0.1:" in result.stdout
