@@ -82,6 +82,9 @@ class ModelConfig:
     # Attach to a server that runs already, at HOST:PORT, instead of starting one.
     upstream: UpstreamAddress | None = None
     health: str = "/health"  # readiness and health path (runtime openai)
+    # The model's name on its server (vLLM's --served-model-name), sent in every request's
+    # `model` whatever alias the client used; default: the model's name here (runtime openai).
+    served_name: str | None = None
     sleep: SleepConfig | None = None
     # Stopped (or put to sleep) once it has had no request for this long; null: never.
     idle_unload: PositiveDuration | None = None
@@ -635,6 +638,8 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
         if model.command is not None and model.port is None and not placeholder:
             problems.append(f"{key}.command: must hold {PORT_PLACEHOLDER} where the server takes its port "
                             f"(or set {key}.port to the port it listens on)")
+    if model.served_name is not None and model.runtime != "openai":
+        problems.append(f"{key}.served_name: only for runtime openai (llama-server answers any name)")
     if model.sleep is not None and model.runtime != "openai":
         problems.append(f"{key}.sleep: only runtime openai engines can sleep (vLLM's /sleep and /wake_up)")
     if not model.health.startswith("/"):

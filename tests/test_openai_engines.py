@@ -177,3 +177,22 @@ def test_a_server_that_fails_its_health_checks_is_cut_off_and_restarted(start_st
         time.sleep(0.05)
     assert steward.events("ready")[-1]["mono"] > first["mono"]
     assert len({e["pid"] for e in steward.events("spawn")}) >= 2  # a fresh process
+
+
+def test_an_alias_reaches_the_server_as_the_name_it_serves(start_steward: StewardFactory, tmp_path: Path) -> None:
+    import subprocess
+
+    port = free_port()
+    with open(tmp_path / "server.log", "wb") as log:  # vLLM refuses a name it does not serve (404)
+        server = subprocess.Popen([sys.executable, "-m", "fakes.openai_server", "--port", str(port),
+                                   "--served-model-name", "qwen3-8b"], stdout=log, stderr=log)
+    try:
+        steward = start_steward({"shared": {"runtime": "openai", "upstream": f"127.0.0.1:{port}", "memory": "2GiB",
+                                            "served_name": "qwen3-8b", "aliases": ["agents"]}},
+                                gpu={"probe": "none", "budget": "16GiB"})
+        steward.wait_event("ready", engine="shared", timeout=30)
+        for name in ("shared", "agents", "agents@batch"):
+            reply = ask(steward.base_url, name)
+            assert reply.status_code == 200 and reply.json()["model"] == "qwen3-8b", (name, reply.text)
+    finally:
+        stop_process(server)

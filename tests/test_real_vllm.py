@@ -65,8 +65,15 @@ def steward(vllm: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         MODULE_SCOPED.discard(running.process.pid)
 
 
+# vLLM's own sampling parameter: a reply is exactly max_tokens long. Greedy decoding of the
+# random tiny model may otherwise meet its end token when the batch (and so the CPU
+# kernels' rounding) differs, as it did once on a busy machine after 59 of 200 tokens.
+EXACT = {"ignore_eos": True}
+
+
 def chat(max_tokens: int, **extra: object) -> dict[str, object]:
-    return {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, **extra}
+    return {"model": NAME, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, **EXACT,
+            **extra}
 
 
 def test_the_attached_server_is_listed_always_on_and_ready(steward: RunningSteward) -> None:
@@ -96,7 +103,8 @@ def test_vllm_never_sees_more_than_parallel_and_the_rest_wait_in_class_order(
     statuses: list[int] = []
 
     def ask(model: str) -> None:
-        body = {**chat(16), "model": model}
+        # Long enough to be seen: vLLM updates its gauges as its engine steps, not while asleep.
+        body = {**chat(400), "model": model}
         statuses.append(httpx.post(f"{steward.base_url}/chat/completions", json=body, timeout=300).status_code)
 
     def wait_for(event: str, count: int) -> None:
@@ -123,9 +131,23 @@ def test_vllm_never_sees_more_than_parallel_and_the_rest_wait_in_class_order(
     done.set()
     sampler.join(30)
     assert statuses == [200] * 6
-    assert inside and max(inside) == 2  # alone, vLLM (--max-num-seqs 4) would have held all 6
+    # vLLM's own gauges never show more than 2 inside it; alone (--max-num-seqs 4) it would
+    # have held all 6. (On a machine with busy cores its gauges were once 0 throughout, so
+    # that it saw 2 at a time is read from steward's log of what it sent.)
+    assert inside and max(inside) <= 2
+    assert _most_at_once(steward.events()) == 2
     classes = [e["class"] for e in steward.events("dispatch")[dispatched:]]
     assert classes == ["batch", "batch", "interactive", "interactive", "batch", "batch"]
+
+
+def _most_at_once(events: list[dict[str, object]]) -> int:
+    """The most steps running at once on the engine, from dispatch and complete events."""
+    running = most = 0
+    for event in events:
+        if event.get("model") == NAME and event["event"] in ("dispatch", "complete"):
+            running += 1 if event["event"] == "dispatch" else -1
+            most = max(most, running)
+    return most
 
 
 def test_a_stream_is_relayed_chunk_by_chunk_with_its_usage(steward: RunningSteward) -> None:
@@ -140,7 +162,7 @@ def test_a_stream_is_relayed_chunk_by_chunk_with_its_usage(steward: RunningStewa
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 200
     client = openai.OpenAI(base_url=steward.base_url, api_key="x", max_retries=0, timeout=120)
     streamed = list(client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
-                                                   max_tokens=8, stream=True))
+                                                   max_tokens=8, stream=True, extra_body=EXACT))
     assert sum(1 for c in streamed if c.choices and c.choices[0].delta.content is not None) >= 8
 
 
@@ -173,7 +195,6 @@ def test_steward_check_shows_the_attached_server(steward: RunningSteward) -> Non
 
 
 # ---- what steward relies on in vLLM's own answers, asked of vLLM directly ----------------
-# Greedy decoding of the tiny model never stops early: a reply is exactly max_tokens tokens.
 MAX_TOKENS = 4
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -191,7 +212,8 @@ def test_models_lists_the_served_name(vllm: Server) -> None:
 
 
 def test_chat_completion(vllm: Server) -> None:
-    reply = vllm.client().chat.completions.create(model=NAME, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0)
+    reply = vllm.client().chat.completions.create(model=NAME, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0,
+                                                  extra_body=EXACT)
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason == "length"
@@ -200,7 +222,7 @@ def test_chat_completion(vllm: Server) -> None:
 
 
 def test_streamed_chat_ends_with_a_usage_chunk_then_done(vllm: Server) -> None:
-    body = {"model": NAME, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
+    body = {"model": NAME, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True, **EXACT,
             "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{vllm.base_url}/v1/chat/completions", json=body, timeout=60) as reply:
         assert reply.status_code == 200
@@ -217,7 +239,8 @@ def test_streamed_chat_ends_with_a_usage_chunk_then_done(vllm: Server) -> None:
 
 def test_streamed_chat_with_the_openai_client(vllm: Server) -> None:
     stream = vllm.client().chat.completions.create(model=NAME, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0,
-                                                   stream=True, stream_options={"include_usage": True})
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body=EXACT)
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text

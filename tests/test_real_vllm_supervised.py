@@ -57,7 +57,7 @@ def test_steward_starts_it_on_the_port_it_picked_and_it_answers(steward: Running
     spawn = steward.events("spawn")[-1]
     assert "${PORT}" not in " ".join(spawn["argv"]) and str(spawn["port"]) in spawn["argv"]
     reply = client(steward).chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=4)
+                                                    max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.usage is not None and reply.usage.completion_tokens == 4
 
 
@@ -81,7 +81,7 @@ def test_kill_9_of_its_whole_tree_gives_a_clean_error_a_restart_and_no_process_l
     group = {p for p in read_parents() if (stat := stat_fields(p)) is not None and int(stat[2]) == pid}
     assert len(group) >= 3  # the API server, its engine core and its worker
     with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=120,
-                      json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
+                      json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "ignore_eos": True,
                             "stream": True}) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
@@ -98,7 +98,7 @@ def test_kill_9_of_its_whole_tree_gives_a_clean_error_a_restart_and_no_process_l
         time.sleep(0.5)
     assert not [p for p in group if _alive(p)]  # the whole old tree is gone
     reply = client(steward).chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=4)
+                                                    max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
 
 

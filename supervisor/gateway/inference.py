@@ -64,13 +64,15 @@ class InferenceHandler:
     body_limits: BodyLimits
     embedding_chunk: int
     timeouts: Timeouts  # toward the engines
+    # model -> the name its server knows it by, for servers that check it (runtime openai)
+    served_names: Mapping[str, str] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return  # the client left while sending
-            routed = route_request(scope, body, self.aliases)
+            routed = route_request(scope, body, self.aliases, self.served_names)
         except RequestError as exc:
             self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
                              detail=exc.message)
@@ -176,8 +178,10 @@ class InferenceHandler:
         return endpoint.host, endpoint.port
 
 
-def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> RoutedRequest:
-    """Parse and validate; strip steward's own class field and model suffix. Pure."""
+def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
+                  served_names: Mapping[str, str] | None = None) -> RoutedRequest:
+    """Parse and validate; strip steward's own class field and model suffix; name the model
+    as its engine knows it where the engine checks (*served_names*: model -> that name). Pure."""
     payload = parse_json(body)
     if not isinstance(payload, dict):
         raise RequestError(400, "The request body must be a JSON object.")
@@ -190,8 +194,13 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str]) -> Rout
         raise RequestError(404, f"The model '{payload['model']}' does not exist.", param="model",
                            code="model_not_found")
     stream = payload.get("stream") is True
+    changed = choice.changed
+    served = (served_names or {}).get(model)
+    if served is not None and payload["model"] != served:
+        payload["model"] = served  # vLLM refuses a name it does not serve, an alias included
+        changed = True
     return RoutedRequest(model=model, klass=choice.klass, stream=stream,
-                         body=dump_json(payload) if choice.changed else body, payload=payload)
+                         body=dump_json(payload) if changed else body, payload=payload)
 
 
 def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -3,19 +3,21 @@
 Run from the repository root::
 
     .venv/bin/python tests/benchmarks/bench_streaming.py [--clients 64] [--duration 10] [--warmup 3]
-        [--max-tokens 64] [--tokens-per-second 100] [--json]
+        [--max-tokens 64] [--tokens-per-second 15] [--json]
 
 Method: start the fake vLLM (``python -m fakes.openai_server``, one token per SSE chunk at
 --tokens-per-second per stream, access log off), then ``steward run`` on a temporary config
 that attaches to it (runtime openai, upstream; an always-on engine, loaded at start), and wait
 until steward's ``/healthz`` shows the engine ready. Then, for each target in turn (direct =
 the fake's ``/v1/chat/completions``, steward = steward's), run --clients concurrent clients,
-each POSTing ``stream: true`` chat requests with --max-tokens back to back (one ~0.6 s stream
-each with the defaults). Clients start staggered over one stream's length so requests arrive
-spread out, as in a steady state, not in lockstep; streams started during the first --warmup
-seconds are not measured, and no stream starts after warmup + --duration. Per stream it
-records the time to first token (from sending the request to the first SSE chunk whose delta
-has content) and its chunks; per run, the chunks that arrived inside the measured window
+each POSTing ``stream: true`` chat requests with --max-tokens back to back (one ~4.3 s stream
+each with the defaults: 960 chunks/s asked, which a 2-core machine can deliver, so the
+relay is what is measured, not a saturated client). Clients start staggered over one stream's length (at most the
+warmup) so requests arrive spread out, as in a steady state, not in lockstep; streams started
+during the first --warmup seconds are not measured, and no stream starts after warmup +
+--duration. Per stream it records the time to first token (from sending the request to the
+first SSE chunk whose delta has content; it includes the fake's one token interval) and its
+chunks; per run, the chunks that arrived inside the measured window
 divided by its length. Steward's added TTFT is its percentile minus the direct one. An error
 is a non-200 answer, a transport error, or a stream that ends without ``data: [DONE]``.
 
@@ -60,6 +62,7 @@ STOP_GRACE_S = 15.0
 REQUEST_TIMEOUT_S = 30.0  # a slow stream counts as latency, not as an error
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ERROR_PAUSE_S = 0.1       # after a failed stream, so a refused connection does not spin a client
+SATURATED = 0.8           # direct below this share of the chunks/s asked: the fake or the client is the limit
 
 # parallel = --clients: steward admits every client at once, so its queue is not what is measured.
 CONFIG_TEMPLATE = """\
@@ -196,6 +199,7 @@ async def measure(url: str, args: argparse.Namespace, pids: dict[str, int]) -> R
     """One target: --clients clients for warmup + duration seconds, then until their last streams end."""
     body = request_body(args.max_tokens)
     stream_s = args.max_tokens / args.tokens_per_second if args.tokens_per_second > 0 else 0.0
+    stagger_s = min(stream_s, args.warmup)
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     tally = Tally()
     async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as client:
@@ -203,8 +207,8 @@ async def measure(url: str, args: argparse.Namespace, pids: dict[str, int]) -> R
         window = (start + args.warmup, start + args.warmup + args.duration)
         async with trio.open_nursery() as nursery:
             for i in range(args.clients):
-                # Staggered over one stream: arrivals spread out as in a steady state, not 64 at once.
-                nursery.start_soon(client_loop, client, url, body, stream_s * i / args.clients, window, tally)
+                # Staggered over one stream (within the warmup): arrivals spread out as in a steady state.
+                nursery.start_soon(client_loop, client, url, body, stagger_s * i / args.clients, window, tally)
         wall_s = time.perf_counter() - start
         cpu = {name: (cpu_seconds(pid) - cpu_start[name]) / wall_s for name, pid in pids.items()}
     return RunResult.of(tally, args.duration, cpu)
@@ -349,16 +353,18 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, RunResul
 
 # --------------------------------------------------------------------------- output
 
-def report(results: dict[str, RunResult]) -> dict[str, float]:
+def report(results: dict[str, RunResult], args: argparse.Namespace) -> dict[str, Any]:
     direct, steward = results["direct"], results["steward"]
     ratio = steward.chunks_per_s / direct.chunks_per_s if direct.chunks_per_s else math.nan
+    asked = args.clients * args.tokens_per_second if args.tokens_per_second > 0 else None  # None: instant
     return {"added_ttft_p50_ms": steward.ttft_p50_ms - direct.ttft_p50_ms,
-            "added_ttft_p99_ms": steward.ttft_p99_ms - direct.ttft_p99_ms, "steward_chunks_per_s_ratio": ratio}
+            "added_ttft_p99_ms": steward.ttft_p99_ms - direct.ttft_p99_ms, "steward_chunks_per_s_ratio": ratio,
+            "asked_chunks_per_s": asked,
+            "direct_saturated": asked is not None and direct.chunks_per_s < SATURATED * asked}
 
 
 def print_table(results: dict[str, RunResult], args: argparse.Namespace) -> None:
-    d, s, added = results["direct"], results["steward"], report(results)
-    demand = args.clients * args.tokens_per_second
+    d, s, added = results["direct"], results["steward"], report(results, args)
     print(f"\nstreaming POST {PATH}: {args.clients} clients, max_tokens {args.max_tokens}, "
           f"{args.tokens_per_second:g} tokens/s per stream, {args.duration:g}s measured after {args.warmup:g}s "
           f"warmup\ndirect = the fake vLLM alone, steward = through steward\n")
@@ -376,7 +382,11 @@ def print_table(results: dict[str, RunResult], args: argparse.Namespace) -> None
     for target, result in results.items():
         if result.first_error:
             print(f"  note: {target}: first error: {result.first_error}")
-    asked = f"; {args.clients} clients ask for {demand:.0f}" if demand > 0 else ""
+    if added["direct_saturated"]:
+        print(f"  note: direct delivered {d.chunks_per_s / added['asked_chunks_per_s']:.0%} of the chunks/s asked: "
+              f"the client or the fake is saturated (see CPU),\n  so TTFT includes queueing behind it; lower "
+              f"--clients or --tokens-per-second to measure the relay itself")
+    asked = "" if added["asked_chunks_per_s"] is None else f"; the clients ask for {added['asked_chunks_per_s']:.0f}"
     print(f"\nadded = steward minus direct (chunks/s: steward as a share of direct{asked});\n"
           f"CPU = each process's own CPU seconds per wall second over the run (100% = one core; "
           f"client = this script; {os.cpu_count()} cores)\n")
@@ -390,8 +400,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=10, help="seconds measured per target (default 10)")
     parser.add_argument("--warmup", type=float, default=3, help="seconds of warmup before each (default 3)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per stream (default 64)")
-    parser.add_argument("--tokens-per-second", type=float, default=100,
-                        help="the fake's pace per stream (default 100; <= 0: instant)")
+    parser.add_argument("--tokens-per-second", type=float, default=15,
+                        help="the fake's pace per stream (default 15; <= 0: instant)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or args.warmup < 0 or args.max_tokens < 1:
@@ -418,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"clients": args.clients, "duration_s": args.duration, "warmup_s": args.warmup,
                           "max_tokens": args.max_tokens, "tokens_per_second": args.tokens_per_second,
-                          "path": PATH, **{t: asdict(r) for t, r in results.items()}, **report(results)},
+                          "path": PATH, **{t: asdict(r) for t, r in results.items()}, **report(results, args)},
                          indent=2))
     else:
         print_table(results, args)
