@@ -170,6 +170,7 @@ class _Engine:
     http: httpx.AsyncClient
     service: ServiceProcess | None = None
     asleep: bool = False  # its kept process was unloaded by steward: wake it before serving
+    unhealthy: bool = False  # its last health check failed
 
     @property
     def name(self) -> str:
@@ -285,6 +286,11 @@ async def _run_kept(engine: _Engine, generation: int) -> Ended:
     async with trio.open_nursery() as nursery:
 
         async def unload() -> Ended:
+            if engine.service is not None and engine.unhealthy:
+                # Stopped because it stopped answering: a fresh process, not a sleep.
+                await engine.service.restart()
+                engine.asleep = False
+                return Ended(EndKind.STOPPED, "its process was replaced (it failed its health checks)")
             detail = await spec.runtime.unload(engine.http, address.url, engine.events)
             # Asleep, it still holds some memory and must be woken; emptied (Ollama), it is simply stopped.
             engine.asleep = spec.runtime.sleeps
@@ -313,7 +319,8 @@ async def _serve_generation(engine: _Engine, generation: int, address: Address, 
                             log_reader: LogReader | None) -> Ended:
     """Wait until the engine is ready, serve until it is unloaded or gone; returns why it ended."""
     spec, handle = engine.spec, engine.handle
-    watch = _HealthWatch(spec, engine.http, address.url, engine.scheduler, generation)
+    engine.unhealthy = False
+    watch = _HealthWatch(spec, engine.http, address.url, engine.scheduler, generation, engine)
     nursery.start_soon(_notify_ready, engine, address, handle)
     if spec.runtime.residence is not Residence.ATTACHED:  # someone else's server: waited for, never restarted
         nursery.start_soon(_notify_too_slow, spec.start_timeout, handle)
@@ -355,6 +362,7 @@ class _HealthWatch:
     base_url: str
     scheduler: SchedulerClient
     generation: int
+    engine: _Engine
     ready: trio.Event = attrs.Factory(trio.Event)
     _wake: trio.Event = attrs.Factory(trio.Event)
 
@@ -370,6 +378,7 @@ class _HealthWatch:
                 await self._wake.wait()
             self._wake = trio.Event()
             problem = await self.spec.runtime.check_health(self.http, self.base_url, checks.timeout)
+            self.engine.unhealthy = problem is not None
             self.scheduler.report_health(self.spec.name, self.generation, problem)
             wait = checks.interval if problem is None else min(checks.retry, checks.interval)
 

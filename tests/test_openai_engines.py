@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from fakes import simgpu
 from tests.conftest import StewardFactory, fake_model, free_port, stop_process
@@ -158,12 +159,15 @@ def test_an_idle_engine_is_unloaded_and_loaded_again_on_the_next_request(start_s
     assert [e["engine"] for e in steward.events("load")] == ["chat", "chat"]
 
 
+@pytest.mark.parametrize("sleeps", [False, True])
 def test_a_server_that_fails_its_health_checks_is_cut_off_and_restarted(start_steward: StewardFactory,
-                                                                         sim_gpu: Any) -> None:
+                                                                         sim_gpu: Any, sleeps: bool) -> None:
     gpu = sim_gpu("16GiB")
     command = fake_vllm("shared", gpu, "2GiB", "--fail-health-after", "3")
+    # With sleep its process is kept between loads; a restart still replaces it (not a sleep).
+    sleep = {"sleep": {"level": 1}, "env": {"VLLM_SERVER_DEV_MODE": "1"}} if sleeps else {}
     steward = start_steward({"shared": {"runtime": "openai", "command": command, "memory": "2GiB",
-                                        "always_on": True}},
+                                        "always_on": True, **sleep}},
                             gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"},
                             engines={"health_check_interval": "0.2s", "recover_timeout": "1s",
                                      "restart_backoff": "0.2s", "stop_grace": "3s"})
@@ -177,6 +181,7 @@ def test_a_server_that_fails_its_health_checks_is_cut_off_and_restarted(start_st
         time.sleep(0.05)
     assert steward.events("ready")[-1]["mono"] > first["mono"]
     assert len({e["pid"] for e in steward.events("spawn")}) >= 2  # a fresh process
+    assert not steward.events("asleep")
 
 
 def test_an_alias_reaches_the_server_as_the_name_it_serves(start_steward: StewardFactory, tmp_path: Path) -> None:
