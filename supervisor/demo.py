@@ -156,7 +156,7 @@ def open_workdir(kind: str, *, keep: bool) -> Iterator[Path]:
 def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, ollama: str | None = None,
            comfyui: str | None = None) -> str:
     kind = ("real llama-server engines on this CPU, tiny models" if real
-            else "a simulated 16 GiB GPU, fake llama-servers, a fake Ollama and a fake ComfyUI")
+            else "a simulated 16 GiB GPU, fake llama-servers, an always-on fake vLLM, a fake Ollama and a fake ComfyUI")
     base = f"{url}/v1"
     services = ""
     if ollama:
@@ -173,6 +173,9 @@ def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, o
         tries += f"""  curl -s {comfyui}/prompt -H 'content-type: application/json' -d '{{"prompt": {{"3": {{"class_type": "KSampler", "inputs": {{}}}}, "9": {{"class_type": "SaveImage", "inputs": {{"images": ["3", 0]}}}}}}}}'
 """
     stops = f" and keeps {workdir}" if keep else f" and removes {workdir} (--keep keeps it)"
+    shared = "" if real else f"""  curl -s {base}/chat/completions -H 'content-type: application/json' \\
+       -d '{{"model": "agents@batch", "messages": [{{"role": "user", "content": "plan"}}]}}'   # the always-on engine
+"""
     return f"""
 gpu-steward demo: one front door ({kind}).
 
@@ -188,7 +191,7 @@ Try:
        -d '{{"model": "gemma4-e4b@background", "stream": true, "messages": [{{"role": "user", "content": "hi"}}]}}'
   curl -s {base}/embeddings -H 'content-type: application/json' \\
        -d '{{"model": "nomic-embed", "input": ["one", "two"]}}'
-  curl -s {url}/healthz | python3 -m json.tool
+{shared}  curl -s {url}/healthz | python3 -m json.tool
 {tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
 
