@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -80,15 +81,24 @@ def test_kill_9_of_its_whole_tree_gives_a_clean_error_a_restart_and_no_process_l
     pid = steward.engine_pid(NAME)
     group = {p for p in read_parents() if (stat := stat_fields(p)) is not None and int(stat[2]) == pid}
     assert len(group) >= 3  # the API server, its engine core and its worker
-    with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=120,
-                      json={"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "ignore_eos": True,
-                            "stream": True}) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        next(line for line in lines if line.startswith("data: "))  # it is streaming
-        os.killpg(pid, signal.SIGKILL)
-        rest = list(lines)
-    assert any('"error"' in line for line in rest) and "data: [DONE]" not in rest  # ended with an error event
+    # Asleep, vLLM holds the request (its /health stays 200): it is surely in flight, inside
+    # vLLM, when the tree is killed; a stream may otherwise end before the kill lands.
+    endpoint = steward.engine_endpoint(NAME)
+    assert httpx.post(f"{endpoint}/sleep", params={"level": 1}, timeout=60).status_code == 200
+    answers: list[httpx.Response] = []
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": True}
+    asking = threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{steward.base_url}/chat/completions", json=body, timeout=120)))
+    dispatched = len(steward.events("dispatch"))
+    asking.start()
+    deadline = time.monotonic() + 60
+    while len(steward.events("dispatch")) == dispatched:
+        assert time.monotonic() < deadline, "the request was never dispatched"
+        time.sleep(0.02)
+    os.killpg(pid, signal.SIGKILL)
+    asking.join(120)
+    assert answers and answers[0].status_code == 502  # a clean error, in the OpenAI shape
+    assert answers[0].json()["error"]["code"] == "engine_error"
     crash = steward.wait_event("crash", engine=NAME, timeout=60)
     assert "SIGKILL" in crash["detail"]
     steward.wait_event("restart", engine=NAME, timeout=60)
