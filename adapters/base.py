@@ -57,6 +57,9 @@ class Runtime(Protocol):
     slots: int  # how many requests it runs at once; steward never sends more
     # Whether steward judges its health (Ollama loads and unloads by itself: not ours to judge).
     checks_health: bool
+    # Whether it refuses a request for a model name it does not serve (vLLM: 404), so that
+    # steward sends it its own name, whatever alias the client used.
+    checks_model_name: bool
     # Whether unloading puts it to sleep (it keeps some memory, and is woken to load again).
     sleeps: bool
     # Whether its memory is measured from its process tree (False: it says what it holds, Ollama).

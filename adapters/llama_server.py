@@ -35,6 +35,7 @@ class LlamaServerRuntime:
     residence = Residence.SPAWNED
     checks_health = True
     measured = True
+    checks_model_name = False  # it answers whatever name it is sent
     sleeps = False
 
     def command(self, host: str, port: int) -> list[str]:

@@ -28,6 +28,7 @@ class OllamaRuntime:
     # silent stream is reported to its client (504), and Ollama is left alone.
     checks_health = False
     measured = False  # /api/ps says what it holds
+    checks_model_name = False  # its models are the names clients send
     sleeps = False
 
     def __init__(self, config: OllamaConfig) -> None:

@@ -27,6 +27,7 @@ class OpenAIRuntime:
     name = "openai"
     checks_health = True
     measured = True
+    checks_model_name = True
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
+
+from adapters import OllamaRuntime, Runtime, model_runtime
+from supervisor.address import Address
+from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config
-from supervisor.engine import EngineSpec
+from supervisor.engine import EngineSpec, HealthChecks
 from supervisor.memory_plan import MemoryPlan
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
@@ -13,10 +18,25 @@ from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, Sc
 
 def engine_specs(config: Config) -> dict[str, EngineSpec]:
     """Every engine the config names, each through its runtime's adapter: the models, then Ollama."""
-    specs = {name: EngineSpec.from_config(name, config) for name in config.models}
-    if config.ollama is not None:
-        specs[OLLAMA_ENGINE] = EngineSpec.for_ollama(config)
+    specs = {}
+    for name, model in config.models.items():
+        where = model.upstream or Address(config.engines.host, model.port or 0)
+        specs[name] = _engine_spec(name, model_runtime(model), where, config)
+    if (ollama := config.ollama) is not None:
+        specs[OLLAMA_ENGINE] = attrs.evolve(_engine_spec(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream, config),
+                                            usage_poll=ollama.ps_poll,
+                                            retry=Backoff(ollama.retry_initial, ollama.retry_max))
     return specs
+
+
+def _engine_spec(name: str, runtime: Runtime, where: Address, config: Config) -> EngineSpec:
+    """*where*: the engine's host, and its port if fixed (0: one is picked per process)."""
+    engines = config.engines
+    return EngineSpec(name=name, runtime=runtime, host=where.host, port=where.port or None,
+                      start_timeout=engines.start_timeout, stop_grace=engines.stop_grace,
+                      health_interval=engines.health_interval, tail_lines=engines.stderr_tail_lines,
+                      checks=HealthChecks(engines.health_check_interval, engines.health_check_timeout),
+                      retry=Backoff(engines.restart_backoff, engines.restart_backoff_max))
 
 
 def scheduling_policy(config: Config) -> SchedulingPolicy:

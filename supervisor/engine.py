@@ -25,10 +25,9 @@ import attrs
 import httpx
 import trio
 
-from adapters import LogReader, OllamaRuntime, Residence, Runtime, model_runtime
+from adapters import LogReader, Residence, Runtime
 from supervisor.address import Address
 from supervisor.backoff import Backoff
-from supervisor.config import OLLAMA_ENGINE, Config, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, report_reaper, stop_child
 from supervisor.scheduler.actor import SchedulerClient
@@ -70,29 +69,6 @@ class EngineSpec:
     @property
     def slots(self) -> int:
         return self.runtime.slots
-
-    @classmethod
-    def from_config(cls, name: str, config: Config) -> EngineSpec:
-        model = config.models[name]
-        host = model.upstream.host if model.upstream is not None else config.engines.host
-        port = model.upstream.port if model.upstream is not None else model.port
-        return cls._with_defaults(name, model_runtime(model), host, port, config)
-
-    @classmethod
-    def for_ollama(cls, config: Config) -> EngineSpec:
-        ollama: OllamaConfig = config.ollama  # type: ignore[assignment]
-        return attrs.evolve(cls._with_defaults(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream.host,
-                                               ollama.upstream.port, config),
-                            usage_poll=ollama.ps_poll, retry=Backoff(ollama.retry_initial, ollama.retry_max))
-
-    @classmethod
-    def _with_defaults(cls, name: str, runtime: Runtime, host: str, port: int | None, config: Config) -> EngineSpec:
-        engines = config.engines
-        return cls(name=name, runtime=runtime, host=host, port=port, start_timeout=engines.start_timeout,
-                   stop_grace=engines.stop_grace, health_interval=engines.health_interval,
-                   tail_lines=engines.stderr_tail_lines,
-                   checks=HealthChecks(engines.health_check_interval, engines.health_check_timeout),
-                   retry=Backoff(engines.restart_backoff, engines.restart_backoff_max))
 
     def command(self, port: int | str) -> list[str] | None:
         return self.runtime.command(self.host, port)  # type: ignore[arg-type]

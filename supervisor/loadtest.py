@@ -43,7 +43,6 @@ from supervisor.process_tree import rss_bytes
 from supervisor.scheduler.types import CLASSES
 
 
-
 @attrs.frozen
 class ClientKind:
     name: str  # chat, background, batch, embedding, ollama, image

@@ -21,6 +21,12 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+def alive(pid: int) -> bool:
+    """Whether *pid* runs (a zombie, exited but not yet reaped, does not)."""
+    stat = stat_fields(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
 def read_parents() -> dict[int, int]:
     """pid -> parent pid of every live (non-zombie) process."""
     parents = {}

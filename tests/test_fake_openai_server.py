@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import simgpu
+from supervisor.process_tree import alive
 from tests.fake_processes import FakeLauncher, FakeProcess, fake_launcher, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process
@@ -71,14 +72,6 @@ def registered(gpu: Path) -> dict[int, int]:
 
 def chat_body(**extra: object) -> dict[str, object]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], **extra}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def reap(pid: int) -> None:

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from fakes.tiny_hf import write_tiny_model
-from supervisor.process_tree import read_parents, rss_bytes, stat_fields, tree_rss
+from supervisor.process_tree import alive, read_parents, rss_bytes, stat_fields, tree_rss
 from tests.conftest import MODULE_SCOPED, RunningSteward, launch_steward
 from tests.vllm_server import START_TIMEOUT_S, require_vllm_python, vllm_command, vllm_env
 
@@ -106,15 +106,8 @@ def test_kill_9_of_its_whole_tree_gives_a_clean_error_a_restart_and_no_process_l
     while len(steward.events("ready")) < 2:
         assert time.monotonic() < deadline, "vLLM was not restarted"
         time.sleep(0.5)
-    assert not [p for p in group if _alive(p)]  # the whole old tree is gone
+    assert not [p for p in group if alive(p)]  # the whole old tree is gone
     reply = client(steward).chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=4, extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False

@@ -158,7 +158,7 @@ class FakeVllm:
     async def _answer(self, reply: Reply, fmt: Format) -> None:
         if not fmt.job.stream:
             async def keep(piece: str, n_done: int, last: bool) -> None:
-                pass
+                pass  # a whole answer: generate() returns its text at the end
 
             text, n = await self.engine.generate(fmt.job, keep)
             await reply.json(200, fmt.response(text, n, "length"))

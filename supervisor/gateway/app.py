@@ -12,6 +12,7 @@ from typing import Any
 from quart import Response
 from quart_trio import QuartTrio
 
+from adapters import model_runtime
 from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
@@ -34,9 +35,8 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     app = new_quart_app("steward", error_body, events)
     started = int(time.time())
     aliases = config.alias_table()
-    # llama-server answers whatever model name it is sent; an OpenAI-compatible server (vLLM)
-    # refuses one it does not serve, so it is sent its own name whatever alias the client used.
-    served = {name: model.served_name or name for name, model in config.models.items() if model.runtime == "openai"}
+    served = {name: model.served_name or name for name, model in config.models.items()
+              if model_runtime(model).checks_model_name}
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), served)
     quart_asgi = app.asgi_app

@@ -227,13 +227,7 @@ class Scheduler:
         if engine.restarting_unhealthy:
             detail = f"restarted because it stopped answering its health checks ({detail})"
         was_starting = engine.status is EngineStatus.STARTING
-        engine.endpoint = None
-        engine.in_flight = 0
-        engine.external = 0
-        engine.check_failures = 0
-        engine.unhealthy_since = None
-        engine.restarting_unhealthy = False
-        engine.reported_running = engine.reported_waiting = None
+        engine.stop_serving()
         if self.observe_memory and engine.pid is not None:
             self.ledger.await_free(name, now + self.policy.release_timeout)
             if engine.outside_baseline is None:
@@ -274,11 +268,7 @@ class Scheduler:
         if engine.restarting_unhealthy:  # a restart was asked for, not a sleep
             return self.engine_exited(name, generation, now, f"put to sleep, not restarted ({detail})")
         engine.status = EngineStatus.SLEEPING
-        engine.endpoint = None
-        engine.in_flight = 0
-        engine.check_failures = 0
-        engine.unhealthy_since = None
-        engine.reported_running = engine.reported_waiting = None
+        engine.stop_serving()
         engine.measured = 0
         reserved = self.ledger.reservations.get(name, 0)
         if engine.profile.sleep_memory is not None and name in self.ledger.reservations:

@@ -80,6 +80,17 @@ class EngineState:
     def name(self) -> str:
         return self.profile.name
 
+    def stop_serving(self) -> None:
+        """What a load leaves behind once its process is gone or asleep: no endpoint, nothing
+        in flight, nothing it said of itself, no health record."""
+        self.endpoint = None
+        self.in_flight = 0
+        self.external = 0
+        self.check_failures = 0
+        self.unhealthy_since = None
+        self.restarting_unhealthy = False
+        self.reported_running = self.reported_waiting = None
+
     @property
     def draining(self) -> bool:
         """On its way out: no new work (draining its steps, or stopping)."""

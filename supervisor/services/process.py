@@ -38,6 +38,15 @@ class ServiceProcess:
     def pid(self) -> int | None:
         return self._current.pid if self._current is not None and self._current.returncode is None else None
 
+    def began(self, process: ChildProcess) -> None:
+        self._current, self._gone = process, trio.Event()
+        self.on_spawn(process.pid)
+
+    def ended(self, status: int) -> None:
+        self._gone.set()
+        self.on_spawn(None)
+        self.on_exit(describe_exit(status))
+
     async def restart(self) -> None:
         """End the current process and wait until it is gone; the supervisor starts a fresh one
         (after its backoff), so nothing that answers before then is the old one."""
@@ -61,8 +70,7 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
             events.emit("spawn_failed", "error", engine=name, argv=list(argv), detail=str(exc))
             service.on_exit(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
         else:
-            service._current, service._gone = process, trio.Event()
-            service.on_spawn(process.pid)
+            service.began(process)
             events.emit("spawn", "info", engine=name, pid=process.pid, argv=list(argv))
             report_reaper(process, events, name)
 
@@ -75,9 +83,7 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
                     status = await process.wait()
                 events.emit("exit", "error", engine=name, pid=process.pid, status=describe_exit(status),
                             requested=False)
-                service._gone.set()
-                service.on_spawn(None)
-                service.on_exit(describe_exit(status))
+                service.ended(status)
             finally:
                 with trio.CancelScope(shield=True):
                     if process.returncode is None:  # steward is stopping: so does the service

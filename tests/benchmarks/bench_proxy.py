@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,15 +44,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench_processes import cpu_seconds, free_port, get_json, stop
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fast"
 PATH = "/v1/chat/completions"
 REQUEST_BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, separators=(",", ":"))
 READY_TIMEOUT_S = 30.0
-STOP_GRACE_S = 15.0
 WRK_SOCKET_TIMEOUT = "10s"  # a slow answer counts as latency, not as a timeout error
 WRK_MARKER = "WRK_JSON "
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 CONFIG_TEMPLATE = """\
 listen: 127.0.0.1:{port}
@@ -219,20 +217,7 @@ def measure(url: str, connections: int, args: argparse.Namespace, script: Path,
     return result, cpu
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of *pid* (not of its children)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is field 3 (state)
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 # --------------------------------------------------------------------------- steward
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def write_config(workdir: Path, port: int) -> Path:
     config = workdir / "steward.yaml"
@@ -254,25 +239,8 @@ def running_steward(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], st
     try:
         yield process, f"http://127.0.0.1:{port}"
     finally:
-        stop_steward(process)
+        stop("steward", process)  # steward stops its engines; SIGKILLed, they die with it
         log.close()
-
-
-def stop_steward(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (steward stops its engines), up to STOP_GRACE_S, then SIGKILL (its engines die with it)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            print(f"bench: steward did not stop within {STOP_GRACE_S:g}s; killing it", file=sys.stderr)
-            process.kill()
-            process.wait()
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
 
 
 def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, workdir: Path) -> None:

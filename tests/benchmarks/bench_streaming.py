@@ -40,7 +40,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,14 +52,13 @@ from typing import Any
 
 import httpx
 import trio
+from bench_processes import cpu_seconds, free_port, get_json, stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "shared"
 PATH = "/v1/chat/completions"
 READY_TIMEOUT_S = 30.0
-STOP_GRACE_S = 15.0
 REQUEST_TIMEOUT_S = 30.0  # a slow stream counts as latency, not as an error
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ERROR_PAUSE_S = 0.1       # after a failed stream, so a refused connection does not spin a client
 SATURATED = 0.8           # direct below this share of the chunks/s asked: the fake or the client is the limit
 
@@ -214,13 +212,6 @@ async def measure(url: str, args: argparse.Namespace, pids: dict[str, int]) -> R
     return RunResult.of(tally, args.duration, cpu)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of *pid* (not of its children), from /proc."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is field 3 (state)
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 async def smoke_test(url: str, args: argparse.Namespace) -> None:
     """One stream, so a broken setup fails loudly instead of benchmarking errors."""
     tally = Tally()
@@ -270,12 +261,6 @@ def _progress(args: argparse.Namespace, message: str) -> None:
 
 # --------------------------------------------------------------------------- processes
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running(name: str, argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Start *argv*; always stop it. Its own session: a Ctrl-C reaches this script only, which stops it once."""
@@ -288,26 +273,9 @@ def running(name: str, argv: list[str], log_path: Path) -> Iterator[subprocess.P
             stop(name, process)
 
 
-def stop(name: str, process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, up to STOP_GRACE_S, then SIGKILL."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            print(f"bench: {name} did not stop within {STOP_GRACE_S:g}s; killing it", file=sys.stderr)
-            process.kill()
-            process.wait()
-
-
 def answers(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.status == 200
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
 
 
 def wait_until(process: subprocess.Popen[bytes], name: str, log_path: Path, ready: Callable[[], object],
