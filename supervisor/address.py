@@ -32,6 +32,14 @@ class Address:
             return None
 
     @property
+    def is_loopback(self) -> bool:
+        """Only this machine can reach it (a host name other than localhost might resolve anywhere)."""
+        if self.host.lower() in ("localhost", "localhost."):
+            return True
+        ip = self.ip
+        return ip is not None and ip.is_loopback
+
+    @property
     def url(self) -> str:
         return f"http://{self}"
 

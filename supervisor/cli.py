@@ -1,4 +1,4 @@
-"""The ``steward`` command: run, check, demo."""
+"""The ``steward`` command: run, check, demo, keys, usage, and the tools around them."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from typing import TypeVar
 import trio
 
 from adapters.llama_server import fits_itself
-from supervisor.config import Config, ConfigError, ModelConfig, load_config
-from supervisor.config_policy import engine_specs
+from supervisor.auth.commands import add_keys_parser, run_keys
+from supervisor.auth.keys import KeyFileError, load_key_file
+from supervisor.config import Config, ConfigError, ModelConfig, load_config_for_command
+from supervisor.config_policy import engine_specs, exposed_listeners, exposure_problem
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
 from supervisor.measurements import MeasurementStore
@@ -26,6 +28,8 @@ from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.tree import Steward, StopSignals, memory_device, resolve_budget, run_steward
 from supervisor.units import format_duration, format_size, parse_duration
+from supervisor.usage.commands import add_usage_parser, run_usage
+from supervisor.usage.writer import UsageLogUnavailable
 
 EXIT_CONFIG = 2
 E = TypeVar("E", bound=BaseException)
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     estimate.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs to spread layers over (1)")
     estimate.add_argument("model", help="the GGUF model file")
     estimate.add_argument("server_args", nargs=argparse.REMAINDER, help="llama-server flags after --")
+    add_keys_parser(commands)
+    add_usage_parser(commands)
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -108,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(args)
     if args.command == "estimate":
         return _estimate(args, estimate, argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"steward: {args.config} is not a valid config:", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem}", file=sys.stderr)
+    if args.command == "keys":
+        return run_keys(args)
+    if args.command == "usage":
+        return run_usage(args)
+    config = load_config_for_command(args.config)
+    if config is None:
         return EXIT_CONFIG
     if args.command == "check":
         return _check(config)
@@ -187,10 +193,30 @@ def _check(config: Config) -> int:
     total = sum(plan.nbytes for plan in plans.values())
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
-    problems = budget_problems(config, plans, budget)
+    problems = budget_problems(config, plans, budget) + _auth_problems(config)
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0
+
+
+def _auth_problems(config: Config) -> list[str]:
+    """Print who may call steward; what would make `run` refuse to start."""
+    try:
+        keys = load_key_file(config.auth.keys_file).keys
+    except KeyFileError as exc:
+        return [str(exc)]
+    exposed = exposed_listeners(config)
+    if keys:
+        print(f"keys     {len(keys)} in {config.auth.keys_file}: every request needs one")
+    elif exposed:
+        print(f"keys     none in {config.auth.keys_file}")
+    else:
+        print(f"keys     none in {config.auth.keys_file}: open to this machine only (loopback)")
+    if config.auth.allow_unauthenticated and not keys:
+        print("warning  auth.allow_unauthenticated: anyone who can reach the listeners may use them")
+    print(f"usage    {config.usage.db or '(no usage log)'}")
+    problem = exposure_problem(config, has_keys=bool(keys))
+    return [] if problem is None else [problem]
 
 
 def _tier(model: ModelConfig) -> str:
@@ -206,7 +232,8 @@ _SOURCES = {"config": "set by hand", "measured": "measured on an earlier load",
 def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
     try:
         trio.run(_serve_until_signalled, config, on_ready)
-    except (ProbeUnavailable, EventLogUnavailable, ConfigError, OSError, BaseExceptionGroup) as exc:
+    except (ProbeUnavailable, EventLogUnavailable, UsageLogUnavailable, KeyFileError, ConfigError, OSError,
+            BaseExceptionGroup) as exc:
         # Startup failures arrive wrapped in the nursery tree's exception groups.
         config_error = _find(exc, ConfigError)
         if config_error is not None:
@@ -217,10 +244,10 @@ def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
         if probe_error is not None:
             print(f"steward: gpu.probe: {probe_error}", file=sys.stderr)
             return EXIT_CONFIG
-        log_error = _find(exc, EventLogUnavailable)
-        if log_error is not None:
-            print(f"steward: {log_error}", file=sys.stderr)
-            return EXIT_CONFIG
+        for kind in (EventLogUnavailable, UsageLogUnavailable, KeyFileError):
+            if (unavailable := _find(exc, kind)) is not None:
+                print(f"steward: {unavailable}", file=sys.stderr)
+                return EXIT_CONFIG
         listen_error = _find(exc, ListenError)
         if listen_error is not None:
             print(f"steward: {listen_error}", file=sys.stderr)

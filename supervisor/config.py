@@ -127,11 +127,55 @@ class SecurityConfig:
 
 
 @attrs.frozen
+class AuthConfig:
+    """Who may call steward: keys made with `steward keys add`, kept hashed in keys_file.
+
+    With at least one key in the file every request needs one (except on open_paths);
+    listening beyond loopback without any key is refused unless allow_unauthenticated."""
+
+    keys_file: str = "steward-keys.json"  # relative to the config file's folder
+    allow_unauthenticated: bool = False
+    # Paths any caller reaches without a key: what monitors poll.
+    open_paths: list[str] = attrs.Factory(lambda: ["/livez", "/healthz"])
+    reload_interval: PositiveDuration = PositiveDuration(1.0)  # how often keys_file is looked at
+
+
+@attrs.frozen
+class UsageConfig:
+    """The usage log: one SQLite row per request, rejected ones too (`steward usage` reads it)."""
+
+    db: str | None = "steward-usage.db"  # relative to the config file's folder; null: no usage log
+
+
+@attrs.frozen
+class HealthConfig:
+    """What /healthz weighs besides the waits over each class's slo_wait."""
+
+    # Rejections for capacity within this window make steward `overloaded`.
+    window: PositiveDuration = PositiveDuration(300.0)
+    interval: PositiveDuration = PositiveDuration(1.0)  # how often the health is assessed (for alerts)
+
+
+@attrs.frozen
+class AlertsConfig:
+    """A POST to `webhook` (ntfy-compatible) when requests start being rejected, when steward
+    enters `overloaded`, and when an engine crashes `crash_loop` times in a row."""
+
+    webhook: str | None = None
+    min_interval: PositiveDuration = PositiveDuration(600.0)  # at most one alert per kind this often
+    crash_loop: PositiveInt = PositiveInt(3)
+    timeout: PositiveDuration = PositiveDuration(10.0)
+
+
+@attrs.frozen
 class ClassConfig:
     """Unset values take the class's default (supervisor.scheduler.types.SchedulingPolicy)."""
 
     max_queue: PositiveInt | None = None
     queue_timeout: Duration | None = None
+    # A request of this class waiting longer than this makes steward `overloaded` (/healthz);
+    # default: 30s interactive, 5m background, 30m batch.
+    slo_wait: PositiveDuration | None = None
 
 
 @attrs.frozen
@@ -240,6 +284,10 @@ class Config:
     classes: ClassesConfig = attrs.Factory(ClassesConfig)
     engines: EngineDefaults = attrs.Factory(EngineDefaults)
     log: LogConfig = attrs.Factory(LogConfig)
+    auth: AuthConfig = attrs.Factory(AuthConfig)
+    usage: UsageConfig = attrs.Factory(UsageConfig)
+    health: HealthConfig = attrs.Factory(HealthConfig)
+    alerts: AlertsConfig = attrs.Factory(AlertsConfig)
     # Measured memory per model and arguments, kept across restarts; null: not kept.
     state_file: str | None = "steward-state.json"
     ollama: OllamaConfig | None = None
@@ -418,7 +466,32 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: cannot read config: not UTF-8 text (byte {exc.start})"]) from None
-    return parse_config(_read_yaml(text, str(path)))
+    return resolve_paths(parse_config(_read_yaml(text, str(path))), path.parent)
+
+
+def load_config_for_command(path: str | Path) -> Config | None:
+    """The config a `steward` command was given, or None once what is wrong with it is on stderr."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"steward: {path} is not a valid config:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return None
+
+
+def resolve_paths(config: Config, folder: Path) -> Config:
+    """Steward's own files (event log, state, keys, usage log) live beside the config unless a
+    path says otherwise, so `steward keys add --config` and `steward run` agree from any folder."""
+
+    def beside(value: str | None) -> str | None:
+        return None if value is None else str(folder / Path(value).expanduser())
+
+    return attrs.evolve(
+        config, state_file=beside(config.state_file),
+        log=attrs.evolve(config.log, file=beside(config.log.file)),
+        auth=attrs.evolve(config.auth, keys_file=beside(config.auth.keys_file)),
+        usage=attrs.evolve(config.usage, db=beside(config.usage.db)))
 
 
 # Far deeper than any config; PyYAML's composer recurses, and Python's stack ends near 1000.
@@ -608,9 +681,25 @@ def _check_semantics(config: Config) -> list[str]:
         problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
+    problems += _front_door_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _front_door_problems(config: Config) -> list[str]:
+    problems = []
+    if not config.auth.keys_file:
+        problems.append("auth.keys_file: must be a file path")
+    for path in config.auth.open_paths:
+        if not path.startswith("/"):
+            problems.append(f"auth.open_paths: {show(path)} is not a path like /livez")
+    if config.usage.db == "":
+        problems.append("usage.db: must be a file path, or null for no usage log")
+    webhook = config.alerts.webhook
+    if webhook is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", webhook):
+        problems.append(f"alerts.webhook: must be an http:// or https:// URL, got {show(webhook)}")
+    return problems
 
 
 PORT_PLACEHOLDER = "${PORT}"  # llama-swap's spelling: the port steward picked for the engine

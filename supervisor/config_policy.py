@@ -11,6 +11,7 @@ from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config
 from supervisor.engine import EngineSpec, HealthChecks
+from supervisor.health import DEFAULT_SLO_WAIT
 from supervisor.memory_plan import MemoryPlan
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
@@ -72,3 +73,35 @@ def build_scheduler(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
                     *, observe_memory: bool) -> Scheduler:
     return Scheduler.create(budget, engine_profiles(config, specs, plans), scheduling_policy(config),
                             observe_memory=observe_memory)
+
+
+def listen_addresses(config: Config) -> dict[str, Address]:
+    """Each listener steward opens, by name."""
+    listeners = {"openai": config.listen}
+    for name, service in (("ollama", config.ollama), ("comfyui", config.comfyui)):
+        if service is not None and service.listen is not None:
+            listeners[name] = service.listen
+    return listeners
+
+
+def exposed_listeners(config: Config) -> frozenset[str]:
+    """Listeners reachable from other machines that must not serve without a key."""
+    if config.auth.allow_unauthenticated:
+        return frozenset()
+    return frozenset(name for name, address in listen_addresses(config).items() if not address.is_loopback)
+
+
+def exposure_problem(config: Config, has_keys: bool) -> str | None:
+    """Why steward must not start: a listener beyond loopback, and no key to guard it."""
+    exposed = exposed_listeners(config)
+    if has_keys or not exposed:
+        return None
+    where = ", ".join(f"{name} on {listen_addresses(config)[name]}" for name in sorted(exposed))
+    return (f"auth.keys_file: {config.auth.keys_file} holds no key, and steward would listen beyond loopback "
+            f"({where}) for anyone to use. Add a key with `steward keys add NAME --config CONFIG`, or set "
+            f"auth.allow_unauthenticated: true if that is deliberate")
+
+
+def slo_waits(config: Config) -> dict[str, float]:
+    """How long each class may wait before steward counts as overloaded."""
+    return {klass: getattr(config.classes, klass).slo_wait or DEFAULT_SLO_WAIT[klass] for klass in CLASSES}

@@ -73,6 +73,8 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
         "state_file": str(workdir / "state.json"),
+        "usage": {"db": str(workdir / "usage.db")},
+        "auth": {"keys_file": str(workdir / "keys.json")},
         # A fake Ollama and a fake ComfyUI behind their own listeners, on the same GPU.
         "ollama": {"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{_beside(port, 1)}",
                    "memory": "4GiB", "ps_poll": "1s",
@@ -137,6 +139,8 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
         "state_file": str(workdir / "state.json"),
+        "usage": {"db": str(workdir / "usage.db")},
+        "auth": {"keys_file": str(workdir / "keys.json")},
     }
 
 
@@ -181,6 +185,7 @@ gpu-steward demo: one front door ({kind}).
 
   OpenAI base URL   {base}
 {services}  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
+  usage log         {workdir / 'usage.db'}   (steward usage --db {workdir / 'usage.db'} --by model)
   metrics           {url}/metrics
 
 Try:

@@ -7,17 +7,97 @@ scrape time. The turnstile metrics keep gpu-turnstile's names for its dashboards
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import attrs
+import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from supervisor.events import Event
 from supervisor.scheduler.actor import SchedulerClient
+from supervisor.scheduler.types import CLASSES, EngineSnapshot, SchedulerSnapshot
+from supervisor.usage.row import UsageRow
+
+if TYPE_CHECKING:
+    from supervisor.health import HealthWatch
 
 WAIT_BUCKETS = (0.005, 0.05, 0.25, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+ENGINE_STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
+RATE_WINDOW_S = 60.0  # tokens per second are averaged over this
+
+
+def ledger_tier(engine: EngineSnapshot) -> str:
+    """Which tier an engine's reservation is in: what evicting it would cost."""
+    if engine.status == "sleeping":
+        return "asleep"
+    if engine.pinned:
+        return "pinned"
+    return "hot" if engine.hot else "cold"
+
+
+class _FrontDoorCollector(Collector):
+    """Every queue (per engine and class, exclusive jobs included), the ledger by tier, the health."""
+
+    def __init__(self, scheduler: SchedulerClient, health: HealthWatch | None, device: str,
+                 tokens: collections.deque[tuple[float, int]]) -> None:
+        self._scheduler, self._health, self._device, self._tokens = scheduler, health, device, tokens
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._scheduler.snapshot()
+        now = trio.current_time()
+        waiting = GaugeMetricFamily("steward_waiting", "Steps waiting in steward's queue, per engine and class "
+                                    "(engine 'exclusive': whole-GPU jobs such as images)", labels=["engine", "class"])
+        oldest = GaugeMetricFamily("steward_oldest_wait_seconds", "How long the longest-waiting step of a class has "
+                                   "waited", labels=["class"])
+        for line in snapshot.lines:
+            waiting.add_metric([line.engine or "exclusive", line.klass], line.waiting)
+        for klass in CLASSES:
+            since = snapshot.oldest_waiting(klass)
+            oldest.add_metric([klass], 0.0 if since is None else max(0.0, now - since))
+        yield waiting
+        yield oldest
+        yield self._ledger(snapshot)
+        states = GaugeMetricFamily("steward_engine_state", "1 for the engine's current state", labels=["engine", "state"])
+        for engine in snapshot.engines:
+            for state in ENGINE_STATES:
+                states.add_metric([engine.name, state], 1.0 if engine.status == state else 0.0)
+        yield states
+        while self._tokens and self._tokens[0][0] < now - RATE_WINDOW_S:
+            self._tokens.popleft()
+        yield GaugeMetricFamily("steward_tokens_per_second", f"Completion tokens per second over the last "
+                                f"{RATE_WINDOW_S:g}s", value=sum(n for _, n in self._tokens) / RATE_WINDOW_S)
+        if self._health is not None:
+            yield from self._health_families()
+
+    def _ledger(self, snapshot: SchedulerSnapshot) -> GaugeMetricFamily:
+        ledger = GaugeMetricFamily("steward_ledger_bytes", "Memory reserved in the ledger, per device and tier",
+                                   labels=["device", "tier"])
+        tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep"), 0)
+        for engine in snapshot.engines:
+            tiers[ledger_tier(engine)] += engine.reserved
+        tiers["exclusive"] = max(0, snapshot.reserved - sum(e.reserved for e in snapshot.engines))
+        for tier, nbytes in tiers.items():
+            ledger.add_metric([self._device, tier], nbytes)
+        return ledger
+
+    def _health_families(self) -> Iterator[GaugeMetricFamily]:
+        assert self._health is not None
+        health = self._health.assess()
+        status = GaugeMetricFamily("steward_health_status", "1 for steward's health now (/healthz)", labels=["status"])
+        for name in ("ok", "degraded", "overloaded"):
+            status.add_metric([name], 1.0 if health.status.value == name else 0.0)
+        yield status
+        share = GaugeMetricFamily("steward_waited_share", "The share of steps that had to wait, over the health "
+                                  "window", labels=["class"])
+        for klass, value in health.waited_share.items():
+            if value is not None:
+                share.add_metric([klass], value)
+        yield share
 
 
 class _SchedulerCollector(Collector):
@@ -97,20 +177,57 @@ class StewardMetrics:
         self.connection_errors = Counter("steward_connection_errors", "Connections ended by an error in steward",
                                          ["listener"], registry=r)
         self.internal_errors = Counter("steward_internal_errors", "Errors of steward's own (bugs)", registry=r)
+        self.dispatched = Counter("steward_dispatched", "Steps started, per class", ["class"], registry=r)
+        self.dispatched_waited = Counter("steward_dispatched_waited", "Steps that had to wait before they started",
+                                         ["class"], registry=r)
+        self.requests = Counter("steward_requests", "Requests answered, per listener, key, class and status",
+                                ["listener", "key", "class", "status"], registry=r)
+        self.ttft = Histogram("steward_time_to_first_token_seconds", "From a request's arrival to the first byte "
+                              "of its answer", ["class"], buckets=TTFT_BUCKETS, registry=r)
+        self.tokens = Counter("steward_tokens", "Tokens in answered requests, per model and kind", ["model", "kind"],
+                              registry=r)
+        self.alerts = Counter("steward_alerts", "Alerts sent to the webhook, or failed", ["kind", "outcome"],
+                              registry=r)
+        self.usage_failures = Counter("steward_usage_write_failures", "Times the usage log could not be written",
+                                      registry=r)
+        self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
-    def watch(self, scheduler: SchedulerClient) -> None:
+    def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu") -> None:
         self.registry.register(_SchedulerCollector(scheduler))
+        self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens))
+
+    def observe_usage(self, row: UsageRow) -> None:
+        """Counted from each usage row, as the events are: metrics and the usage log agree."""
+        klass = row.klass or ""
+        self.requests.labels(row.listener, row.key or "", klass, str(row.status)).inc()
+        if row.status == 200 and row.ttft_s is not None:
+            self.ttft.labels(klass).observe(row.ttft_s)
+        model = row.model or ""
+        if row.prompt_tokens:
+            self.tokens.labels(model, "prompt").inc(row.prompt_tokens)
+        if row.completion_tokens:
+            self.tokens.labels(model, "completion").inc(row.completion_tokens)
+            self._recent_tokens.append((trio.current_time(), row.completion_tokens))
 
     def observe(self, event: Event) -> None:
         f = event.fields
         match event.name:
             case "dispatch":
                 self.waited.labels(f["class"]).observe(f["waited_s"])
+                self.dispatched.labels(f["class"]).inc()
+                if f["waited_s"] > 0:
+                    self.dispatched_waited.labels(f["class"]).inc()
                 self.lock_wait.labels("image" if f.get("exclusive") else "llm").observe(f["waited_s"])
             case "reject":
                 self.rejected.labels(f.get("class", ""), f["reason"]).inc()
             case "timeout":
                 self.rejected.labels(f.get("class", ""), "queue_timeout").inc()
+            case "refused":
+                self.rejected.labels(f.get("class") or "", f["reason"]).inc()
+            case "alert_sent" | "alert_failed":
+                self.alerts.labels(f["kind"], "sent" if event.name == "alert_sent" else "failed").inc()
+            case "usage_write_failed":
+                self.usage_failures.inc()
             case "load" | "restart":
                 self.loads.labels(f["engine"]).inc()
             case "evict":

@@ -3,9 +3,12 @@
     steward run
     └─ root nursery
        ├─ event log writer          (owns the JSONL file; outlives everything else)
+       ├─ usage log writer          (owns the SQLite usage log; outlives the listeners)
+       ├─ key file watcher          (reloads the keys the front door checks)
        ├─ GPU probe                 (polls NVML or the simulated GPU)
        ├─ ledger + scheduler actor  (owns all scheduling and memory state)
        ├─ engine supervisors        (one task per engine)
+       ├─ health watch, alerts      (logs each change of /healthz; posts to the webhook)
        └─ HTTP server               (Hypercorn serving the Quart-Trio app)
 
 Startup is a sequence of ``nursery.start`` calls. Shutdown: the HTTP server stops
@@ -26,19 +29,25 @@ import trio
 
 from adapters.ollama import warm_model
 from supervisor.address import Address
+from supervisor.alerts import AlertPolicy, serve_alerts
+from supervisor.auth.watch import serve_key_file
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
-from supervisor.config_policy import build_scheduler, engine_specs
+from supervisor.config_policy import build_scheduler, engine_specs, exposed_listeners, exposure_problem, slo_waits
 from supervisor.engine import EngineHandle, serve_engine
 from supervisor.events import EventLog, serve_event_log
+from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.app import body_limits, create_app
+from supervisor.gateway.asgi import Scope
 from supervisor.gateway.comfy_app import create_comfy_app
 from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
+from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
 from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
 from supervisor.gateway.server import Listener, serve_http
+from supervisor.health import HealthWatch, RecentActivity, serve_health
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
@@ -48,6 +57,7 @@ from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, 
 from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
+from supervisor.usage.writer import UsageLog, serve_usage_log
 
 
 @attrs.define(eq=False)
@@ -97,13 +107,17 @@ async def run_steward(config: Config, stop: StopSignals, *,
         events = await outer.start(functools.partial(serve_event_log, config.log.file,
                                                      terminal_level=config.log.terminal))
         try:
-            await _run_tree(config, stop, events, task_status)
+            usage = await outer.start(serve_usage_log, config.usage.db, events)
+            try:
+                await _run_tree(config, stop, events, usage, task_status)
+            finally:
+                usage.close()  # the listeners are gone: its writer writes the last rows and ends
         finally:
             events.emit("shutdown_complete", "info")
             events.close()
 
 
-async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
+async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: UsageLog,
                     task_status: trio.TaskStatus[Steward]) -> None:
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
@@ -125,7 +139,13 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
     def remember(engine: str, nbytes: int) -> None:
         if engine in plans and (problem := store.record(plans[engine].key, engine, nbytes)) is not None:
             events.emit("state_write_failed", "warning", path=config.state_file, detail=problem)
+    door = FrontDoor(events, usage, exposed=exposed_listeners(config), open_paths=frozenset(config.auth.open_paths),
+                     aliases=config.alias_table())
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
+        keys = await root.start(functools.partial(serve_key_file, config.auth.keys_file, events, door.replace_keys,
+                                                  interval=config.auth.reload_interval))
+        if (problem := exposure_problem(config, has_keys=not keys.empty)) is not None:
+            raise ConfigError([problem])
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
         if config.ollama is not None:
@@ -136,17 +156,26 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
         gate = RequestGate()
+        recent = RecentActivity(config.health.window)
+        events.listeners.append(recent.observe)
+        health = HealthWatch(client, recent, slo_waits(config))
+        await root.start(serve_health, health, events, config.health.interval)
+        if config.alerts.webhook is not None:
+            alerts = config.alerts  # the alerter follows the event log from here on
+            await root.start(functools.partial(serve_alerts, alerts.webhook, AlertPolicy(alerts.min_interval,
+                                               alerts.crash_loop), events, http, timeout=alerts.timeout))
         metrics = StewardMetrics()
-        metrics.watch(client)
+        metrics.watch(client, health, memory_device(probe))
         events.listeners.append(metrics.observe)
+        usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
-        openai_app = create_app(config, client, events, gate, metrics)
-        listeners = [_listener(config, events, "openai", openai_app, config.listen, error_body,
+        openai_app = create_app(config, client, events, gate, metrics, door, health)
+        listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                lambda scope: error_body)]
         if config.ollama is not None and config.ollama.listen is not None:
-            ollama_app = create_ollama_app(config.ollama, client, events, gate, limits, metrics)
-            listeners.append(_listener(config, events, "ollama", ollama_app, config.ollama.listen, ollama_error_body,
-                                       ollama_route_shape))
+            app = create_ollama_app(config.ollama, client, events, gate, limits, metrics, door, health)
+            listeners.append(_listener(config, events, door, "ollama", app, config.ollama.listen, ollama_error_body,
+                                       ollama_route_shape, ollama_app.is_admin_route))
         if config.comfyui is not None and config.comfyui.command:
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
@@ -158,9 +187,10 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
             warm = None
             if config.ollama is not None and config.comfyui.warm_model is not None:
                 warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
-            app = create_comfy_app(config.comfyui, client, events, gate, http, jobs, limits, metrics, warm)
-            listeners.append(_listener(config, events, "comfyui", app, config.comfyui.listen, comfy_error_body,
-                                       lambda scope: comfy_error_body))
+            app = create_comfy_app(config.comfyui, client, events, gate, http, jobs, limits, metrics, door, health,
+                                   warm)
+            listeners.append(_listener(config, events, door, "comfyui", app, config.comfyui.listen, comfy_error_body,
+                                       lambda scope: comfy_error_body, comfy_app.is_admin_route))
 
         async def shutdown_trigger() -> None:
             await stop.requested.wait()
@@ -181,15 +211,17 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog,
         task_status.started(steward)
 
 
-def _listener(config: Config, events: EventLog, name: str, app: object, address: Address, shape: ErrorShape,
-              shape_for: Callable[[dict[str, Any]], ErrorShape]) -> Listener:
-    """One listener behind the cross-site door."""
+def _listener(config: Config, events: EventLog, door: FrontDoor, name: str, app: object, address: Address,
+              shape: ErrorShape, shape_for: Callable[[Scope], ErrorShape],
+              is_admin_route: Callable[[Scope], bool] = lambda scope: False) -> Listener:
+    """One listener behind the front door (keys, usage rows) and the cross-site guard."""
     policy = CrossSitePolicy.create(address, config.security.allowed_hosts, config.security.allowed_origins)
 
     def refused(scope: dict[str, Any], problem: str) -> None:
         events.emit("cross_site_refused", "info", listener=name, path=scope.get("path"), detail=problem)
 
-    return Listener(name, cross_site_guard(app, policy, shape_for, refused), address, shape)  # type: ignore[arg-type]
+    guarded = cross_site_guard(app, policy, shape_for, refused)  # type: ignore[arg-type]
+    return Listener(name, front_door(guarded, door, name, shape_for, is_admin_route), address, shape)
 
 
 async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:

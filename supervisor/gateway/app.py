@@ -9,19 +9,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from adapters import model_runtime
 from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
+from supervisor.gateway.door import FrontDoor, exchange_of
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler
-from supervisor.gateway.quart_app import json_error, new_quart_app
+from supervisor.gateway.quart_app import add_health_routes, json_error, new_quart_app
 from supervisor.gateway.upstream import Timeouts
-from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import SchedulerClient
 
@@ -31,14 +32,15 @@ def body_limits(config: Config) -> BodyLimits:
 
 
 def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-               metrics: StewardMetrics) -> QuartTrio:
+               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch) -> QuartTrio:
     app = new_quart_app("steward", error_body, events)
     started = int(time.time())
     aliases = config.alias_table()
     served = {name: model.served_name or name for name, model in config.models.items()
               if model_runtime(model).checks_model_name}
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
-                                 Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), served)
+                                 Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
+                                 served)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,22 +67,25 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                 "steward": {"alias_of": None if target == name else target, "status": engine.status,
                             "memory": engine.memory, "slots": engine.slots, "pinned": engine.pinned}}
 
+    def visible(name: str) -> bool:
+        """A key limited to some models sees only those (and their aliases)."""
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, aliases[name])
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_entry(name) for name in aliases]}
+        return {"object": "list", "data": [model_entry(name) for name in aliases if visible(name)]}
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:
-        if model_id not in aliases:
+        if model_id not in aliases or not visible(model_id):
             return json_error(error_body, 404, f"The model '{model_id}' does not exist.", param="model",
                               code="model_not_found")
         return model_entry(model_id)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    def health_details() -> dict[str, Any]:
         snapshot = scheduler.snapshot()
-        status = "ok" if all(e.healthy for e in snapshot.engines) else "degraded"
-        return {"status": status, "mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
+        return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
                 "queued": snapshot.queued,
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
@@ -93,8 +98,5 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                                      else {"running": e.engine_running, "waiting": e.engine_waiting}}
                             for e in snapshot.engines}}
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
-
+    add_health_routes(app, health, metrics, health_details)
     return app

@@ -20,16 +20,18 @@ from supervisor.gateway.errors import ErrorShape, error_body, error_headers
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class RequestError(Exception):
     """A request steward refuses before queueing it; becomes the route's error object."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 close: bool = False) -> None:
+                 close: bool = False, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.close = close  # the rest of the request was not read: the connection must go
+        self.retry_after = retry_after
 
 
 @attrs.frozen
@@ -112,7 +114,8 @@ async def send_error(send: Send, status: int, message: str, *, shape: ErrorShape
 
 
 async def send_refusal(send: Send, exc: RequestError, shape: ErrorShape = error_body) -> None:
-    await send_error(send, exc.status, exc.message, shape=shape, param=exc.param, code=exc.code, close=exc.close)
+    await send_error(send, exc.status, exc.message, shape=shape, param=exc.param, code=exc.code, close=exc.close,
+                     retry_after=exc.retry_after)
 
 
 @attrs.define(eq=False)

@@ -21,7 +21,6 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from quart import Response
 from quart_trio import QuartTrio
 
 from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, follow_prompt, free_gpu, read_prompt, used_vram
@@ -40,20 +39,27 @@ from supervisor.gateway.asgi import (
     send_refusal,
     send_whole,
 )
+from supervisor.gateway.door import MONITORING_PATHS, Exchange, FrontDoor, exchange_of
 from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.ollama_app import turnstile_health
-from supervisor.gateway.quart_app import new_quart_app
+from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.websocket_proxy import proxy_websocket
-from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
 RELEASE_PATH = "/steward/release"
+COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+
+
+def is_admin_route(scope: Scope) -> bool:
+    return scope["path"].startswith("/steward/")
 
 
 @attrs.define(eq=False)
@@ -67,6 +73,7 @@ class ImageJob:
     client_left: bool = False
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     prompt_id: str | None = None
+    exchange: Exchange | None = None  # the request's usage row in the making
 
 
 @attrs.define(eq=False)
@@ -78,6 +85,7 @@ class ComfyListener:
     jobs: trio.Nursery
     body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable ComfyUI
+    door: FrontDoor
     warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
     running: set[ImageJob] = attrs.Factory(set)
     catalog: NodeCatalog = attrs.field(init=False)
@@ -94,14 +102,18 @@ class ComfyListener:
         return Backoff(self.config.retry_initial, self.config.retry_max, self.shutting_down)
 
     async def prompt(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
+        exchange.klass = self.config.job_class
         try:
             body = await read_body(scope, receive, self.body_limits)
+            if body is None:
+                return
+            with self.door.admit(exchange, model=None, klass=self.config.job_class):
+                await self._prompt(scope, receive, send, body, exchange)
         except RequestError as exc:
             await send_refusal(send, exc, comfy_error_body)
-            return
-        if body is None:
-            return
-        # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
+
+    async def _prompt(self, scope: Scope, receive: Receive, send: Send, body: bytes, exchange: Exchange) -> None:        # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
         request = read_prompt(body)
         refused = request if isinstance(request, PromptRefused) else request.refusal(
             await self.catalog.lookup(request.classes))
@@ -110,7 +122,7 @@ class ComfyListener:
             content = refused.body()
             await send_whole(send, 400, error_headers(content), content)
             return
-        job = ImageJob(body)
+        job = ImageJob(body, exchange=exchange)
         self.jobs.start_soon(self._run, job, scope["raw_path"] or scope["path"].encode())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_client, receive, job, nursery.cancel_scope)
@@ -136,8 +148,10 @@ class ComfyListener:
         self.events.emit("image_queued", "info", klass=self.config.job_class)
         try:
             with job.scope:
-                async with self.scheduler.open_grant(None, self.config.job_class,
-                                                     exclusive_memory=self.config.memory) as lease:
+                async with self.scheduler.open_grant(None, self.config.job_class, exclusive_memory=self.config.memory,
+                                                     on_waited=job.exchange.waited if job.exchange else None) as lease:
+                    if job.exchange is not None:
+                        job.exchange.engine = COMFY_ENGINE
                     self.running.add(job)
                     granted = time.monotonic()
                     try:
@@ -216,8 +230,10 @@ class ComfyListener:
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target,
-                                  upstream_headers(scope["headers"], self.config.upstream), body)
+        headers = upstream_headers(scope["headers"], self.config.upstream)
+        if self.door.required("comfyui"):
+            headers = [(k, v) for k, v in headers if k not in _CREDENTIALS]  # steward's key, not ComfyUI's
+        request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target, headers, body)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
             await relay(send, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
@@ -235,13 +251,14 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> l
 
 def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
                      http: httpx.AsyncClient, jobs: trio.Nursery, body_limits: BodyLimits,
-                     metrics: StewardMetrics, warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
+                     metrics: StewardMetrics, door: FrontDoor, health: HealthWatch,
+                     warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
     app = new_quart_app("steward-comfyui", comfy_error_body, events)
-    listener = ComfyListener(config, scheduler, events, http, jobs, body_limits, gate.closed, warm)
+    listener = ComfyListener(config, scheduler, events, http, jobs, body_limits, gate.closed, door, warm)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] in ("/healthz", "/metrics", RELEASE_PATH):
+        if scope["path"] in MONITORING_PATHS or scope["path"] == RELEASE_PATH:
             await quart_asgi(scope, receive, send)
         elif scope["method"] == "POST" and scope["path"] in PROMPT_PATHS:
             await listener.prompt(scope, receive, send)
@@ -259,13 +276,8 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
 
     app.asgi_app = gated(gate, route, other)  # type: ignore[method-assign]
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {**turnstile_health(scheduler), "image_running": len(listener.running)}
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
+    add_health_routes(app, health, metrics,
+                      lambda: {**turnstile_health(scheduler), "image_running": len(listener.running)})
 
     @app.post(RELEASE_PATH)
     async def release() -> dict[str, Any]:

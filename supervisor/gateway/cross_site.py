@@ -20,18 +20,17 @@ from __future__ import annotations
 import ipaddress
 import socket
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
 from supervisor.address import Address
-from supervisor.gateway.asgi import Receive, Scope, Send, header_value, send_error, send_whole
+from supervisor.gateway.asgi import ASGI, Receive, Scope, Send, header_value, send_error, send_whole
 from supervisor.gateway.errors import ErrorShape
 
 ANY = "*"
 _PREFLIGHT_MAX_AGE = b"600"
-ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 @attrs.frozen

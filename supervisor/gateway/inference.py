@@ -37,14 +37,18 @@ from supervisor.gateway.asgi import (
     send_whole,
 )
 from supervisor.gateway.classes import choose_class
+from supervisor.gateway.door import Exchange, FrontDoor, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
+from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
 EMBEDDINGS_PATH = "/v1/embeddings"
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", EMBEDDINGS_PATH})
-_FORWARDED_REQUEST_HEADERS = frozenset({b"accept", b"authorization", b"x-api-key"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+INFERENCE_PATHS = GENERATION_PATHS | {EMBEDDINGS_PATH}
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+_FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | _CREDENTIALS
 
 
 @attrs.frozen
@@ -54,6 +58,8 @@ class RoutedRequest:
     stream: bool
     body: bytes
     payload: dict[str, Any]
+    # Steward asked the engine for the stream's usage chunk, which the client did not ask for.
+    keep_usage_chunk: bool = False
 
 
 @attrs.define(eq=False)
@@ -64,27 +70,36 @@ class InferenceHandler:
     body_limits: BodyLimits
     embedding_chunk: int
     timeouts: Timeouts  # toward the engines
+    door: FrontDoor
     # model -> the name its server knows it by, for servers that check it (runtime openai)
     served_names: Mapping[str, str] = attrs.Factory(dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
         try:
             body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return  # the client left while sending
-            routed = route_request(scope, body, self.aliases, self.served_names)
+            routed = route_request(scope, body, self.aliases, self.served_names,
+                                   default_class=self.door.default_class(exchange, "interactive"))
+            exchange.model, exchange.klass = routed.model, routed.klass
+            with self.door.admit(exchange, model=routed.model, klass=routed.klass):
+                await self._serve_admitted(scope, receive, send, routed, exchange)
         except RequestError as exc:
             self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
                              detail=exc.message)
             await send_refusal(send, exc)
-            return
+
+    async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
+                              exchange: Exchange) -> None:
         async with trio.open_nursery() as nursery:
             disconnect = Disconnect(nursery.cancel_scope)
             nursery.start_soon(disconnect.watch, receive)
-            await self._serve(scope, routed, send, disconnect)
+            await self._serve(scope, routed, send, disconnect, exchange)
             nursery.cancel_scope.cancel(reason="request finished")
 
-    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect) -> None:
+    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect,
+                     exchange: Exchange) -> None:
         chunks = None
         if scope["path"] == EMBEDDINGS_PATH:
             chunks = split_inputs(routed.payload, self.embedding_chunk)
@@ -96,12 +111,14 @@ class InferenceHandler:
                 except RequestError as exc:
                     await send_refusal(send, exc)
                     return
-                await self._serve_embedding_steps(scope, routed, bodies, send)
+                await self._serve_embedding_steps(scope, routed, bodies, send, exchange)
                 return
-            async with self.scheduler.open_grant(routed.model, routed.klass) as lease:
+            async with self.scheduler.open_grant(routed.model, routed.klass, on_waited=exchange.waited) as lease:
+                exchange.engine = lease.grant.engine
                 tracked = TrackedSend(send)
                 try:
-                    await self._proxy(scope, routed, tracked, lease)
+                    await self._proxy(scope, routed, UsageChunkKept(tracked, exchange.count_tokens)
+                                      if routed.keep_usage_chunk else tracked, lease)
                 finally:
                     if disconnect.happened and not tracked.complete:
                         lease.status = 499  # the client left before the answer ended
@@ -111,24 +128,25 @@ class InferenceHandler:
                              retry_after=failure.retry_after)
 
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
-                                     send: Send) -> None:
+                                     send: Send, exchange: Exchange) -> None:
         """One step per chunk, in order; a failing step fails the request, no partial answer."""
         async with self.scheduler.open_request() as request:
-            await self._run_embedding_steps(scope, routed, chunks, send, request)
+            await self._run_embedding_steps(scope, routed, chunks, send, request, exchange)
 
     async def _run_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes], send: Send,
-                                   request: Request) -> None:
+                                   request: Request, exchange: Exchange) -> None:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
-                                                 steps=len(chunks)) as lease:
+                                                 steps=len(chunks), on_waited=exchange.waited) as lease:
+                exchange.engine = lease.grant.engine
                 host, port = self._endpoint(lease.grant.endpoint)
                 where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request"
                 with lease.abort.scope:
                     try:
                         status, headers, body = await fetch_upstream(
                             host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                            _request_headers(scope), chunk, self.timeouts)
+                            self._request_headers(scope), chunk, self.timeouts)
                     except UpstreamStalled as exc:
                         self._report_stall(lease, str(exc))
                         lease.status = 504
@@ -160,7 +178,7 @@ class InferenceHandler:
     async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
         host, port = self._endpoint(lease.grant.endpoint)
         request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                                  _request_headers(scope), routed.body)
+                                  self._request_headers(scope), routed.body)
 
         def on_status(status: int) -> None:
             lease.status = status
@@ -177,18 +195,26 @@ class InferenceHandler:
         assert endpoint is not None
         return endpoint.host, endpoint.port
 
+    def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        # A steward key is steward's credential, not the engine's: kept from it once keys are in force.
+        forwarded = _FORWARDED_REQUEST_HEADERS - _CREDENTIALS if self.door.required("openai") \
+            else _FORWARDED_REQUEST_HEADERS
+        return [(b"content-type", b"application/json")] + [(k, v) for k, v in scope["headers"] if k in forwarded]
+
 
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
-                  served_names: Mapping[str, str] | None = None) -> RoutedRequest:
+                  served_names: Mapping[str, str] | None = None, *, default_class: str = "interactive",
+                  ) -> RoutedRequest:
     """Parse and validate; strip steward's own class field and model suffix; name the model
-    as its engine knows it where the engine checks (*served_names*: model -> that name). Pure."""
+    as its engine knows it where the engine checks (*served_names*: model -> that name); ask a
+    stream for its usage chunk. Pure."""
     payload = parse_json(body)
     if not isinstance(payload, dict):
         raise RequestError(400, "The request body must be a JSON object.")
     name = payload.get("model")
     if not isinstance(name, str) or not name:
         raise RequestError(400, "You must provide a model parameter.", param="model")
-    choice = choose_class(scope, payload, "interactive")
+    choice = choose_class(scope, payload, default_class)
     model = aliases.get(payload["model"])
     if model is None:
         raise RequestError(404, f"The model '{payload['model']}' does not exist.", param="model",
@@ -199,11 +225,8 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
     if served is not None and payload["model"] != served:
         payload["model"] = served  # vLLM refuses a name it does not serve, an alias included
         changed = True
+    keep_usage_chunk = scope.get("path") in GENERATION_PATHS and ask_for_usage(payload)
     return RoutedRequest(model=model, klass=choice.klass, stream=stream,
-                         body=dump_json(payload) if changed else body, payload=payload)
-
-
-def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    headers = [(b"content-type", b"application/json")]
-    return headers + [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
+                         body=dump_json(payload) if changed or keep_usage_chunk else body, payload=payload,
+                         keep_usage_chunk=keep_usage_chunk)
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import attrs
 import trio
-from quart import Response
 from quart_trio import QuartTrio
 
 from supervisor.backoff import Backoff
@@ -34,12 +33,13 @@ from supervisor.gateway.asgi import (
     send_refusal,
 )
 from supervisor.gateway.classes import CLASS_HEADER, choose_class
+from supervisor.gateway.door import MONITORING_PATHS, FrontDoor, exchange_of
 from supervisor.gateway.errors import ErrorShape, error_body, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
-from supervisor.gateway.quart_app import new_quart_app
+from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.upstream import Timeouts
-from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
 
@@ -47,12 +47,20 @@ INFERENCE_PATHS = frozenset({
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
 })
+# What changes the models Ollama has, not what it answers: an admin key's business.
+ADMIN_PATHS = frozenset({"/api/pull", "/api/push", "/api/delete", "/api/create", "/api/copy"})
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
+
+
+def is_admin_route(scope: Scope) -> bool:
+    return scope["path"] in ADMIN_PATHS or scope["path"].startswith("/api/blobs/")
 
 
 @attrs.frozen
 class OllamaRoute:
     klass: str
     body: bytes
+    model: str | None = None  # as Ollama knows it, steward's class suffix removed
 
 
 def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
@@ -66,7 +74,9 @@ def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> Ollam
     if not isinstance(payload, dict):
         return OllamaRoute(choose_class(scope, {}, default_class).klass, body)
     choice = choose_class(scope, payload, default_class)
-    return OllamaRoute(choice.klass, dump_json(payload) if choice.changed else body)
+    model = payload.get("model")
+    return OllamaRoute(choice.klass, dump_json(payload) if choice.changed else body,
+                       model if isinstance(model, str) else None)
 
 
 def error_shape(scope: Scope) -> ErrorShape:
@@ -81,6 +91,7 @@ class OllamaListener:
     events: EventLog
     body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable Ollama
+    door: FrontDoor
     host: str = attrs.field(init=False)
     port: int = attrs.field(init=False)
 
@@ -97,19 +108,26 @@ class OllamaListener:
 
     async def inference(self, scope: Scope, receive: Receive, send: Send) -> None:
         shape = error_shape(scope)
+        exchange = exchange_of(scope)
         try:
             body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return
-            route = route_ollama_request(scope, body, self.config.default_class)
+            route = route_ollama_request(scope, body, self.door.default_class(exchange, self.config.default_class))
+            exchange.model, exchange.klass = route.model, route.klass
+            with self.door.admit(exchange, model=route.model, klass=route.klass):
+                await self._serve(scope, receive, send, route, shape)
         except RequestError as exc:
             await send_refusal(send, exc, shape)
-            return
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, route: OllamaRoute, shape: ErrorShape) -> None:
+        exchange = exchange_of(scope)
         async with trio.open_nursery() as nursery:
             disconnect = Disconnect(nursery.cancel_scope)
             nursery.start_soon(disconnect.watch, receive)
             try:
-                async with self.scheduler.open_grant(OLLAMA_ENGINE, route.klass) as lease:
+                async with self.scheduler.open_grant(OLLAMA_ENGINE, route.klass, on_waited=exchange.waited) as lease:
+                    exchange.engine = OLLAMA_ENGINE
 
                     def on_status(status: int) -> None:
                         lease.status = status
@@ -124,6 +142,7 @@ class OllamaListener:
                             lease.status = 499
             except JobFailed as exc:
                 failure = exc.failure
+                exchange.error = failure.code  # Ollama's own error shape has no field for it
                 await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
                                  retry_after=failure.retry_after)
             nursery.cancel_scope.cancel(reason="request finished")
@@ -148,7 +167,10 @@ class OllamaListener:
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        headers = [(k, v) for k, v in scope["headers"] if k not in REQUEST_FRAMING and k != CLASS_HEADER]
+        dropped = REQUEST_FRAMING | {CLASS_HEADER}
+        if self.door.required("ollama"):
+            dropped |= _CREDENTIALS  # steward's key is steward's credential, not Ollama's
+        headers = [(k, v) for k, v in scope["headers"] if k not in dropped]
         return UpstreamRequest(self.host, self.port, scope["method"].encode(), target, headers, body)
 
     def _log_retry(self, delay: float, detail: str) -> None:
@@ -156,13 +178,14 @@ class OllamaListener:
 
 
 def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                      body_limits: BodyLimits, metrics: StewardMetrics) -> QuartTrio:
+                      body_limits: BodyLimits, metrics: StewardMetrics, door: FrontDoor,
+                      health: HealthWatch) -> QuartTrio:
     app = new_quart_app("steward-ollama", ollama_error_body, events)
-    listener = OllamaListener(config, scheduler, events, body_limits, gate.closed)
+    listener = OllamaListener(config, scheduler, events, body_limits, gate.closed, door)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] in ("/healthz", "/metrics"):
+        if scope["path"] in MONITORING_PATHS:
             await quart_asgi(scope, receive, send)
         elif scope["method"] == "POST" and scope["path"] in INFERENCE_PATHS:
             await listener.inference(scope, receive, send)
@@ -171,14 +194,7 @@ def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: 
 
     app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return turnstile_health(scheduler)
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)
-
+    add_health_routes(app, health, metrics, lambda: turnstile_health(scheduler))
     return app
 
 

@@ -7,12 +7,19 @@ merge ``//v1/...`` into ``/v1/...``, routing it to a handler that is never meant
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from supervisor.events import EventLog
 from supervisor.gateway.errors import ErrorShape
+from supervisor.health import HealthStatus, HealthWatch
+from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from supervisor.metrics import StewardMetrics
 
 _MESSAGES = {404: "Unknown route.", 405: "Method not allowed on this route."}
 
@@ -39,3 +46,24 @@ def new_quart_app(name: str, shape: ErrorShape, events: EventLog) -> QuartTrio:
 def json_error(shape: ErrorShape, status: int, message: str, *, param: str | None = None,
                code: str | None = None) -> Response:
     return Response(shape(status, message, param=param, code=code), status=status, content_type="application/json")
+
+
+def add_health_routes(app: QuartTrio, health: HealthWatch, metrics: StewardMetrics,
+                      details: Callable[[], dict[str, Any]]) -> None:
+    """/livez (the process serves), /healthz (is capacity enough: 503 when overloaded) and /metrics,
+    the same on every listener; *details* adds what the listener's own clients read there."""
+
+    @app.get("/livez")
+    async def livez() -> dict[str, Any]:
+        return {"status": "alive"}
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        assessed = health.assess()
+        body = {**assessed.to_json(), **details()}
+        status = 503 if assessed.status is HealthStatus.OVERLOADED else 200
+        return Response(json.dumps(body), status=status, content_type="application/json")
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), content_type=METRICS_CONTENT_TYPE)

@@ -204,12 +204,14 @@ class SchedulerClient:
 
     @asynccontextmanager
     async def open_grant(self, model: str | None, klass: str, *, request: Request | None = None, step: int = 1,
-                         steps: int = 1, exclusive_memory: int | None = None) -> AsyncIterator[Lease]:
+                         steps: int = 1, exclusive_memory: int | None = None,
+                         on_waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
         hold it for the ``async with`` body.
 
         Leaving early (the client went away) withdraws the step from the queue; leaving
-        after the grant frees the slot. Raises ``JobFailed`` on refusal.
+        after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
+        how long the step waited, however the wait ended (the usage log's seconds queued).
         """
         ticket = Ticket(next(self._ids))
         lease = None
@@ -219,8 +221,13 @@ class SchedulerClient:
         self._post(Submit(ticket, model, klass, request or Request(ticket.job_id, ticket.job_id), step, steps,
                           exclusive_memory, handoff))
         finished_cleanly = False
+        submitted = trio.current_time()
         try:
-            await ticket.done.wait()
+            try:
+                await ticket.done.wait()
+            finally:
+                if on_waited is not None:
+                    on_waited(trio.current_time() - submitted)
             if isinstance(ticket.outcome, Fail):
                 raise JobFailed(ticket.outcome)
             assert ticket.outcome is not None

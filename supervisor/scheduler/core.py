@@ -53,6 +53,7 @@ from supervisor.scheduler.types import (
     Fail,
     Grant,
     Job,
+    LineSnapshot,
     Measured,
     Revoke,
     SchedulerSnapshot,
@@ -433,6 +434,8 @@ class Scheduler:
             running_by_class=dict(self.running_by_class),
             releasing=len(self.ledger.awaiting_free),
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
+            lines=tuple(LineSnapshot(engine, klass, len(line), line[0].submitted)
+                        for klass, queue in self.queues.items() for engine, line in queue.lines.items()),
             engines=tuple(EngineSnapshot(
                 # A draining engine still serves its steps: shown as ready, with draining set.
                 name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value, in_flight=e.in_flight,

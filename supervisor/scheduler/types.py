@@ -260,6 +260,16 @@ class EngineSnapshot:
 
 
 @attrs.frozen
+class LineSnapshot:
+    """The steps of one class waiting for one engine (engine None: exclusive jobs)."""
+
+    engine: str | None
+    klass: str
+    waiting: int
+    head_submitted: float  # when the step at its head was queued (trio's clock)
+
+
+@attrs.frozen
 class SchedulerSnapshot:
     budget: int
     reserved: int
@@ -271,3 +281,8 @@ class SchedulerSnapshot:
     engines: tuple[EngineSnapshot, ...]
     releasing: int  # engines whose memory is awaited free
     exclusive_waiting: int = 0  # exclusive jobs (whole-GPU, e.g. images) waiting
+    lines: tuple[LineSnapshot, ...] = ()  # every queue: per class and engine, exclusive jobs included
+
+    def oldest_waiting(self, klass: str) -> float | None:
+        """When the longest-waiting head of *klass* was queued, or None if none waits."""
+        return min((line.head_submitted for line in self.lines if line.klass == klass), default=None)

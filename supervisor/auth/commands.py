@@ -1,0 +1,100 @@
+"""``steward keys add|list|remove``: the key file by hand, without editing JSON.
+
+The commands only read and write ``auth.keys_file``; a running steward sees the change at its
+next look at the file (``auth.reload_interval``), so no restart is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from supervisor.auth.keys import ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
+from supervisor.config import load_config_for_command
+from supervisor.scheduler.types import CLASSES
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+_COLUMNS = ("NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN", "CREATED")
+
+
+def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    keys = commands.add_parser("keys", help="add, list and remove API keys (auth.keys_file)")
+    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="make a new key and print it once")
+    add.add_argument("name", metavar="NAME", help="who uses the key: 1-64 letters, digits and ._-")
+    add.add_argument("--models", type=_names, metavar="A,B", help="models or aliases it may use (default: all)")
+    add.add_argument("--classes", type=_names, metavar="A,B",
+                     help=f"classes it may ask for, of {','.join(CLASSES)} (default: all)")
+    add.add_argument("--default-class", choices=CLASSES, metavar="CLASS",
+                     help="class of its requests that name none (default: its highest class; with all classes, "
+                          "the listener's default)")
+    add.add_argument("--rpm", type=int, metavar="N", help="at most N requests in any minute (default: no limit)")
+    add.add_argument("--concurrency", type=int, metavar="N", help="at most N requests at once (default: no limit)")
+    add.add_argument("--admin", action="store_true", help="may use steward's admin endpoints")
+    listing = actions.add_parser("list", help="the keys, without their secrets")
+    remove = actions.add_parser("remove", help="remove a key (a running steward stops accepting it)")
+    remove.add_argument("name", metavar="NAME")
+    for action in (add, listing, remove):
+        action.add_argument("--config", required=True, metavar="CONFIG", help="steward's YAML config")
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    config = load_config_for_command(args.config)
+    if config is None:
+        return EXIT_ERROR
+    path = config.auth.keys_file
+    try:
+        if args.keys_command == "add":
+            known = config.alias_table()
+            text = add_key(path, args.name, models=args.models, classes=args.classes,
+                           default_class=args.default_class, rpm=args.rpm, concurrency=args.concurrency,
+                           admin=args.admin, known_models=known, ollama=config.ollama is not None)
+            print(text)
+            _say(f"key {args.name!r} added to {path}. Store it now: it is not shown again.")
+            if args.models and config.ollama is not None and (unknown := unknown_models(args.models, known)):
+                _say(f"note: not a model or alias in the config: {', '.join(unknown)}; accepted as Ollama's own "
+                     f"model names")
+        elif args.keys_command == "list":
+            print(format_key_table(list_keys(path)) or f"no keys in {path}")
+        else:
+            remove_key(path, args.name)
+            print(f"key {args.name!r} removed from {path}")
+    except (KeyCommandError, KeyFileError) as exc:
+        for line in str(exc).splitlines():
+            _say(line)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def format_key_table(keys: Sequence[ApiKey]) -> str:
+    """One row per key (never its hash); empty for no keys."""
+    if not keys:
+        return ""
+    rows = [_COLUMNS, *(_row(key) for key in keys)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
+
+
+def _row(key: ApiKey) -> tuple[str, ...]:
+    return (key.name, _listed(key.models), _listed(key.classes), key.default_class or "(listener's)",
+            _limit(key.rpm), _limit(key.concurrency), "yes" if key.admin else "no",
+            key.created.strftime("%Y-%m-%d %H:%M:%SZ"))
+
+
+def _listed(names: Sequence[str] | None) -> str:
+    return "all" if names is None else ",".join(names)
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _say(line: str) -> None:
+    print(f"steward: {line}", file=sys.stderr)

@@ -1,0 +1,321 @@
+"""The front door of every listener: who is calling, what they may do, and one usage row per request.
+
+It is the outermost layer of each listener's ASGI app. For every HTTP request it
+
+- opens an ``Exchange``: the request's id (sent back as ``X-Request-Id``), its key, and what
+  the handlers learn on the way (model, engine, class, seconds queued), plus what the door
+  itself sees pass (status, bytes, time to first byte, the token counts in the answer's
+  ``usage`` and the error code the client got);
+- checks the key (``Authorization: Bearer KEY`` or ``x-api-key``) when keys are in force:
+  with any key in the key file, or always on a listener reachable beyond loopback. No key
+  or an unknown one is a 401 in the listener's own error shape; admin routes need an admin key;
+- writes the usage row when the answer ended, however it ended: refused, failed, cut,
+  or left by its client (499). Health and metrics scrapes are not logged.
+
+What a key limits beyond that (models, classes, requests per minute, concurrency) needs the
+request's body, so the handlers ask ``FrontDoor.admit`` once they know the model and class.
+The door's state (the key table, the limiter) is changed only by synchronous calls on
+trio's thread, so each check-and-count is atomic; the key watcher swaps the table whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from supervisor.auth.keys import ApiKey, KeyFile, KeyTable
+from supervisor.auth.limits import KeyLimiter, Refused
+from supervisor.events import EventLog
+from supervisor.gateway.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
+from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.usage.row import UsageRow
+from supervisor.usage.writer import UsageLog
+
+EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
+MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics"})  # polled every few seconds: no usage rows
+_TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
+_ERROR_HEAD = 16384  # of an error answer: enough for its error object
+_TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
+# Token counts as OpenAI, Ollama and Anthropic name them; an escaped quote is inside a string, not a key.
+_TOKENS = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|input_tokens|'
+                     rb'output_tokens)"\s*:\s*(\d{1,12})')
+_PROMPT = frozenset({b"prompt_tokens", b"prompt_eval_count", b"input_tokens"})
+
+
+@attrs.define(eq=False)
+class Exchange:
+    """One HTTP request, from its arrival to the end of its answer: its usage row in the making."""
+
+    request_id: str
+    listener: str
+    method: str
+    route: str
+    wall: float  # arrival, Unix time
+    arrived: float  # arrival, trio's clock
+    key: ApiKey | None = None
+    model: str | None = None
+    engine: str | None = None
+    klass: str | None = None
+    queued_s: float | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    status: int | None = None  # as sent
+    complete: bool = False
+    client_left: bool = False
+    first_byte: float | None = None
+    request_bytes: int = 0
+    response_bytes: int = 0
+    _tapped: bool = False
+    _tail: bytes = b""
+    _error_head: bytes = b""
+
+    @classmethod
+    def arriving(cls, scope: Scope, listener: str) -> Exchange:
+        return cls(secrets.token_hex(8), listener, scope["method"], scope["path"], time.time(), trio.current_time())
+
+    def waited(self, seconds: float) -> None:
+        """A step of this request waited *seconds* in steward's queue (steps add up)."""
+        self.queued_s = (self.queued_s or 0.0) + seconds
+
+    def count_tokens(self, prompt: int | None, completion: int | None) -> None:
+        """Counts a handler read itself (a usage chunk it kept from a client that did not ask for it)."""
+        self.prompt_tokens = prompt if prompt is not None else self.prompt_tokens
+        self.completion_tokens = completion if completion is not None else self.completion_tokens
+
+    def saw_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        content_type = next((v for k, v in headers if k == b"content-type"), b"")
+        self._tapped = content_type.startswith(_TAPPED)
+
+    def saw_body(self, chunk: bytes, now: float) -> None:
+        if not chunk:
+            return
+        if self.first_byte is None:
+            self.first_byte = now
+        self.response_bytes += len(chunk)
+        if self._tapped:
+            self._tail = (self._tail + chunk)[-_TAIL:]
+        if (self.status or 0) >= 400 and len(self._error_head) < _ERROR_HEAD:
+            self._error_head += chunk[:_ERROR_HEAD - len(self._error_head)]
+
+    def row(self, now: float) -> UsageRow:
+        status = self.status if self.status is not None else 500
+        if self.client_left and not self.complete:
+            status = 499  # the client left before its answer ended
+        prompt, completion = self.prompt_tokens, self.completion_tokens
+        if prompt is None and completion is None and self._tail:
+            prompt, completion = _read_tokens(self._tail)
+        error = self.error
+        if error is None and status >= 400:
+            error = "client_left" if status == 499 else _error_code(self._error_head)
+        return UsageRow(
+            ts=self.wall, request_id=self.request_id, key=self.key.name if self.key is not None else None,
+            listener=self.listener, method=self.method, route=self.route, model=self.model, engine=self.engine,
+            klass=self.klass, status=status, error=error, queued_s=_round(self.queued_s),
+            ttft_s=_round(None if self.first_byte is None else self.first_byte - self.arrived),
+            duration_s=round(now - self.arrived, 6), prompt_tokens=prompt, completion_tokens=completion,
+            request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+
+
+def exchange_of(scope: Scope) -> Exchange:
+    """The request's Exchange; a scope that never passed the door (tests of a bare app) gets a loose one."""
+    exchange = scope.get(EXCHANGE)
+    if exchange is None:
+        exchange = scope[EXCHANGE] = Exchange.arriving(scope, "(none)")
+    return exchange
+
+
+def _read_tokens(tail: bytes) -> tuple[int | None, int | None]:
+    prompt = completion = None
+    for name, value in _TOKENS.findall(tail):  # the last count of each kind wins: the final chunk's
+        if name in _PROMPT:
+            prompt = int(value)
+        else:
+            completion = int(value)
+    return prompt, completion
+
+
+def _error_code(head: bytes) -> str | None:
+    """The code of an error object in any listener's shape (OpenAI's, llama-server's, ComfyUI's)."""
+    try:
+        body = json.loads(head)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    for field in ("code", "type"):  # llama-server's code is the HTTP status; its type names the error
+        if isinstance(error.get(field), str) and error[field]:
+            return error[field][:64]
+    return None
+
+
+def _round(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 6)
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The key a client sent: `Authorization: Bearer KEY` (OpenAI's SDKs) or `x-api-key` (Anthropic's)."""
+    authorization = header_value(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    api_key = header_value(scope, b"x-api-key")
+    return api_key.strip() or None if api_key is not None else None
+
+
+@attrs.define(eq=False)
+class FrontDoor:
+    """The keys in force, the per-key limits, and where the usage rows go."""
+
+    events: EventLog
+    usage: UsageLog
+    # Listeners reachable beyond loopback without keys allowed: they need a key even if none exists.
+    exposed: frozenset[str] = frozenset()
+    open_paths: frozenset[str] = frozenset({"/livez", "/healthz"})
+    aliases: Mapping[str, str] = attrs.Factory(dict)  # every accepted model name -> its model
+    keys: KeyTable = attrs.Factory(lambda: KeyTable.from_key_file(KeyFile()))
+    limiter: KeyLimiter = attrs.Factory(KeyLimiter)
+
+    def replace_keys(self, table: KeyTable) -> None:
+        self.keys = table
+        self.limiter.forget({key.name for key in table.keys})
+
+    def required(self, listener: str) -> bool:
+        return not self.keys.empty or listener in self.exposed
+
+    def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
+        """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
+        if not self.required(listener) or scope["path"] in self.open_paths:
+            return None, None
+        presented = presented_key(scope)
+        key = self.keys.lookup(presented) if presented is not None else None
+        if key is None:
+            if self.keys.empty:
+                message = ("steward listens beyond loopback and has no keys; add one with `steward keys add NAME "
+                           "--config CONFIG`")
+            elif presented is None:
+                message = "This request needs an API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`."
+            else:
+                message = "The API key is not one steward knows (it may have been removed)."
+            return None, RequestError(401, message, code="invalid_api_key")
+        if admin and not key.admin:
+            return key, RequestError(403, f"Key {key.name!r} is not an admin key; this route needs one.",
+                                     code="admin_required")
+        return key, None
+
+    def default_class(self, exchange: Exchange, fallback: str) -> str:
+        """The class a request gets when it asks for none: its key's default, else the listener's."""
+        return exchange.key.default_class_or(fallback) if exchange.key is not None else fallback
+
+    @contextmanager
+    def admit(self, exchange: Exchange, *, model: str | None, klass: str) -> Iterator[None]:
+        """Hold one of the key's requests for the body of the ``with``; RequestError (403, 429) if
+        the key may not use *model* or *klass*, or is over its rate or concurrency."""
+        key = exchange.key
+        if key is None:
+            yield
+            return
+        if model is not None and not self.may_use(key, model):
+            self.refuse(exchange, "model_not_allowed")
+            raise RequestError(403, f"Key {key.name!r} may not use the model {model!r}; it may use: "
+                               f"{', '.join(key.models or ())}.", param="model", code="model_not_allowed")
+        if not key.may_ask(klass):
+            self.refuse(exchange, "class_not_allowed")
+            raise RequestError(403, f"Key {key.name!r} may not ask for the class {klass!r}; it may use: "
+                               f"{', '.join(key.allowed_classes)}.", code="class_not_allowed")
+        admission = self.limiter.admit(key, trio.current_time())
+        if isinstance(admission, Refused):
+            code = f"{admission.reason.value}_limited"
+            self.refuse(exchange, code)
+            raise RequestError(429, admission.message, code=code, retry_after=admission.retry_after)
+        try:
+            yield
+        finally:
+            self.limiter.release(admission)
+
+    def may_use(self, key: ApiKey, model: str) -> bool:
+        if key.models is None:
+            return True
+        return model in key.models or model in {self.aliases.get(name, name) for name in key.models}
+
+    def refuse(self, exchange: Exchange, reason: str) -> None:
+        exchange.error = reason
+        self.events.emit("refused", "info", listener=exchange.listener, route=exchange.route, reason=reason,
+                         key=exchange.key.name if exchange.key is not None else None, model=exchange.model,
+                         **{"class": exchange.klass}, request_id=exchange.request_id)
+
+    def record(self, exchange: Exchange) -> None:
+        self.usage.record(exchange.row(trio.current_time()))
+
+
+def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[Scope], ErrorShape],
+               is_admin_route: Callable[[Scope], bool] = lambda scope: False) -> ASGI:
+    """*app* behind the door of *listener* (see the module docstring)."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            _, refusal = door.authenticate(scope, listener, admin=is_admin_route(scope))
+            if refusal is not None:
+                door.events.emit("refused", "info", listener=listener, route=scope["path"], reason=refusal.code,
+                                 key=None, model=None, **{"class": None}, request_id=None)
+                await send({"type": "websocket.close", "code": 1008})  # before accept: hypercorn answers 403
+                return
+            await app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        exchange = Exchange.arriving(scope, listener)
+        scope[EXCHANGE] = exchange
+        request_id = exchange.request_id.encode()
+
+        async def observed_receive() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                exchange.request_bytes += len(message.get("body", b""))
+            elif message["type"] == "http.disconnect":
+                exchange.client_left = True
+            return message
+
+        async def observed_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = [*message.get("headers", ()), (b"x-request-id", request_id)]
+                exchange.saw_start(message["status"], headers)
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                exchange.saw_body(message.get("body", b""), trio.current_time())
+                if not message.get("more_body", False):
+                    exchange.complete = True
+            await send(message)
+
+        try:
+            exchange.key, refusal = door.authenticate(scope, listener, admin=is_admin_route(scope))
+            if refusal is None:
+                await app(scope, observed_receive, observed_send)
+            else:
+                door.refuse(exchange, refusal.code or "unauthorized")
+                await _send_auth_refusal(observed_send, refusal, shape_for(scope))
+        finally:
+            if scope["path"] not in MONITORING_PATHS:
+                door.record(exchange)
+
+    return guarded
+
+
+async def _send_auth_refusal(send: Send, refusal: RequestError, shape: ErrorShape) -> None:
+    body = shape(refusal.status, refusal.message, code=refusal.code)
+    headers = error_headers(body)
+    if refusal.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="steward"'))
+    await send_whole(send, refusal.status, headers, body)

@@ -1,0 +1,171 @@
+"""Is capacity enough? The answer of /healthz, from what is happening rather than from the
+process being alive (that is /livez).
+
+The home-lab seed's health check answered 200 whether an answer took 2 s or 10 minutes.
+Here the status is worked out from three things:
+
+- **overloaded** (HTTP 503): a class's longest-waiting request has waited past its
+  ``classes.C.slo_wait``, or requests were rejected for capacity (queue full, queue
+  timeout) within ``health.window``;
+- **degraded**: an engine crashed within the window (it restarts with backoff) or fails its
+  health checks now, or requests were refused because what they need can never fit, or
+  because their engine failed;
+- **ok** otherwise.
+
+``RecentActivity`` keeps the last window of rejections and dispatches (fed from the event
+log, where every such decision is already an event); ``assess`` is pure, so it runs the
+same on MockClock as in production; ``serve_health`` assesses every ``health.interval``
+and logs each change of status as one ``health`` event (which the alerts follow).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Mapping
+
+import attrs
+import trio
+
+from supervisor.events import Event, EventLog
+from supervisor.scheduler.actor import SchedulerClient
+from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
+from supervisor.units import format_duration
+
+
+class HealthStatus(enum.Enum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    OVERLOADED = "overloaded"
+
+
+# Rejections that say capacity is short right now, and those that say something is broken.
+CAPACITY_REASONS = frozenset({"queue_full", "queue_timeout"})
+BROKEN_REASONS = frozenset({"insufficient_memory", "engine_failed", "engine_start_failed"})
+DEFAULT_SLO_WAIT = {"interactive": 30.0, "background": 300.0, "batch": 1800.0}
+_MAX_REMEMBERED = 100_000  # per deque: a flood of rejections must not grow memory without bound
+
+
+@attrs.frozen
+class Rejection:
+    at: float
+    reason: str
+    klass: str
+
+
+@attrs.frozen
+class Dispatch:
+    at: float
+    klass: str
+    waited: float
+
+
+@attrs.frozen
+class Crash:
+    at: float
+    engine: str
+
+
+@attrs.define
+class RecentActivity:
+    """The last ``window`` seconds of rejections, dispatches and crashes, from the scheduler's events."""
+
+    window: float
+    rejections: collections.deque[Rejection] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
+    dispatches: collections.deque[Dispatch] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
+    crashes: collections.deque[Crash] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
+
+    def observe(self, event: Event) -> None:
+        f = event.fields
+        match event.name:
+            case "reject" if f.get("reason") != "shutting_down":
+                self.rejections.append(Rejection(event.mono, f["reason"], f.get("class") or ""))
+            case "timeout":
+                self.rejections.append(Rejection(event.mono, "queue_timeout", f.get("class") or ""))
+            case "dispatch":
+                self.dispatches.append(Dispatch(event.mono, f["class"], f["waited_s"]))
+            case "crash":
+                self.crashes.append(Crash(event.mono, f["engine"]))
+
+    def prune(self, now: float) -> None:
+        for recent in (self.rejections, self.dispatches, self.crashes):
+            while recent and recent[0].at < now - self.window:
+                recent.popleft()
+
+
+@attrs.frozen
+class Health:
+    status: HealthStatus
+    reasons: tuple[str, ...]
+    rejected: dict[str, int]  # by reason, within the window
+    waited_share: dict[str, float | None]  # per class: the share of steps that had to wait, within the window
+    waiting_s: dict[str, float]  # per class: how long its longest-waiting request has waited now
+
+    def to_json(self) -> dict[str, object]:
+        return {"status": self.status.value, "reasons": list(self.reasons), "rejected": self.rejected,
+                "waited_share": self.waited_share, "waiting_s": self.waiting_s}
+
+
+def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mapping[str, float], now: float) -> Health:
+    """The health now: pure, from a scheduler snapshot and the recent activity."""
+    recent.prune(now)
+    window = format_duration(recent.window)
+    overloaded: list[str] = []
+    degraded: list[str] = []
+    waiting_s = {}
+    for klass in CLASSES:
+        since = snapshot.oldest_waiting(klass)
+        waiting_s[klass] = round(now - since, 3) if since is not None else 0.0
+        if since is not None and now - since > slo_wait[klass]:
+            overloaded.append(f"{klass} requests have waited {format_duration(now - since)}, over their slo_wait "
+                              f"of {format_duration(slo_wait[klass])}")
+    rejected = dict(collections.Counter(r.reason for r in recent.rejections))
+    capacity = {reason: n for reason, n in rejected.items() if reason in CAPACITY_REASONS}
+    if capacity:
+        overloaded.append(f"{sum(capacity.values())} requests rejected for capacity in the last {window} "
+                          f"({_counts(capacity)})")
+    broken = {reason: n for reason, n in rejected.items() if reason in BROKEN_REASONS}
+    if broken:
+        degraded.append(f"{sum(broken.values())} requests refused in the last {window} ({_counts(broken)})")
+    for engine, crashes in sorted(collections.Counter(c.engine for c in recent.crashes).items()):
+        degraded.append(f"engine {engine!r} crashed {crashes} time(s) in the last {window}")
+    degraded += [f"engine {e.name!r} fails its health checks" for e in snapshot.engines if not e.healthy]
+    status = HealthStatus.OVERLOADED if overloaded else HealthStatus.DEGRADED if degraded else HealthStatus.OK
+    return Health(status, tuple(overloaded + degraded), rejected, _waited_share(recent), waiting_s)
+
+
+def _waited_share(recent: RecentActivity) -> dict[str, float | None]:
+    totals = collections.Counter(d.klass for d in recent.dispatches)
+    waited = collections.Counter(d.klass for d in recent.dispatches if d.waited > 0)
+    return {klass: round(waited[klass] / totals[klass], 4) if totals[klass] else None for klass in CLASSES}
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()))
+
+
+@attrs.define(eq=False)
+class HealthWatch:
+    """How /healthz and /metrics read the health: assessed fresh at each call."""
+
+    scheduler: SchedulerClient
+    recent: RecentActivity
+    slo_wait: Mapping[str, float]
+
+    def assess(self) -> Health:
+        return assess(self.scheduler.snapshot(), self.recent, self.slo_wait, trio.current_time())
+
+
+async def serve_health(watch: HealthWatch, events: EventLog, interval: float, *,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Assess every *interval*; each change of status is one ``health`` event."""
+    task_status.started()
+    previous = HealthStatus.OK
+    while True:
+        health = watch.assess()
+        if health.status is not previous:
+            level = "info" if health.status is HealthStatus.OK else "warning"
+            events.emit("health", level, status=health.status.value, previous=previous.value,
+                        reasons=list(health.reasons))
+            previous = health.status
+        await trio.sleep(interval)

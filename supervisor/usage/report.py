@@ -1,0 +1,232 @@
+"""What the usage log says: requests per key, model, class, status, listener or route.
+
+``read_usage`` selects only the columns a report needs, over an index range of ``ts``, from
+a database a running steward may be writing (read-only; WAL lets both go on). The numbers
+are computed in Python by ``summarize`` (SQLite has no percentiles), and a report is
+printed as a table (``format_report``) or as one JSON object (``report_json``).
+
+Rejected requests are rows like any other: a key turned away by its rate limit shows
+as a high rejected share, not as silence.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import attrs
+
+from supervisor.units import parse_duration, show
+from supervisor.usage.row import TABLE
+
+# What the client got when steward turned it away: no key, a key not allowed, too large,
+# rate limited or timed out waiting, queue full or no capacity.
+REJECTED = frozenset({401, 403, 408, 413, 429, 503})
+_DAYS = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*d\s*$", re.IGNORECASE)
+
+
+class Grouping(enum.StrEnum):
+    """What a report has one line for; each is the name of its column."""
+
+    KEY = "key"
+    MODEL = "model"
+    CLASS = "class"
+    STATUS = "status"
+    LISTENER = "listener"
+    ROUTE = "route"
+
+
+class UsageReadError(Exception):
+    """The usage log cannot be read (there is none, it is no usage log); the message says why, naming the file."""
+
+
+@attrs.frozen
+class GroupUsage:
+    group: str | int | None  # the column's value; None: a request without one (no key, rejected before a model)
+    requests: int
+    rejected: int
+    waited: int  # queued_s > 0
+    wait_p50_s: float | None  # over the requests that were queued (queued_s not null)
+    wait_p95_s: float | None
+    ttft_p50_s: float | None
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def rejected_share(self) -> float:
+        return self.rejected / self.requests if self.requests else 0.0
+
+    @property
+    def waited_share(self) -> float:
+        return self.waited / self.requests if self.requests else 0.0
+
+
+@attrs.frozen
+class UsageReport:
+    path: str
+    by: Grouping
+    since_s: float
+    now: float
+    groups: tuple[GroupUsage, ...]  # most requests first
+    total: GroupUsage
+
+
+# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens).
+Row = tuple[Any, Any, Any, Any, Any, Any]
+
+
+def parse_since(text: str) -> float:
+    """``30m``, ``24h``, ``7d`` -> seconds: the durations config files take, and days."""
+    try:
+        seconds = float(match.group(1)) * 86400.0 if (match := _DAYS.match(text)) else parse_duration(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a duration like 30m, 24h or 7d, got {show(text)}")
+    return seconds
+
+
+def read_usage(path: str, *, by: Grouping, since_s: float, now: float) -> UsageReport:
+    """The report over the requests that arrived at or after ``now - since_s``."""
+    return summarize(path, _select(path, by, now - since_s), by=by, since_s=since_s, now=now)
+
+
+def _select(path: str, by: Grouping, start: float) -> list[Row]:
+    where = Path(path)
+    if not where.exists():
+        raise UsageReadError(f"no usage log at {path}")
+    if where.is_dir():
+        raise UsageReadError(f"{path} is a directory, not a usage log")
+    try:
+        # Read-only: a report never creates or changes the database a running steward writes.
+        connection = sqlite3.connect(f"file:{quote(str(where.resolve()))}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise UsageReadError(f"cannot open {path}: {exc}") from None
+    try:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if TABLE not in tables:
+            if tables:
+                raise UsageReadError(f"{path} is a SQLite database but not a usage log (no table {TABLE!r})")
+            return []  # an empty file: a database nobody wrote yet
+        return connection.execute(
+            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens FROM {TABLE} '
+            "WHERE ts >= ?", (start,)).fetchall()
+    except sqlite3.OperationalError as exc:  # it is a database: a lock, an I/O error, a folder it cannot write
+        raise UsageReadError(f"cannot read {path}: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise UsageReadError(f"{path} is not a usage log: {exc}") from None
+    finally:
+        connection.close()
+
+
+def summarize(path: str, rows: Iterable[Row], *, by: Grouping, since_s: float, now: float) -> UsageReport:
+    grouped: dict[Any, list[Row]] = {}
+    everything: list[Row] = []
+    for row in rows:
+        grouped.setdefault(row[0], []).append(row)
+        everything.append(row)
+    groups = sorted((_group_usage(group, members) for group, members in grouped.items()),
+                    key=lambda usage: (-usage.requests, _label(usage.group, by)))
+    return UsageReport(path=path, by=by, since_s=since_s, now=now, groups=tuple(groups),
+                       total=_group_usage("total", everything))
+
+
+def _group_usage(group: Any, rows: list[Row]) -> GroupUsage:
+    waits = sorted(_numbers(row[2] for row in rows))
+    ttfts = sorted(_numbers(row[3] for row in rows))
+    return GroupUsage(
+        group=group, requests=len(rows), rejected=sum(1 for row in rows if row[1] in REJECTED),
+        waited=sum(1 for wait in waits if wait > 0), wait_p50_s=percentile(waits, 0.5),
+        wait_p95_s=percentile(waits, 0.95), ttft_p50_s=percentile(ttfts, 0.5),
+        prompt_tokens=int(sum(_numbers(row[4] for row in rows))),
+        completion_tokens=int(sum(_numbers(row[5] for row in rows))))
+
+
+def _numbers(values: Iterable[Any]) -> list[float]:
+    # Nulls are "not known"; text would only be there if a writer got a type wrong.
+    return [value for value in values if isinstance(value, int | float)]
+
+
+def percentile(ordered: list[float], q: float) -> float | None:
+    """The *q* quantile of sorted values, interpolated between the two nearest (numpy's default)."""
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def report_json(report: UsageReport) -> dict[str, Any]:
+    return {"db": report.path, "by": report.by.value, "since_s": report.since_s, "from_ts": report.now - report.since_s,
+            "to_ts": report.now, "groups": [{"group": usage.group, **_usage_json(usage)} for usage in report.groups],
+            "total": _usage_json(report.total)}
+
+
+def _usage_json(usage: GroupUsage) -> dict[str, Any]:
+    return {"requests": usage.requests, "rejected": usage.rejected, "rejected_share": usage.rejected_share,
+            "waited": usage.waited, "waited_share": usage.waited_share, "wait_p50_s": _microseconds(usage.wait_p50_s),
+            "wait_p95_s": _microseconds(usage.wait_p95_s), "ttft_p50_s": _microseconds(usage.ttft_p50_s),
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+
+
+def _microseconds(seconds: float | None) -> float | None:
+    # All the precision the measurements carry; no 3.5999999999999996 from interpolating.
+    return None if seconds is None else round(seconds, 6)
+
+
+_HEADERS = ("requests", "rejected", "waited", "wait p50", "wait p95", "ttft p50", "prompt tok", "compl tok")
+
+
+def format_report(report: UsageReport) -> str:
+    """A table, one line per group and a total line; a single clear line when there were no requests."""
+    window = _window(report.since_s)
+    if not report.groups:
+        return f"no requests in {report.path} in the last {window}"
+    lines = [[_label(usage.group, report.by), *_cells(usage)] for usage in report.groups]
+    lines.append(["total", *_cells(report.total)])
+    header = [report.by.value, *_HEADERS]
+    widths = [max(len(line[column]) for line in [header, *lines]) for column in range(len(header))]
+    text = [f"requests in {report.path}, last {window}, by {report.by.value}"]
+    for line in [header, *lines]:
+        text.append("  ".join(cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column])
+                              for column, cell in enumerate(line)).rstrip())
+    return "\n".join(text)
+
+
+def _cells(usage: GroupUsage) -> list[str]:
+    return [str(usage.requests), _percent(usage.rejected_share), _percent(usage.waited_share),
+            _seconds(usage.wait_p50_s), _seconds(usage.wait_p95_s), _seconds(usage.ttft_p50_s),
+            str(usage.prompt_tokens), str(usage.completion_tokens)]
+
+
+def _label(group: Any, by: Grouping) -> str:
+    return f"(no {by.value})" if group is None else str(group)
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.1f}%"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 100:
+        return f"{value:.2f}s"
+    return f"{value:.0f}s"
+
+
+def _window(seconds: float) -> str:
+    """As one would write it: 30m, 24h, 7d."""
+    for unit, scale in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * scale and seconds % scale == 0:
+            return f"{seconds / scale:g}{unit}"
+    return f"{seconds:g}s"

@@ -1,0 +1,56 @@
+"""One request as the usage log keeps it: a row of the table ``requests``.
+
+The gateway builds a ``UsageRow`` when a request's answer ends, whatever the end: served,
+rejected (401, 403, 413, 429, 503), failed, or cancelled because the client left (499).
+Rejected rows matter as much as served ones: they are how one sees who was turned away.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+TABLE = "requests"
+# Bumped when the table changes; the writer refuses a database written by a newer steward.
+SCHEMA_VERSION = 1
+
+
+@attrs.frozen
+class UsageRow:
+    ts: float  # wall-clock time the request arrived (Unix seconds)
+    request_id: str
+    key: str | None  # the caller's key name; None when steward runs without keys
+    listener: str  # "openai" | "ollama" | "comfyui"
+    method: str
+    route: str  # the path, e.g. "/v1/chat/completions"
+    model: str | None  # the model steward resolved (an alias's target), or the name sent to Ollama
+    engine: str | None  # the engine that served it ("ollama" for Ollama, None if none was granted)
+    klass: str | None  # "interactive" | "background" | "batch" (column: class)
+    status: int  # the HTTP status the client got; 499: the client left first
+    error: str | None  # the error code the client got ("queue_full", "rate_limited"), None if ok
+    queued_s: float | None  # seconds waited in steward's queue for a grant (None: never queued)
+    ttft_s: float | None  # seconds from arrival to the first byte of the answer body
+    duration_s: float  # seconds from arrival to the end of the answer
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    request_bytes: int
+    response_bytes: int
+
+
+# The table's columns, in UsageRow's order; ``class`` is a keyword in Python, not in SQL.
+COLUMNS: tuple[str, ...] = tuple("class" if field.name == "klass" else field.name for field in attrs.fields(UsageRow))
+_INT64 = 2**63
+
+
+def column_values(row: UsageRow) -> tuple[str | int | float | None, ...]:
+    """*row*'s values as SQLite binds them. A value of a type SQLite has no column for (a caller's
+    slip) is written as text, never refused: a row that cannot be written would otherwise hold
+    up every row behind it."""
+    return tuple(_column_value(value) for value in attrs.astuple(row, recurse=False))
+
+
+def _column_value(value: object) -> str | int | float | None:
+    if value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):  # bool and IntEnum too; beyond 64 bits it is no count of anything
+        return int(value) if -_INT64 <= value < _INT64 else None
+    return str(value)

@@ -1,0 +1,292 @@
+"""The usage log's writer: every request's row into SQLite, without ever holding up a request.
+
+``UsageLog.record`` is synchronous and never blocks: it hands the row to an unbounded
+memory channel and tells the listeners (metrics count from there). One task,
+``serve_usage_log``, owns the database. It takes everything waiting (up to ``batch_max``
+rows) and writes it in one transaction in a worker thread, so the event loop never waits
+on the disk and a burst of requests costs one commit, not one each.
+
+The usage log must never stop steward. A database that cannot be opened (a directory, a
+read-only file, not a database) is an error at start, raised before ``task_status.started``
+so the caller can say what is wrong. Once running, a write that fails (a full disk, the
+database locked by someone else past the busy timeout, an I/O error) is an event: the rows
+stay in memory (at most ``pending_max``; beyond that the oldest are dropped and counted)
+and the writer retries with exponential backoff while new rows keep arriving. At close it
+tries once more, at once, and reports the rows it still could not write.
+
+The loop runs shielded, like the event log's, so that rows recorded while its siblings
+are being cancelled at shutdown are still written; it ends when ``close`` closes the channel.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+import trio
+
+from supervisor.backoff import Backoff
+from supervisor.events import EventLog
+from supervisor.usage.row import COLUMNS, SCHEMA_VERSION, TABLE, UsageRow, column_values
+
+# No NOT NULL or CHECK constraints: a row the gateway got slightly wrong is still a row
+# worth keeping, and a row the database refused would be retried forever.
+_CREATE_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (ts REAL, request_id TEXT, key TEXT, listener TEXT, method TEXT, "
+    "route TEXT, model TEXT, engine TEXT, class TEXT, status INTEGER, error TEXT, queued_s REAL, ttft_s REAL, "
+    "duration_s REAL, prompt_tokens INTEGER, completion_tokens INTEGER, request_bytes INTEGER, "
+    "response_bytes INTEGER)")
+_CREATE_INDEXES = [f"CREATE INDEX IF NOT EXISTS {TABLE}_{column} ON {TABLE} ({column})"
+                   for column in ("ts", "key", "model")]
+_QUOTED = ", ".join(f'"{name}"' for name in COLUMNS)
+_INSERT = f"INSERT INTO {TABLE} ({_QUOTED}) VALUES ({', '.join('?' * len(COLUMNS))})"
+
+
+class UsageLogUnavailable(Exception):
+    """The database cannot be used; the message names the setting and the file, and says why."""
+
+
+class _Unusable(Exception):
+    pass
+
+
+@attrs.define(eq=False)
+class UsageLog:
+    """The recorders' side. ``record`` is synchronous and never blocks."""
+
+    _send: trio.MemorySendChannel[UsageRow] | None  # None: steward runs without a usage log
+    _events: EventLog
+    path: str | None
+    # Called with every row as it is recorded, with or without a database.
+    listeners: list[Callable[[UsageRow], None]] = attrs.Factory(list)
+
+    def record(self, row: UsageRow) -> None:
+        for listener in self.listeners:
+            listener(row)
+        if self._send is None:
+            return
+        try:
+            self._send.send_nowait(row)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            # Recorded after close: the writer has written its last transaction.
+            self._events.emit("usage_rows_lost", "error", path=self.path, lost=1,
+                              detail="recorded after the usage log was closed")
+
+    def close(self) -> None:
+        """The writer writes what is still queued, then returns."""
+        if self._send is not None:
+            self._send.close()
+
+
+async def serve_usage_log(path: str | None, events: EventLog, *, batch_max: int = 1000, retry_initial: float = 1.0,
+                          retry_max: float = 30.0, pending_max: int = 100_000, busy_timeout: float = 5.0,
+                          task_status: trio.TaskStatus[UsageLog] = trio.TASK_STATUS_IGNORED) -> None:
+    """Write recorded rows until the log is closed; with a working disk, nothing recorded before ``close`` is lost."""
+    if path is None:
+        task_status.started(UsageLog(None, events, None))
+        return
+    connection = await trio.to_thread.run_sync(open_usage_database, path, busy_timeout)
+    send, receive = trio.open_memory_channel[UsageRow](math.inf)
+    try:
+        task_status.started(UsageLog(send, events, path))
+        with trio.CancelScope(shield=True):
+            backlog = Backlog(pending_max=pending_max, backoff=Backoff(retry_initial, retry_max))
+            await _Writer(connection, path, events, backlog, batch_max).run(receive)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(connection.close)  # it may checkpoint the WAL: a write
+
+
+def open_usage_database(path: str, busy_timeout: float = 5.0) -> sqlite3.Connection:
+    """The database at *path*, created if missing, its schema checked and proven writable."""
+    try:
+        return _open(path, busy_timeout)
+    except sqlite3.Error as exc:
+        problem = _detail(exc)
+    except _Unusable as exc:
+        problem = str(exc)
+    raise UsageLogUnavailable(f"usage.db: cannot open {path!r}: {problem}")
+
+
+def _open(path: str, busy_timeout: float) -> sqlite3.Connection:
+    # SQLite says "unable to open database file" for the first two; say which it is.
+    try:
+        where = Path(path)
+        if where.is_dir():
+            raise _Unusable("it is a directory")
+        if not where.parent.is_dir():
+            raise _Unusable(f"no folder {str(where.parent)!r}")
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        raise _Unusable(str(exc)) from None
+    connection = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    try:
+        _prepare(connection)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _prepare(connection: sqlite3.Connection) -> None:
+    # WAL: `steward usage` reads while steward writes; NORMAL: a commit is not an fsync, and
+    # a power cut loses at most the last transactions, never the database.
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise _Unusable(f"written by a newer steward (schema version {version}, this one knows {SCHEMA_VERSION})")
+        connection.execute(_CREATE_TABLE)
+        columns = tuple(info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})"))
+        if columns != COLUMNS:
+            raise _Unusable(f"its table {TABLE!r} is not a steward usage log's")
+        for statement in _CREATE_INDEXES:
+            connection.execute(statement)
+        # Written even when unchanged: it proves the file can be written, so a read-only
+        # file is an error at start, not a warning at the first request.
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        connection.execute("COMMIT")
+    except BaseException:
+        _rollback(connection)
+        raise
+
+
+def _insert(connection: sqlite3.Connection, rows: list[UsageRow]) -> None:
+    """*rows* in one transaction (in a worker thread); all or none."""
+    try:
+        # IMMEDIATE: wait (up to the busy timeout) for the write lock now, rather than fail at the commit.
+        connection.execute("BEGIN IMMEDIATE")
+        connection.executemany(_INSERT, [column_values(row) for row in rows])
+        connection.execute("COMMIT")
+    except BaseException:
+        _rollback(connection)
+        raise
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    try:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # a failed rollback leaves nothing to keep: SQLite rolls back itself at the next open
+
+
+def _detail(exc: sqlite3.Error) -> str:
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)
+
+
+@attrs.define
+class Backlog:
+    """The rows not yet written, and whether writing is failing. Pure: times are arguments."""
+
+    pending_max: int
+    backoff: Backoff
+    rows: collections.deque[UsageRow] = attrs.Factory(collections.deque)
+    failure: str | None = None  # the last error while writing fails; None while it works
+    retry_at: float = -math.inf
+    dropped: int = 0  # since last taken
+    _delays: Iterator[float] | None = None
+
+    def add(self, row: UsageRow) -> None:
+        self.rows.append(row)
+        if len(self.rows) > self.pending_max:
+            self.rows.popleft()
+            self.dropped += 1
+
+    def batch(self, size: int) -> list[UsageRow]:
+        return [self.rows[i] for i in range(min(size, len(self.rows)))]
+
+    def written(self, count: int) -> bool:
+        """The first *count* rows are in the database; True when that ends a failure episode."""
+        for _ in range(count):
+            self.rows.popleft()
+        recovered = self.failure is not None
+        self.failure, self._delays = None, None
+        return recovered
+
+    def failed(self, detail: str, now: float) -> tuple[bool, float]:
+        """A write failed at *now*: (whether this starts a failure episode, seconds until the retry)."""
+        starts = self.failure is None
+        if self._delays is None:
+            self._delays = self.backoff.delays()
+        delay = next(self._delays)
+        self.failure, self.retry_at = detail, now + delay
+        return starts, delay
+
+    def give_up(self) -> int:
+        """Drops the rows still here (at close, when the last attempt failed); how many they were."""
+        count = len(self.rows)
+        self.rows.clear()
+        return count
+
+    def take_dropped(self) -> int:
+        count, self.dropped = self.dropped, 0
+        return count
+
+
+@attrs.define(eq=False)
+class _Writer:
+    connection: sqlite3.Connection
+    path: str
+    events: EventLog
+    backlog: Backlog
+    batch_max: int
+
+    async def run(self, receive: trio.MemoryReceiveChannel[UsageRow]) -> None:
+        while await self._gather(receive):
+            await self._write_batch()
+        # Closed: the last attempt, at once (a backoff sleep must not delay shutdown).
+        while self.backlog.rows and await self._write_batch():
+            pass
+        if lost := self.backlog.give_up():
+            self.events.emit("usage_rows_lost", "error", path=self.path, lost=lost, detail=self.backlog.failure)
+
+    async def _gather(self, receive: trio.MemoryReceiveChannel[UsageRow]) -> bool:
+        """Waits for rows to write, then takes what is waiting; False once the channel is closed and empty.
+
+        While writing fails it takes every row until the retry time (the channel then stays
+        empty and the backlog's bound holds); otherwise it waits for a first row and takes
+        up to a batch, leaving the rest for the next transaction."""
+        backlog = self.backlog
+        try:
+            if backlog.failure is not None:
+                with trio.move_on_at(backlog.retry_at):
+                    while True:
+                        backlog.add(await receive.receive())
+            elif not backlog.rows:
+                backlog.add(await receive.receive())
+            while backlog.failure is not None or len(backlog.rows) < self.batch_max:
+                backlog.add(receive.receive_nowait())
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            return False
+        return True
+
+    async def _write_batch(self) -> bool:
+        batch = self.backlog.batch(self.batch_max)
+        try:
+            await trio.to_thread.run_sync(_insert, self.connection, batch)
+        except sqlite3.Error as exc:
+            detail = _detail(exc)
+            starts, retry_in = self.backlog.failed(detail, trio.current_time())
+            if starts:
+                self.events.emit("usage_write_failed", "warning", path=self.path, detail=detail,
+                                 pending=len(self.backlog.rows), retry_in_s=retry_in)
+            self._report_dropped()
+            return False
+        if self.backlog.written(len(batch)):
+            self.events.emit("usage_write_recovered", "info", path=self.path, written=len(batch))
+        self._report_dropped()
+        return True
+
+    def _report_dropped(self) -> None:
+        if dropped := self.backlog.take_dropped():
+            self.events.emit("usage_rows_dropped", "warning", path=self.path, dropped=dropped,
+                             pending=len(self.backlog.rows))
