@@ -107,11 +107,12 @@ async def run_steward(config: Config, stop: StopSignals, *,
         events = await outer.start(functools.partial(serve_event_log, config.log.file,
                                                      terminal_level=config.log.terminal))
         try:
-            usage = await outer.start(serve_usage_log, config.usage.db, events)
-            try:
-                await _run_tree(config, stop, events, usage, task_status)
-            finally:
-                usage.close()  # the listeners are gone: its writer writes the last rows and ends
+            async with trio.open_nursery() as writing:  # left once the usage log's last rows are written
+                usage = await writing.start(serve_usage_log, config.usage.db, events)
+                try:
+                    await _run_tree(config, stop, events, usage, task_status)
+                finally:
+                    usage.close()  # the listeners are gone: its writer writes the last rows and ends
         finally:
             events.emit("shutdown_complete", "info")
             events.close()
