@@ -33,7 +33,7 @@ import trio
 
 from supervisor.backoff import Backoff
 from supervisor.events import Event, EventLog
-from supervisor.units import format_duration
+from supervisor.units import format_duration, format_elapsed
 
 # Rejections that say capacity is not enough (``shutting_down`` says steward is stopping).
 CAPACITY_REASONS = frozenset({"queue_full", "insufficient_memory", "engine_failed", "engine_start_failed",
@@ -125,7 +125,7 @@ class AlertPolicy:
         request = f"{article} {klass} request" + (f" for {model}" if model else "")
         waited = f" It waited {format_duration(round(waited_s, 3))}." if waited_s is not None else ""
         since = ("the first since steward started" if previous is None
-                 else f"the first in {_about(now - previous)}")
+                 else f"the first in {format_elapsed(now - previous)}")
         body = (f"{request} was rejected: {_REASON_TEXT[reason]} ({reason}).{waited}\n"
                 f"This capacity rejection is {since}; more without a {format_duration(self.min_interval)} "
                 f"pause send no alert.\nLook at /healthz and the reject and timeout events in the event log.")
@@ -293,11 +293,6 @@ def _header_value(text: str) -> str:
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
     line = " ".join("".join(char if char.isprintable() else " " for char in ascii_text).split())
     return line if len(line) <= HEADER_MAX else line[: HEADER_MAX - 3] + "..."
-
-
-def _about(seconds: float) -> str:
-    """A gap as an operator reads it: ``45s``, ``22m`` (never ``21.6667m``)."""
-    return format_duration(round(seconds) if seconds < 120 else round(seconds / 60) * 60)
 
 
 def _text(value: object, default: str = "unknown") -> str:

@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--real", action="store_true",
                       help="real llama-server engines (CPU) with tiny models written on the fly")
     load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
+    load.add_argument("--scenario", choices=("mix", "overload"), default="mix",
+                      help="mix: the client mix below for --duration; overload: the home-lab seed's test, "
+                           "--clients requests at once against an engine of fixed --capacity (mix)")
+    load.add_argument("--clients", type=int, default=256, help="overload: requests sent at once (256)")
+    load.add_argument("--capacity", type=float, default=20.0, help="overload: the engine's requests per second (20)")
     load.add_argument("--url", help="a running steward (default: start one on the demo's fake engines)")
     load.add_argument("--real", action="store_true",
                       help="start the steward on real llama-server engines (steward demo --real)")
@@ -317,6 +322,11 @@ async def _watch_signals(signals: AsyncIterator[int], stop: StopSignals, everyth
 
 def _loadtest(args: argparse.Namespace) -> int:
     from supervisor import loadtest
+
+    if args.scenario == "overload":
+        from supervisor.overload import report_overload
+
+        return report_overload(clients=args.clients, capacity_per_s=args.capacity, as_json=args.json, keep=args.keep)
 
     kinds = ("chat", "background", "batch", "embedding", "ollama")
     counts = {kind: getattr(args, kind) for kind in (*kinds, "image")}

@@ -30,7 +30,7 @@ import trio
 from supervisor.events import Event, EventLog
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
-from supervisor.units import format_duration
+from supervisor.units import format_duration, format_elapsed
 
 
 class HealthStatus(enum.Enum):
@@ -117,7 +117,7 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
         since = snapshot.oldest_waiting(klass)
         waiting_s[klass] = round(now - since, 3) if since is not None else 0.0
         if since is not None and now - since > slo_wait[klass]:
-            overloaded.append(f"{klass} requests have waited {format_duration(now - since)}, over their slo_wait "
+            overloaded.append(f"{klass} requests have waited {format_elapsed(now - since)}, over their slo_wait "
                               f"of {format_duration(slo_wait[klass])}")
     rejected = dict(collections.Counter(r.reason for r in recent.rejections))
     capacity = {reason: n for reason, n in rejected.items() if reason in CAPACITY_REASONS}

@@ -54,8 +54,13 @@ class _FrontDoorCollector(Collector):
                                     "(engine 'exclusive': whole-GPU jobs such as images)", labels=["engine", "class"])
         oldest = GaugeMetricFamily("steward_oldest_wait_seconds", "How long the longest-waiting step of a class has "
                                    "waited", labels=["class"])
+        # Every queue, empty ones too: a gauge that is absent when zero cannot be told from a missing one.
+        counts = {(engine, klass): 0 for engine in [e.name for e in snapshot.engines] + ["exclusive"]
+                  for klass in CLASSES}
         for line in snapshot.lines:
-            waiting.add_metric([line.engine or "exclusive", line.klass], line.waiting)
+            counts[line.engine or "exclusive", line.klass] = line.waiting
+        for (engine, klass), count in counts.items():
+            waiting.add_metric([engine, klass], count)
         for klass in CLASSES:
             since = snapshot.oldest_waiting(klass)
             oldest.add_metric([klass], 0.0 if since is None else max(0.0, now - since))

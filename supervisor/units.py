@@ -94,3 +94,10 @@ def format_duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:g}s"
     return f"{seconds / 60:g}m"
+
+
+def format_elapsed(seconds: float) -> str:
+    """A measured span as a person reads it: ``1.2s``, ``45s``, ``22m`` (never ``1.20438s``)."""
+    if seconds < 10:
+        return format_duration(round(seconds, 1))
+    return format_duration(round(seconds) if seconds < 120 else round(seconds / 60) * 60)

@@ -24,6 +24,7 @@ import pytest
 import trio
 import trio.testing
 
+from fakes.webhook import Received, read_request
 from supervisor.alerts import Alert, Alerter, AlertKind, AlertPolicy, Priority, Suppressed, Suppression, serve_alerts
 from supervisor.events import Event, EventLog
 
@@ -196,13 +197,6 @@ class Reply(enum.Enum):
     GARBAGE = "garbage"  # answers bytes that are not HTTP, and hangs up
 
 
-@attrs.frozen
-class Received:
-    target: str
-    headers: dict[str, str]
-    body: str
-
-
 @attrs.define(eq=False)
 class Receiver:
     reply: Reply
@@ -217,7 +211,7 @@ class Receiver:
     async def handle(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-            while (received := await _read_request(conn, stream)) is not None:
+            while (received := await read_request(conn, stream)) is not None:
                 self.requests.append(received)
                 if self.reply is Reply.SILENT:
                     await trio.sleep_forever()
@@ -232,23 +226,6 @@ class Receiver:
                 if conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
-
-
-async def _read_request(conn: h11.Connection, stream: trio.SocketStream) -> Received | None:
-    request, body = None, b""
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-        elif isinstance(event, h11.EndOfMessage) and request is not None:
-            headers = {name.decode().lower(): value.decode("latin-1") for name, value in request.headers}
-            return Received(request.target.decode(), headers, body.decode())
-        else:
-            return None
 
 
 @contextlib.asynccontextmanager

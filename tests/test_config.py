@@ -453,3 +453,29 @@ def test_any_yaml_file_gives_a_config_or_a_config_error(tmp_path_factory: pytest
     for content in (to_yaml(raw), text):
         path.write_text(content)
         only_config_errors(lambda: load_config(path))
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ({"alerts": {"webhook": "ntfy.sh/topic"}}, "alerts.webhook: must be an http:// or https:// URL, got 'ntfy.sh/topic'"),
+    ({"auth": {"open_paths": ["livez"]}}, "auth.open_paths: 'livez' is not a path like /livez"),
+    ({"auth": {"allow_unauthenticated": "yes"}}, "auth.allow_unauthenticated: must be true or false, got 'yes'"),
+    ({"classes": {"batch": {"slo_wait": "0s"}}}, "classes.batch.slo_wait: must be a positive duration"),
+    ({"usage": {"db": ""}}, "usage.db: must be a file path, or null for no usage log"),
+    ({"health": {"window": 0}}, "health.window: must be a positive duration"),
+])
+def test_front_door_keys_say_what_is_wrong(section: dict[str, object], expected: str) -> None:
+    assert any(p.startswith(expected) for p in problems({"models": {"chat": GOOD}, **section})), problems(
+        {"models": {"chat": GOOD}, **section})
+
+
+def test_steward_files_live_beside_the_config_unless_a_path_says_otherwise(tmp_path: Path) -> None:
+    folder = tmp_path / "lab"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(json.dumps({
+        "models": {"chat": GOOD}, "usage": {"db": "data/usage.db"}, "log": {"file": "/var/log/steward.jsonl"}}))
+    config = load_config(folder / "config.yaml")
+    assert config.auth.keys_file == str(folder / "steward-keys.json")
+    assert config.usage.db == str(folder / "data/usage.db")
+    assert config.log.file == "/var/log/steward.jsonl"
+    assert config.state_file == str(folder / "steward-state.json")
+    assert parse_config({"models": {"chat": GOOD}}).usage.db == "steward-usage.db"  # as given, without a file

@@ -83,6 +83,13 @@ def test_the_official_clients_with_a_key_and_without(start_steward: StewardFacto
     assert httpx.get(f"{steward.url}/metrics").status_code == 401
     metrics = httpx.get(f"{steward.url}/metrics", headers={"authorization": f"Bearer {keys['family']}"}).text
     assert 'steward_requests_total{class="interactive",key="family",listener="openai",status="200"}' in metrics
+    assert 'steward_rejected_total{class="",reason="invalid_api_key"}' in metrics  # the door's refusals count
+    for family in ('steward_waiting{class="interactive",engine="ollama"}', "steward_oldest_wait_seconds",
+                   'steward_ledger_bytes{device="cpu",tier="cold"}', 'steward_engine_state{engine="chat",state="ready"} 1.0',
+                   'steward_health_status{status="ok"} 1.0', 'steward_tokens_total{kind="completion",model="chat"}',
+                   "steward_time_to_first_token_seconds_bucket", "steward_tokens_per_second",
+                   'steward_dispatched_total{class="interactive"}', "steward_waited_share"):
+        assert family in metrics, family
 
 
 def test_what_a_key_limits(start_steward: StewardFactory, tmp_path: Path) -> None:

@@ -126,6 +126,10 @@ class Exchange:
             request_bytes=self.request_bytes, response_bytes=self.response_bytes)
 
 
+class Refusal(RequestError):
+    """The door turned a request away for its key (401, 403, 429): logged as ``refused``."""
+
+
 def exchange_of(scope: Scope) -> Exchange:
     """The request's Exchange; a scope that never passed the door (tests of a bare app) gets a loose one."""
     exchange = scope.get(EXCHANGE)
@@ -228,17 +232,17 @@ class FrontDoor:
             return
         if model is not None and not self.may_use(key, model):
             self.refuse(exchange, "model_not_allowed")
-            raise RequestError(403, f"Key {key.name!r} may not use the model {model!r}; it may use: "
+            raise Refusal(403, f"Key {key.name!r} may not use the model {model!r}; it may use: "
                                f"{', '.join(key.models or ())}.", param="model", code="model_not_allowed")
         if not key.may_ask(klass):
             self.refuse(exchange, "class_not_allowed")
-            raise RequestError(403, f"Key {key.name!r} may not ask for the class {klass!r}; it may use: "
+            raise Refusal(403, f"Key {key.name!r} may not ask for the class {klass!r}; it may use: "
                                f"{', '.join(key.allowed_classes)}.", code="class_not_allowed")
         admission = self.limiter.admit(key, trio.current_time())
         if isinstance(admission, Refused):
             code = f"{admission.reason.value}_limited"
             self.refuse(exchange, code)
-            raise RequestError(429, admission.message, code=code, retry_after=admission.retry_after)
+            raise Refusal(429, admission.message, code=code, retry_after=admission.retry_after)
         try:
             yield
         finally:

@@ -37,7 +37,7 @@ from supervisor.gateway.asgi import (
     send_whole,
 )
 from supervisor.gateway.classes import choose_class
-from supervisor.gateway.door import Exchange, FrontDoor, exchange_of
+from supervisor.gateway.door import Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
@@ -86,8 +86,9 @@ class InferenceHandler:
             with self.door.admit(exchange, model=routed.model, klass=routed.klass):
                 await self._serve_admitted(scope, receive, send, routed, exchange)
         except RequestError as exc:
-            self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
-                             detail=exc.message)
+            if not isinstance(exc, Refusal):  # the door's refusals are `refused` events already
+                self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
+                                 detail=exc.message)
             await send_refusal(send, exc)
 
     async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,

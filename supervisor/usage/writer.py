@@ -2,9 +2,11 @@
 
 ``UsageLog.record`` is synchronous and never blocks: it hands the row to an unbounded
 memory channel and tells the listeners (metrics count from there). One task,
-``serve_usage_log``, owns the database. It takes everything waiting (up to ``batch_max``
-rows) and writes it in one transaction in a worker thread, so the event loop never waits
-on the disk and a burst of requests costs one commit, not one each.
+``serve_usage_log``, owns the database. Once a row arrives it gathers rows for
+``flush_interval`` (or until ``batch_max``) and writes them in one transaction in a worker
+thread, so the event loop never waits on the disk and requests cost one commit together,
+not one each (a transaction and a thread hop per request cost more CPU than steward's
+whole proxying of a fast request: tests/benchmarks/bench_proxy.py).
 
 The usage log must never stop steward. A database that cannot be opened (a directory, a
 read-only file, not a database) is an error at start, raised before ``task_status.started``
@@ -82,8 +84,9 @@ class UsageLog:
             self._send.close()
 
 
-async def serve_usage_log(path: str | None, events: EventLog, *, batch_max: int = 1000, retry_initial: float = 1.0,
-                          retry_max: float = 30.0, pending_max: int = 100_000, busy_timeout: float = 5.0,
+async def serve_usage_log(path: str | None, events: EventLog, *, batch_max: int = 1000, flush_interval: float = 0.5,
+                          retry_initial: float = 1.0, retry_max: float = 30.0, pending_max: int = 100_000,
+                          busy_timeout: float = 5.0,
                           task_status: trio.TaskStatus[UsageLog] = trio.TASK_STATUS_IGNORED) -> None:
     """Write recorded rows until the log is closed; with a working disk, nothing recorded before ``close`` is lost."""
     if path is None:
@@ -95,7 +98,7 @@ async def serve_usage_log(path: str | None, events: EventLog, *, batch_max: int 
         task_status.started(UsageLog(send, events, path))
         with trio.CancelScope(shield=True):
             backlog = Backlog(pending_max=pending_max, backoff=Backoff(retry_initial, retry_max))
-            await _Writer(connection, path, events, backlog, batch_max).run(receive)
+            await _Writer(connection, path, events, backlog, batch_max, flush_interval).run(receive)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(connection.close)  # it may checkpoint the WAL: a write
@@ -237,6 +240,7 @@ class _Writer:
     events: EventLog
     backlog: Backlog
     batch_max: int
+    flush_interval: float = 0.0
 
     async def run(self, receive: trio.MemoryReceiveChannel[UsageRow]) -> None:
         while await self._gather(receive):
@@ -261,6 +265,11 @@ class _Writer:
                         backlog.add(await receive.receive())
             elif not backlog.rows:
                 backlog.add(await receive.receive())
+                # A moment for more: requests one by one would each cost a transaction (and a
+                # thread hop), most of what a fast request costs steward.
+                with trio.move_on_after(self.flush_interval):
+                    while len(backlog.rows) < self.batch_max:
+                        backlog.add(await receive.receive())
             while backlog.failure is not None or len(backlog.rows) < self.batch_max:
                 backlog.add(receive.receive_nowait())
         except trio.WouldBlock:
