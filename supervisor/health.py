@@ -12,8 +12,8 @@ Here the status is worked out from three things:
   because their engine failed;
 - **ok** otherwise.
 
-``RecentActivity`` keeps the last window of rejections and dispatches (fed from the event
-log, where every such decision is already an event); ``assess`` is pure, so it runs the
+``RecentActivity`` counts the last window of rejections, dispatches and crashes (fed from
+the event log, where every such decision is already an event); ``assess`` is pure, so it runs the
 same on MockClock as in production; ``serve_health`` assesses every ``health.interval``
 and logs each change of status as one ``health`` event (which the alerts follow).
 """
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Mapping
+import math
+from collections.abc import Hashable, Mapping
 
 import attrs
 import trio
@@ -43,54 +44,60 @@ class HealthStatus(enum.Enum):
 CAPACITY_REASONS = frozenset({"queue_full", "queue_timeout"})
 BROKEN_REASONS = frozenset({"insufficient_memory", "engine_failed", "engine_start_failed"})
 DEFAULT_SLO_WAIT = {"interactive": 30.0, "background": 300.0, "batch": 1800.0}
-_MAX_REMEMBERED = 100_000  # per deque: a flood of rejections must not grow memory without bound
 
 
-@attrs.frozen
-class Rejection:
-    at: float
-    reason: str
-    klass: str
+@attrs.define
+class WindowCounts:
+    """How many of each kind of thing happened in the last ``window`` seconds, in one-second
+    buckets: adding, reading and ageing cost the same however many there were (counting every
+    request's event once a second held up the event loop at a few hundred requests a second)."""
 
+    window: float
+    totals: collections.Counter[Hashable] = attrs.Factory(collections.Counter)
+    _buckets: collections.deque[tuple[int, collections.Counter[Hashable]]] = attrs.Factory(collections.deque)
 
-@attrs.frozen
-class Dispatch:
-    at: float
-    klass: str
-    waited: float
+    def add(self, key: Hashable, at: float) -> None:
+        second = math.floor(at)
+        if not self._buckets or self._buckets[-1][0] < second:  # events come in the order of their times
+            self._buckets.append((second, collections.Counter()))
+        self._buckets[-1][1][key] += 1
+        self.totals[key] += 1
 
-
-@attrs.frozen
-class Crash:
-    at: float
-    engine: str
+    def age(self, now: float) -> None:
+        """Forget the seconds that ended more than ``window`` ago."""
+        while self._buckets and self._buckets[0][0] + 1 <= now - self.window:
+            self.totals.subtract(self._buckets.popleft()[1])
+            self.totals = +self.totals  # no zero counts left behind
 
 
 @attrs.define
 class RecentActivity:
-    """The last ``window`` seconds of rejections, dispatches and crashes, from the scheduler's events."""
+    """The last ``window`` seconds of rejections (by reason), dispatches (by class, and whether
+    they had to wait) and crashes (by engine), counted from the scheduler's events."""
 
     window: float
-    rejections: collections.deque[Rejection] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
-    dispatches: collections.deque[Dispatch] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
-    crashes: collections.deque[Crash] = attrs.Factory(lambda: collections.deque(maxlen=_MAX_REMEMBERED))
+    rejections: WindowCounts = attrs.field(init=False)
+    dispatches: WindowCounts = attrs.field(init=False)
+    crashes: WindowCounts = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.rejections, self.dispatches, self.crashes = (WindowCounts(self.window) for _ in range(3))
 
     def observe(self, event: Event) -> None:
         f = event.fields
         match event.name:
             case "reject" if f.get("reason") != "shutting_down":
-                self.rejections.append(Rejection(event.mono, f["reason"], f.get("class") or ""))
+                self.rejections.add(f["reason"], event.mono)
             case "timeout":
-                self.rejections.append(Rejection(event.mono, "queue_timeout", f.get("class") or ""))
+                self.rejections.add("queue_timeout", event.mono)
             case "dispatch":
-                self.dispatches.append(Dispatch(event.mono, f["class"], f["waited_s"]))
+                self.dispatches.add((f["class"], f["waited_s"] > 0), event.mono)
             case "crash":
-                self.crashes.append(Crash(event.mono, f["engine"]))
+                self.crashes.add(f["engine"], event.mono)
 
-    def prune(self, now: float) -> None:
-        for recent in (self.rejections, self.dispatches, self.crashes):
-            while recent and recent[0].at < now - self.window:
-                recent.popleft()
+    def age(self, now: float) -> None:
+        for counts in (self.rejections, self.dispatches, self.crashes):
+            counts.age(now)
 
 
 @attrs.frozen
@@ -108,7 +115,7 @@ class Health:
 
 def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mapping[str, float], now: float) -> Health:
     """The health now: pure, from a scheduler snapshot and the recent activity."""
-    recent.prune(now)
+    recent.age(now)
     window = format_duration(recent.window)
     overloaded: list[str] = []
     degraded: list[str] = []
@@ -119,7 +126,7 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
         if since is not None and now - since > slo_wait[klass]:
             overloaded.append(f"{klass} requests have waited {format_elapsed(now - since)}, over their slo_wait "
                               f"of {format_duration(slo_wait[klass])}")
-    rejected = dict(collections.Counter(r.reason for r in recent.rejections))
+    rejected = {str(reason): n for reason, n in recent.rejections.totals.items()}
     capacity = {reason: n for reason, n in rejected.items() if reason in CAPACITY_REASONS}
     if capacity:
         overloaded.append(f"{sum(capacity.values())} requests rejected for capacity in the last {window} "
@@ -127,7 +134,7 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
     broken = {reason: n for reason, n in rejected.items() if reason in BROKEN_REASONS}
     if broken:
         degraded.append(f"{sum(broken.values())} requests refused in the last {window} ({_counts(broken)})")
-    for engine, crashes in sorted(collections.Counter(c.engine for c in recent.crashes).items()):
+    for engine, crashes in sorted(recent.crashes.totals.items()):
         degraded.append(f"engine {engine!r} crashed {crashes} time(s) in the last {window}")
     degraded += [f"engine {e.name!r} fails its health checks" for e in snapshot.engines if not e.healthy]
     status = HealthStatus.OVERLOADED if overloaded else HealthStatus.DEGRADED if degraded else HealthStatus.OK
@@ -135,9 +142,12 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
 
 
 def _waited_share(recent: RecentActivity) -> dict[str, float | None]:
-    totals = collections.Counter(d.klass for d in recent.dispatches)
-    waited = collections.Counter(d.klass for d in recent.dispatches if d.waited > 0)
-    return {klass: round(waited[klass] / totals[klass], 4) if totals[klass] else None for klass in CLASSES}
+    counts = recent.dispatches.totals
+    share = {}
+    for klass in CLASSES:
+        waited, total = counts[klass, True], counts[klass, True] + counts[klass, False]
+        share[klass] = round(waited / total, 4) if total else None
+    return share
 
 
 def _counts(counts: Mapping[str, int]) -> str:

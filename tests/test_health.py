@@ -79,7 +79,7 @@ async def test_capacity_rejections_overload_for_the_window_and_broken_ones_degra
         assert health.status is HealthStatus.OVERLOADED
         assert health.rejected == {"queue_full": 1}
         assert health.reasons == ("1 requests rejected for capacity in the last 60s (queue_full: 1)",)
-        await trio.sleep(60.0)  # t=60.5: the rejection at t=0 has left the window
+        await trio.sleep(61.0)  # t=61.5: the second of the rejection at t=0 has left the window
         assert watch.assess().status is HealthStatus.OK
         try:
             async with harness.client.open_grant("huge", "batch"):
