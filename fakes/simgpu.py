@@ -10,17 +10,27 @@ has exited (cleanly or killed) is still counted in the device total for
 ``linger_s`` after the reader first notices the exit, although the process is
 already gone from the per-process list. That is exactly the inconsistency NVML
 shows between ``nvmlDeviceGetMemoryInfo`` and ``nvmlDeviceGetComputeRunningProcesses``.
+
+Several devices (``create_devices``) are a directory of such device directories,
+``gpu0``, ``gpu1``, ..., each usable alone, and ``devices.json`` listing them in index
+order (``device_dirs``). A process on several devices writes its ``proc-<pid>.json`` on
+each, with the bytes it holds there. ``visible_devices`` is what a CUDA process sees of
+them under ``CUDA_VISIBLE_DEVICES``; how much goes where is the fake engine's business
+(``fakes.llama_server.placement``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 GPU_FILE = "gpu.json"
+DEVICES_FILE = "devices.json"
 PROC_PREFIX = "proc-"
 
 
@@ -35,6 +45,60 @@ def create_device(directory: str | os.PathLike[str], *, total_bytes: int, name: 
     return path
 
 
+def create_devices(directory: str | os.PathLike[str], totals: Sequence[int], *, name: str = "Simulated GPU",
+                   linger_s: float = 0.3) -> Path:
+    """Make (or reset) one device per entry of *totals*, ``directory/gpu<i>`` named "<name> <i>"."""
+    if not totals:
+        raise ValueError("create_devices: at least one device is needed")
+    path = Path(directory)
+    for index, total in enumerate(totals):
+        create_device(path / f"gpu{index}", total_bytes=total, name=f"{name} {index}", linger_s=linger_s)
+    _write_json(path / DEVICES_FILE, {"devices": [f"gpu{index}" for index in range(len(totals))]})
+    return path
+
+
+def is_multi_device(directory: str | os.PathLike[str]) -> bool:
+    return (Path(directory) / DEVICES_FILE).exists()
+
+
+def device_dirs(directory: str | os.PathLike[str]) -> list[Path]:
+    """The devices of *directory* in index order: those ``devices.json`` lists, else the directory itself."""
+    path = Path(directory)
+    if not is_multi_device(path):
+        return [path]
+    try:
+        names = json.loads((path / DEVICES_FILE).read_text())["devices"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path / DEVICES_FILE}: unreadable device list ({exc})") from None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{path / DEVICES_FILE}: 'devices' must be a non-empty list of directory names")
+    return [path / n for n in names]
+
+
+def visible_devices(directory: str | os.PathLike[str], cuda_visible_devices: str | None) -> list[Path]:
+    """The devices a CUDA process sees, in its own order (``CUDA0`` first), under *cuda_visible_devices*.
+
+    Like CUDA: unset means all of them; otherwise the comma list of indexes is read up to the
+    first entry that is not a device's index (not a number, out of range, repeated), so ""
+    and "-1" hide every device and "1,0" swaps them.
+    """
+    devices = device_dirs(directory)
+    if cuda_visible_devices is None:
+        return devices
+    chosen: list[int] = []
+    for entry in cuda_visible_devices.split(","):
+        entry = entry.strip()
+        if not entry.isdigit() or int(entry) >= len(devices) or int(entry) in chosen:
+            break
+        chosen.append(int(entry))
+    return [devices[index] for index in chosen]
+
+
+def device_total(directory: str | os.PathLike[str]) -> int:
+    """The size of one device."""
+    return int(_read_meta(Path(directory))["total_bytes"])
+
+
 def register(directory: str | os.PathLike[str], nbytes: int, *, pid: int | None = None, label: str = "") -> None:
     """Record that process *pid* (default: this one) now holds *nbytes* on the device."""
     pid = os.getpid() if pid is None else pid
@@ -42,9 +106,20 @@ def register(directory: str | os.PathLike[str], nbytes: int, *, pid: int | None 
 
 
 def unregister(directory: str | os.PathLike[str], *, pid: int | None = None) -> None:
-    """A clean exit: the process leaves the list, its memory is freed after the linger."""
+    """A clean exit: the process leaves the list, its memory is freed after the linger.
+
+    Given several devices, it leaves each of them (the fakes' exit path knows only --sim-gpu).
+    """
     pid = os.getpid() if pid is None else pid
-    path = Path(directory) / f"{PROC_PREFIX}{pid}.json"
+    try:
+        devices = device_dirs(directory)
+    except ValueError:
+        return  # a broken list: nothing to find; a dead process's memory is reclaimed anyway
+    for device in devices:
+        _mark_exited(device / f"{PROC_PREFIX}{pid}.json")
+
+
+def _mark_exited(path: Path) -> None:
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -68,7 +143,7 @@ class SimulatedDevice:
     _dead_since: dict[int, float] = attrs.field(factory=dict, init=False)
 
     def read(self, now: float) -> SimReading:
-        meta = json.loads((self.directory / GPU_FILE).read_text())
+        meta = _read_meta(self.directory)
         linger = float(meta.get("linger_s", 0.3))
         used = 0
         live: dict[int, int] = {}
@@ -107,6 +182,11 @@ def _alive(pid: int) -> bool:
         return state not in (b"Z", b"X")
     except (OSError, IndexError):
         return False
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((directory / GPU_FILE).read_text())
+    return meta
 
 
 def _write_json(path: Path, value: object) -> None:

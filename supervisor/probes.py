@@ -7,15 +7,17 @@ talks to NVML (never CUDA), so it creates no context and holds no GPU memory its
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from supervisor.config import GpuConfig
 from supervisor.process_tree import read_parents, tree_rss
+
+if TYPE_CHECKING:
+    from fakes.simgpu import SimulatedDevice
 
 
 @attrs.frozen
@@ -39,20 +41,32 @@ class ProbeUnavailable(Exception):
 
 @attrs.define(eq=False)
 class SimulatedGpuProbe:
+    """The fakes' GPU: one device directory, or a directory of them (``fakes.simgpu.create_devices``)."""
+
     directory: str
     kind: str = "simulated"
-    _device: object = attrs.field(init=False)
+    _devices: list[SimulatedDevice] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        from fakes.simgpu import SimulatedDevice  # the demo and tests only
+        from fakes import simgpu  # the demo and tests only
 
-        if not os.path.exists(os.path.join(self.directory, "gpu.json")):
-            raise ProbeUnavailable(f"no simulated GPU in {self.directory} (gpu.json missing)")
-        self._device = SimulatedDevice(self.directory)
+        try:
+            dirs = simgpu.device_dirs(self.directory)
+        except ValueError as exc:
+            raise ProbeUnavailable(f"no simulated GPU in {self.directory}: {exc}") from None
+        for device in dirs:
+            if not (device / simgpu.GPU_FILE).exists():
+                raise ProbeUnavailable(f"no simulated GPU in {device} (gpu.json missing)")
+        self._devices = [simgpu.SimulatedDevice(device) for device in dirs]
 
     def read(self) -> list[GpuReading]:
-        reading = self._device.read(time.monotonic())  # type: ignore[attr-defined]
-        return [GpuReading("gpu0", reading.name, reading.total_bytes, reading.used_bytes, reading.processes)]
+        now = time.monotonic()
+        readings = []
+        for index, device in enumerate(self._devices):
+            reading = device.read(now)
+            readings.append(GpuReading(f"gpu{index}", reading.name, reading.total_bytes, reading.used_bytes,
+                                       reading.processes))
+        return readings
 
 
 @attrs.define(eq=False)

@@ -36,6 +36,7 @@ from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.config_policy import build_scheduler, engine_specs, exposed_listeners, exposure_problem, slo_waits
 from supervisor.engine import EngineHandle, serve_engine
 from supervisor.events import EventLog, serve_event_log
+from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.asgi import Scope
@@ -170,9 +171,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         events.listeners.append(metrics.observe)
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
-        openai_app = create_app(config, client, events, gate, metrics, door, health)
+        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe))
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
-                               lambda scope: error_body)]
+                               lambda scope: error_body, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:
             app = create_ollama_app(config.ollama, client, events, gate, limits, metrics, door, health)
             listeners.append(_listener(config, events, door, "ollama", app, config.ollama.listen, ollama_error_body,

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from supervisor.auth.keys import add_key
+from supervisor.nodes.state import parse_node_state
 from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
 from tests.test_ollama_listener import listener as ollama_listener
 from tests.test_ollama_listener import ollama_section
@@ -78,12 +79,21 @@ def test_the_official_clients_with_a_key_and_without(start_steward: StewardFacto
     with pytest.raises(ollama.ResponseError) as pull:
         keyed.pull("other:1b")  # changes Ollama's models: an admin key's business
     assert pull.value.status_code == 403
+    via_v1 = openai.OpenAI(base_url=f"{url}/v1", api_key=keys["family"], max_retries=0)
+    streamed = list(via_v1.chat.completions.create(model="gemma3:4b", messages=[{"role": "user", "content": "x"}],
+                                                   max_tokens=3, stream=True))
+    assert streamed and all(chunk.choices for chunk in streamed)  # Ollama's usage chunk is kept from it too
     assert httpx.get(f"{steward.url}/livez").json() == {"status": "alive"}  # monitors need no key
     assert httpx.get(f"{steward.url}/healthz").json()["status"] == "ok"
     assert httpx.get(f"{steward.url}/metrics").status_code == 401
     metrics = httpx.get(f"{steward.url}/metrics", headers={"authorization": f"Bearer {keys['family']}"}).text
     assert 'steward_requests_total{class="interactive",key="family",listener="openai",status="200"}' in metrics
     assert 'steward_rejected_total{class="",reason="invalid_api_key"}' in metrics  # the door's refusals count
+    steward.stop()  # every usage row written
+    ollama_rows = [row for row in usage_rows(tmp_path / "usage.db") if row["listener"] == "ollama"]
+    assert [(row["route"], row["status"]) for row in ollama_rows] == [
+        ("/api/chat", 200), ("/api/tags", 200), ("/api/chat", 401), ("/api/pull", 403), ("/v1/chat/completions", 200)]
+    assert ollama_rows[0]["completion_tokens"] and ollama_rows[-1]["completion_tokens"] == 3
     for family in ('steward_waiting{class="interactive",engine="ollama"}', "steward_oldest_wait_seconds",
                    'steward_ledger_bytes{device="cpu",tier="cold"}', 'steward_engine_state{engine="chat",state="ready"} 1.0',
                    'steward_health_status{status="ok"} 1.0', 'steward_tokens_total{kind="completion",model="chat"}',
@@ -146,6 +156,10 @@ def test_keys_added_and_removed_while_steward_runs(start_steward: StewardFactory
     old = {"authorization": f"Bearer {keys['old']}"}
     assert httpx.post(f"{comfy}/steward/release", headers=old).status_code == 403  # admin keys alone
     assert httpx.post(f"{comfy}/steward/release", headers=ops).json() == {"released": 0}
+    assert httpx.get(f"{steward.url}/steward/state", headers=old).status_code == 403
+    state = parse_node_state(httpx.get(f"{steward.url}/steward/state", headers=ops).json())  # what a front door reads
+    assert {m.name for m in state.models} == {"chat", "small"} and state.model("gpt-4o") == state.model("chat")
+    assert state.model("chat").resident and state.health == "ok"  # type: ignore[union-attr]
     removed = steward_cli("keys", "remove", "old", "--config", config)
     assert removed.returncode == 0, removed.stderr
     steward.wait_event("keys_loaded", removed=["old"])

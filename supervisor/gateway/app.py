@@ -24,6 +24,7 @@ from supervisor.gateway.quart_app import add_health_routes, json_error, new_quar
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
+from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
 from supervisor.scheduler.actor import SchedulerClient
 
 
@@ -32,7 +33,7 @@ def body_limits(config: Config) -> BodyLimits:
 
 
 def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch) -> QuartTrio:
+               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu") -> QuartTrio:
     app = new_quart_app("steward", error_body, events)
     started = int(time.time())
     aliases = config.alias_table()
@@ -98,5 +99,14 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                                      else {"running": e.engine_running, "waiting": e.engine_waiting}}
                             for e in snapshot.engines}}
 
+    @app.get(STATE_PATH)
+    async def state() -> dict[str, Any]:
+        """What a front door routes by (an admin route once keys are in force)."""
+        return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
+
     add_health_routes(app, health, metrics, health_details)
     return app
+
+
+def is_admin_route(scope: Scope) -> bool:
+    return scope["path"].startswith("/steward/")

@@ -36,8 +36,10 @@ from supervisor.gateway.classes import CLASS_HEADER, choose_class
 from supervisor.gateway.door import MONITORING_PATHS, FrontDoor, exchange_of
 from supervisor.gateway.errors import ErrorShape, error_body, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
+from supervisor.gateway.inference import GENERATION_PATHS
 from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
+from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
@@ -61,6 +63,8 @@ class OllamaRoute:
     klass: str
     body: bytes
     model: str | None = None  # as Ollama knows it, steward's class suffix removed
+    # Steward asked its OpenAI-style stream for the usage chunk, which the client did not ask for.
+    keep_usage_chunk: bool = False
 
 
 def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
@@ -75,8 +79,9 @@ def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> Ollam
         return OllamaRoute(choose_class(scope, {}, default_class).klass, body)
     choice = choose_class(scope, payload, default_class)
     model = payload.get("model")
-    return OllamaRoute(choice.klass, dump_json(payload) if choice.changed else body,
-                       model if isinstance(model, str) else None)
+    keep_usage_chunk = scope.get("path") in GENERATION_PATHS and ask_for_usage(payload)
+    return OllamaRoute(choice.klass, dump_json(payload) if choice.changed or keep_usage_chunk else body,
+                       model if isinstance(model, str) else None, keep_usage_chunk)
 
 
 def error_shape(scope: Scope) -> ErrorShape:
@@ -133,8 +138,9 @@ class OllamaListener:
                         lease.status = status
 
                     tracked = TrackedSend(send)
+                    relayed = UsageChunkKept(tracked, exchange.count_tokens) if route.keep_usage_chunk else tracked
                     try:
-                        await relay(tracked, self._request(scope, route.body), what="Ollama", on_status=on_status,
+                        await relay(relayed, self._request(scope, route.body), what="Ollama", on_status=on_status,
                                     retry=self.backoff, on_retry=self._log_retry, error_shape=shape,
                                     timeouts=self.timeouts, abort=lease.abort)
                     finally:

@@ -1,0 +1,1 @@
+"""Several hosts: the front door's view of its nodes (state, routing, waking)."""
