@@ -195,6 +195,17 @@ def _check(config: Config) -> int:
     if config.comfyui is not None:
         need = config.comfyui.memory or budget
         print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
+    for name, node in config.nodes.items():
+        key = f"key from ${node.key_env}" if node.key_env else "no key"
+        wake = node.wake
+        woken = (f"; wakes {wake.mac} via {wake.broadcast}:{wake.port}, waits {format_duration(wake.timeout)}"
+                 if wake is not None else "")
+        print(f"\nnode {name}  {node.url.url} ({key}{woken})")
+        print(f"  models   {', '.join(node.models) + ' (configured)' if node.models else 'what it says it serves'}")
+        if node.key_env and not os.environ.get(node.key_env):
+            print(f"  warning  ${node.key_env} is not set here: `steward run` would refuse to start")
+    for capability, models in config.capabilities.items():
+        print(f"\ncapability {capability} -> {', '.join(models)} (the first resident, else the first that fits)")
     total = sum(plan.nbytes for plan in plans.values())
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")

@@ -21,6 +21,7 @@ import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 from supervisor.address import Address
+from supervisor.nodes.wake import MacAddress
 from supervisor.units import format_duration, is_host, parse_duration, parse_size, show
 
 Size = NewType("Size", int)
@@ -33,6 +34,7 @@ Port = NewType("Port", int)  # 1..65535
 Host = NewType("Host", str)  # an IP address or an RFC 1123 host name
 ListenAddress = NewType("ListenAddress", Address)  # HOST:PORT to listen on; port 0: any free one
 UpstreamAddress = NewType("UpstreamAddress", Address)  # HOST:PORT of a server steward connects to
+NodeAddress = NewType("NodeAddress", Address)  # http://HOST:PORT of another steward
 
 # What speaks on the other side (one module each in adapters/): llama.cpp's llama-server,
 # or any OpenAI-compatible server (vLLM, SGLang, TGI, a llama-server someone else runs).
@@ -273,6 +275,29 @@ class ComfyConfig:
 
 
 @attrs.frozen
+class WakeConfig:
+    """Wake-on-LAN for a node that sleeps: its magic packet, and how long a request waits for it."""
+
+    mac: MacAddress
+    broadcast: Host = Host("255.255.255.255")  # the node's LAN broadcast address, e.g. 192.168.1.255
+    port: Port = Port(9)
+    timeout: PositiveDuration = PositiveDuration(180.0)
+
+
+@attrs.frozen
+class NodeConfig:
+    """Another steward this one is the front door of."""
+
+    url: NodeAddress
+    # The environment variable holding the node's key (an admin key of that node): never in the config.
+    key_env: str | None = None
+    wake: WakeConfig | None = None
+    # What it serves while it sleeps; default: what it said when it was last awake.
+    models: list[str] | None = None
+    poll: PositiveDuration = PositiveDuration(2.0)  # how often its state is read
+
+
+@attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
     listen: ListenAddress = ListenAddress(Address("127.0.0.1", 8080))
@@ -292,6 +317,9 @@ class Config:
     state_file: str | None = "steward-state.json"
     ollama: OllamaConfig | None = None
     comfyui: ComfyConfig | None = None
+    # A front door: the nodes it routes to, and names callers may use instead of a model.
+    nodes: dict[str, NodeConfig] = attrs.Factory(dict)
+    capabilities: dict[str, list[str]] = attrs.Factory(dict)
 
     def alias_table(self) -> dict[str, str]:
         """Every name a client may send, mapped to the model it means."""
@@ -354,6 +382,19 @@ def _address_hook(lowest_port: int, note: str) -> Callable[[Any, Any], Address]:
         return Address(host if v6 is None else v6, int(port))
 
     return structure
+
+
+def _structure_node_address(value: Any, _: Any) -> Address:
+    if isinstance(value, str) and value.startswith("http://"):
+        return _address_hook(1, "")(value.removeprefix("http://").rstrip("/"), None)
+    if isinstance(value, str) and value.startswith("https://"):
+        raise ValueError(f"must be http://HOST:PORT (steward speaks plain HTTP to its nodes; put TLS in a "
+                         f"tunnel or VPN between them), got {show(value)}")
+    raise ValueError(f"must be a node's URL like http://192.168.1.20:8080, got {show(value)}")
+
+
+def _structure_mac(value: Any, _: Any) -> MacAddress:
+    return MacAddress.parse(value)
 
 
 def _structure_fraction(value: Any, _: Any) -> float:
@@ -437,6 +478,8 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(Host, _structure_host)
     converter.register_structure_hook(ListenAddress, _address_hook(0, " (0: any free one)"))
     converter.register_structure_hook(UpstreamAddress, _address_hook(1, ""))
+    converter.register_structure_hook(NodeAddress, _structure_node_address)
+    converter.register_structure_hook(MacAddress, _structure_mac)
     converter.register_structure_hook(Fraction, _structure_fraction)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
@@ -644,8 +687,8 @@ def _key_text(key: object) -> str:
 
 def _check_semantics(config: Config) -> list[str]:
     problems = []
-    if not config.models and config.ollama is None and config.comfyui is None:
-        problems.append("models: must name at least one model (or configure ollama or comfyui)")
+    if not config.models and config.ollama is None and config.comfyui is None and not config.nodes:
+        problems.append("models: must name at least one model (or configure ollama, comfyui or nodes)")
     seen: dict[str, str] = {}
     for name, model in config.models.items():
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name) or "@" in name:
@@ -681,7 +724,7 @@ def _check_semantics(config: Config) -> list[str]:
         problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
-    problems += _front_door_problems(config)
+    problems += _front_door_problems(config) + _node_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
@@ -699,6 +742,31 @@ def _front_door_problems(config: Config) -> list[str]:
     webhook = config.alerts.webhook
     if webhook is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", webhook):
         problems.append(f"alerts.webhook: must be an http:// or https:// URL, got {show(webhook)}")
+    return problems
+
+
+def _node_problems(config: Config) -> list[str]:
+    problems = []
+    for name, node in config.nodes.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            problems.append(f"nodes.{name}: a node name may hold letters, digits and ._-")
+        if node.key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", node.key_env):
+            problems.append(f"nodes.{name}.key_env: must be the name of an environment variable, got "
+                            f"{show(node.key_env)}")
+        if node.models is not None and not node.models:
+            problems.append(f"nodes.{name}.models: name at least one model, or leave it out")
+        if node.url == config.listen:
+            problems.append(f"nodes.{name}.url: is this steward's own listen address")
+    names = config.alias_table()
+    for capability, models in config.capabilities.items():
+        if (why := _alias_problem(capability)) is not None:
+            problems.append(f"capabilities: {why}")
+        if capability in names:
+            problems.append(f"capabilities.{capability}: already names the model {names[capability]!r}")
+        if not models:
+            problems.append(f"capabilities.{capability}: name the models it means, in order of preference")
+    if config.capabilities and not config.nodes and not config.models:
+        problems.append("capabilities: need models or nodes to mean")
     return problems
 
 

@@ -9,10 +9,11 @@ import attrs
 from adapters import OllamaRuntime, Runtime, model_runtime
 from supervisor.address import Address
 from supervisor.backoff import Backoff
-from supervisor.config import OLLAMA_ENGINE, Config
+from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.engine import EngineSpec, HealthChecks
 from supervisor.health import DEFAULT_SLO_WAIT
 from supervisor.memory_plan import MemoryPlan
+from supervisor.nodes.directory import NodeSpec, WakeSpec
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
 
@@ -105,3 +106,22 @@ def exposure_problem(config: Config, has_keys: bool) -> str | None:
 def slo_waits(config: Config) -> dict[str, float]:
     """How long each class may wait before steward counts as overloaded."""
     return {klass: getattr(config.classes, klass).slo_wait or DEFAULT_SLO_WAIT[klass] for klass in CLASSES}
+
+
+def node_specs(config: Config, environ: Mapping[str, str]) -> list[NodeSpec]:
+    """The nodes a front door routes to, each with its key read from the environment."""
+    specs, problems = [], []
+    for name, node in config.nodes.items():
+        key = None
+        if node.key_env is not None:
+            key = environ.get(node.key_env)
+            if not key:
+                problems.append(f"nodes.{name}.key_env: {node.key_env} is not set in steward's environment (it "
+                                f"holds the node's admin key)")
+        wake = node.wake
+        specs.append(NodeSpec(name, node.url.url, key, None if wake is None else WakeSpec(
+            wake.mac, wake.broadcast, wake.port, wake.timeout), tuple(node.models) if node.models else None,
+            node.poll))
+    if problems:
+        raise ConfigError(problems)
+    return specs

@@ -20,7 +20,9 @@ way out; the event log is written to the last line.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,7 +35,15 @@ from supervisor.alerts import AlertPolicy, serve_alerts
 from supervisor.auth.watch import serve_key_file
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
-from supervisor.config_policy import build_scheduler, engine_specs, exposed_listeners, exposure_problem, slo_waits
+from supervisor.config_policy import (
+    build_scheduler,
+    engine_specs,
+    exposed_listeners,
+    exposure_problem,
+    node_specs,
+    scheduling_policy,
+    slo_waits,
+)
 from supervisor.engine import EngineHandle, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway import app as gateway_app
@@ -47,11 +57,14 @@ from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, 
 from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
+from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.server import Listener, serve_http
+from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch, RecentActivity, serve_health
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
+from supervisor.nodes.directory import serve_node_directory
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.process_tree import fold_to_roots, read_parents
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
@@ -171,7 +184,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         events.listeners.append(metrics.observe)
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
-        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe))
+        nodes = await _start_nodes(config, root, http, events) if config.nodes else None
+        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                lambda scope: error_body, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:
@@ -211,6 +225,16 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         events.emit("listening", "info", urls=steward.urls, models=list(config.models),
                     ollama=steward.ollama_urls or None, comfyui=steward.comfyui_urls or None)
         task_status.started(steward)
+
+
+async def _start_nodes(config: Config, root: trio.Nursery, http: httpx.AsyncClient, events: EventLog) -> NodeRouter:
+    """A front door's nodes: their directory (polled, woken), and the router that sends requests to them."""
+    remembered = None if config.state_file is None else Path(config.state_file).with_name("steward-nodes.json")
+    directory = await root.start(functools.partial(serve_node_directory, node_specs(config, os.environ), http,
+                                                   events, remembered=remembered))
+    return NodeRouter(directory, config.capabilities, events, scheduling_policy(config).queue_timeout,
+                      {name: node.wake.timeout for name, node in config.nodes.items() if node.wake is not None},
+                      Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout))
 
 
 def _listener(config: Config, events: EventLog, door: FrontDoor, name: str, app: object, address: Address,

@@ -381,6 +381,9 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
     "ListenAddress": (["127.0.0.1:8080", "127.0.0.1:0", "localhost:11434", "[::1]:8188", "0.0.0.0:8081"],
                       ["x:70000"]),
     "UpstreamAddress": (["127.0.0.1:11435", "127.0.0.1:8189", "localhost:8080"], ["127.0.0.1:0"]),
+    "NodeAddress": (["http://192.168.1.20:8080", "http://[::1]:8080", "http://lab:8080/"],
+                    ["https://lab:8080", "lab:8080", "http://lab"]),
+    "MacAddress": (["aa:bb:cc:dd:ee:ff", "AA-BB-CC-DD-EE-FF", "aabbccddeeff"], ["aa:bb", "zz:zz:zz:zz:zz:zz"]),
     "Fraction": ([0.5, "10%", 1], [0]),
     "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"], ["a@b", "", "two"]),
     "bool": ([True, False], ["yes"]),
@@ -399,7 +402,7 @@ def plausible(type_: Any, edges: bool) -> st.SearchStrategy[object]:
         return items | plausible(str, edges) if edges else items
     if origin is dict:
         return st.dictionaries(plausible(args[0], edges), plausible(args[1], edges), max_size=3)
-    if attrs.has(type_):  # its required keys and up to four others
+    if attrs.has(type_) and type_.__name__ not in BY_TYPE:  # its required keys and up to four others
         hints = get_type_hints(type_)
         required = [field.name for field in attrs.fields(type_) if field.default is attrs.NOTHING]
         return st.lists(st.sampled_from(sorted(hints)), max_size=4, unique=True).flatmap(

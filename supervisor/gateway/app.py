@@ -21,6 +21,7 @@ from supervisor.gateway.errors import error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.quart_app import add_health_routes, json_error, new_quart_app
+from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
@@ -33,7 +34,8 @@ def body_limits(config: Config) -> BodyLimits:
 
 
 def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu") -> QuartTrio:
+               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu",
+               nodes: NodeRouter | None = None) -> QuartTrio:
     app = new_quart_app("steward", error_body, events)
     started = int(time.time())
     aliases = config.alias_table()
@@ -41,7 +43,7 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
               if model_runtime(model).checks_model_name}
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 served)
+                                 served, nodes)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -73,9 +75,16 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         key = exchange_of(request.scope).key
         return key is None or door.may_use(key, aliases[name])
 
+    def visible_remote(name: str) -> bool:
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, name)
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_entry(name) for name in aliases if visible(name)]}
+        local = [model_entry(name) for name in aliases if visible(name)]
+        remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
+                  if entry["id"] not in aliases and visible_remote(entry["id"])]
+        return {"object": "list", "data": local + remote}
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:

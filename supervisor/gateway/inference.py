@@ -40,6 +40,7 @@ from supervisor.gateway.classes import choose_class
 from supervisor.gateway.door import Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
+from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
@@ -49,6 +50,14 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 INFERENCE_PATHS = GENERATION_PATHS | {EMBEDDINGS_PATH}
 _CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 _FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | _CREDENTIALS
+
+
+class UnknownModel(RequestError):
+    """No model here by that name: a front door may still have a node that serves it."""
+
+    def __init__(self, name: str, payload: dict[str, Any], klass: str) -> None:
+        super().__init__(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
+        self.name, self.payload, self.klass = name, payload, klass
 
 
 @attrs.frozen
@@ -73,6 +82,17 @@ class InferenceHandler:
     door: FrontDoor
     # model -> the name its server knows it by, for servers that check it (runtime openai)
     served_names: Mapping[str, str] = attrs.Factory(dict)
+    nodes: NodeRouter | None = None  # a front door's: the models its nodes serve
+
+    async def _serve_remote(self, scope: Scope, receive: Receive, send: Send, unknown: UnknownModel,
+                            exchange: Exchange) -> None:
+        assert self.nodes is not None
+        exchange.model, exchange.klass = unknown.name, unknown.klass
+        with self.door.admit(exchange, model=unknown.name, klass=unknown.klass):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
+                await self.nodes.serve(scope, unknown.payload, unknown.klass, exchange, send)
+                nursery.cancel_scope.cancel(reason="request finished")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
@@ -85,6 +105,14 @@ class InferenceHandler:
             exchange.model, exchange.klass = routed.model, routed.klass
             with self.door.admit(exchange, model=routed.model, klass=routed.klass):
                 await self._serve_admitted(scope, receive, send, routed, exchange)
+        except UnknownModel as exc:
+            if self.nodes is None or not self.nodes.serves(exc.name):
+                await send_refusal(send, exc)
+                return
+            try:
+                await self._serve_remote(scope, receive, send, exc, exchange)
+            except RequestError as refused:
+                await send_refusal(send, refused)
         except RequestError as exc:
             if not isinstance(exc, Refusal):  # the door's refusals are `refused` events already
                 self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
@@ -218,8 +246,7 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
     choice = choose_class(scope, payload, default_class)
     model = aliases.get(payload["model"])
     if model is None:
-        raise RequestError(404, f"The model '{payload['model']}' does not exist.", param="model",
-                           code="model_not_found")
+        raise UnknownModel(payload["model"], payload, choice.klass)
     stream = payload.get("stream") is True
     changed = choice.changed
     served = (served_names or {}).get(model)

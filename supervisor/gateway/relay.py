@@ -48,31 +48,43 @@ class UpstreamRequest:
     body: bytes
 
 
+# Told why the upstream cannot be reached; the request to send elsewhere and what to call it, or None.
+Reroute = Callable[[str], Awaitable[tuple[UpstreamRequest, str] | None]]
+
+
 async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
                 retry: Backoff | None = None, on_retry: Callable[[float, str], None] | None = None,
                 error_shape: ErrorShape = error_body, timeouts: Timeouts = NO_TIMEOUTS,
-                on_stall: Callable[[str], None] | None = None, abort: Abort | None = None) -> None:
+                on_stall: Callable[[str], None] | None = None, abort: Abort | None = None,
+                reroute: Reroute | None = None) -> None:
     """Send *request* upstream and stream the answer to *send*; *what* names the upstream in
     errors, which *error_shape* writes (OpenAI's shape unless the route speaks another).
 
     An upstream silent past *timeouts* gets 504 (or an error event in an open stream) and
-    *on_stall* is told; *abort* lets the scheduler end the request early (its engine is unhealthy)."""
+    *on_stall* is told; *abort* lets the scheduler end the request early (its engine is unhealthy).
+    An upstream that cannot be reached is retried with *retry*, or, with *reroute*, replaced by
+    the request it returns (another node), until it returns None."""
     answer = _Answer(send, error_shape, on_status)
     with abort.scope if abort is not None else contextlib.nullcontext():
-        await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall)
+        await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall, reroute)
     if abort is not None and abort.scope.cancelled_caught:
         await answer.fail(502, f"{what} {abort.reason}", abort.code)
 
 
 async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: str, retry: Backoff | None,
                               on_retry: Callable[[float, str], None] | None, timeouts: Timeouts,
-                              on_stall: Callable[[str], None] | None) -> None:
+                              on_stall: Callable[[str], None] | None, reroute: Reroute | None) -> None:
     delays = retry.delays() if retry is not None else None
     while True:
         try:
             await _relay_once(answer, request, what, timeouts)
             return
         except UpstreamUnreachable as exc:
+            if reroute is not None:
+                elsewhere = await reroute(str(exc))
+                if elsewhere is not None:
+                    request, what = elsewhere
+                    continue
             if delays is None:
                 await answer.fail(502, f"{what} cannot be reached: {exc}", "engine_error")
                 return

@@ -1,0 +1,138 @@
+"""Requests for models this steward does not run itself: to a node, by the front door's rules.
+
+A front door's OpenAI listener serves the union of its nodes' models (and its capabilities).
+A request for one is routed (``supervisor.nodes.routing``): a node where the model is
+resident, else one where it fits without evicting hot work, else the least loaded. If only
+a sleeping node serves it, the node is woken and the request waits for it, bounded by the
+node's ``wake.timeout`` and the class's queue timeout (then 503 with ``Retry-After``). The
+request goes to the node with the node's key, its class and the caller's key name; the
+node's own scheduler keeps priorities there. A node that cannot be reached is reported
+gone and the request is routed again (nothing was sent yet); a node that breaks off
+mid-answer ends that answer with a clean error in its stream's framing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from supervisor.address import Address
+from supervisor.events import EventLog
+from supervisor.gateway.asgi import Scope, Send, dump_json, send_error
+from supervisor.gateway.door import Exchange
+from supervisor.gateway.relay import UpstreamRequest, relay
+from supervisor.gateway.upstream import Timeouts
+from supervisor.nodes.directory import NodeDirectory
+from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
+
+NODE_ENGINE_PREFIX = "node:"  # how a node is named as the engine of a request in the usage log
+_FORWARDED = frozenset({b"accept"})
+WAKE_RETRY_AFTER = 30.0
+
+
+@attrs.define(eq=False)
+class NodeRouter:
+    directory: NodeDirectory
+    capabilities: Mapping[str, Sequence[str]]
+    events: EventLog
+    queue_timeout: Mapping[str, float]  # per class: how long a request may wait for a node to wake
+    wake_timeout: Mapping[str, float]  # per node
+    timeouts: Timeouts
+
+    def serves(self, name: str) -> bool:
+        return name in self.capabilities or any(name in view.serves for view in self.directory.views())
+
+    def model_entries(self, created: int) -> list[dict[str, Any]]:
+        """The nodes' models and the capabilities, as /v1/models lists them."""
+        entries: dict[str, dict[str, Any]] = {}
+        for view in self.directory.views():
+            for name in sorted(view.serves):
+                entry = entries.setdefault(name, {"id": name, "object": "model", "created": created,
+                                                  "owned_by": "steward", "steward": {"nodes": []}})
+                entry["steward"]["nodes"].append(view.name)
+        for name, models in self.capabilities.items():
+            entries[name] = {"id": name, "object": "model", "created": created, "owned_by": "steward",
+                             "steward": {"capability": list(models)}}
+        return list(entries.values())
+
+    async def serve(self, scope: Scope, payload: dict[str, Any], klass: str, exchange: Exchange, send: Send) -> None:
+        requested = payload["model"]
+        model = resolve_capability(requested, self.capabilities, self.directory.views()) or requested
+        if model != requested:
+            self.events.emit("capability", "info", capability=requested, model=model,
+                             request_id=exchange.request_id)
+        exchange.model = model
+        body = dump_json({**payload, "model": model})
+        deadline = trio.current_time() + self.queue_timeout[klass]
+        while True:
+            decision = choose_node(model, self.directory.views())
+            if isinstance(decision, Route):
+                await self._send_to(decision, scope, body, klass, exchange, send)
+                return
+            if isinstance(decision, NoRoute):
+                await self._no_route(decision, send)
+                return
+            if not await self._wait_for(decision, klass, deadline, exchange):
+                await send_error(send, 503, f"node {decision.node!r}, the only one that serves {model!r}, did not "
+                                 f"wake in time", code="node_asleep", retry_after=WAKE_RETRY_AFTER)
+                return
+
+    async def _wait_for(self, wake: Wake, klass: str, deadline: float, exchange: Exchange) -> bool:
+        if not wake.already:
+            self.directory.wake(wake.node)
+        self.events.emit("route_wait", "info", node=wake.node, model=wake.model, **{"class": klass},
+                         request_id=exchange.request_id)
+        started = trio.current_time()
+        until = min(deadline, started + self.wake_timeout.get(wake.node, 0.0))
+        awake = await self.directory.wait_until_awake(wake.node, until)
+        exchange.waited(trio.current_time() - started)
+        return awake
+
+    async def _send_to(self, route: Route, scope: Scope, body: bytes, klass: str, exchange: Exchange,
+                       send: Send) -> None:
+        tried = {route.node}
+
+        async def elsewhere(detail: str) -> tuple[UpstreamRequest, str] | None:
+            # Nothing reached the node: tell the directory, and route again among the others.
+            node = exchange.engine.removeprefix(NODE_ENGINE_PREFIX) if exchange.engine else route.node
+            self.directory.report_gone(node, detail)
+            again = choose_node(route.model, [v for v in self.directory.views() if v.name not in tried])
+            if not isinstance(again, Route):
+                return None
+            tried.add(again.node)
+            return self._request(again, scope, body, klass, exchange), f"node {again.node!r}"
+
+        def on_status(status: int) -> None:
+            exchange.status = status
+
+        async def naming_the_model(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":  # which model served it, a capability's included
+                message = {**message, "headers": [*message["headers"], (b"x-steward-model", route.model.encode())]}
+            await send(message)
+
+        await relay(naming_the_model, self._request(route, scope, body, klass, exchange),
+                    what=f"node {route.node!r}", on_status=on_status, timeouts=self.timeouts, reroute=elsewhere)
+
+    def _request(self, route: Route, scope: Scope, body: bytes, klass: str, exchange: Exchange) -> UpstreamRequest:
+        self.events.emit("route", "info", node=route.node, model=route.model, reason=route.reason.value,
+                         **{"class": klass}, request_id=exchange.request_id)
+        exchange.engine = f"{NODE_ENGINE_PREFIX}{route.node}"
+        address = Address.parse(self.directory.url(route.node).removeprefix("http://"))
+        headers = [(b"content-type", b"application/json"), (b"x-steward-class", klass.encode())]
+        headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
+        if (key := self.directory.key(route.node)) is not None:
+            headers.append((b"authorization", f"Bearer {key}".encode()))
+        if exchange.key is not None:
+            headers.append((b"x-steward-caller", exchange.key.name.encode()))
+        return UpstreamRequest(address.host, address.port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                               headers, body)
+
+    async def _no_route(self, decision: NoRoute, send: Send) -> None:
+        if any(decision.model in view.serves for view in self.directory.views()):
+            await send_error(send, 503, decision.message, code="node_unavailable", retry_after=5.0)
+        else:
+            await send_error(send, 404, f"The model '{decision.model}' does not exist.", param="model",
+                             code="model_not_found")

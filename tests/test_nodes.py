@@ -1,0 +1,134 @@
+"""Several hosts on one machine: node stewards and a front door steward on loopback, fake
+engines behind them. Routing by residency and by free memory, a capability served by its
+second choice, a node stopped mid-request, and a sleeping node woken by its magic packet
+(received by a UDP listener here) and started by the test, while its request waits.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from supervisor.nodes.wake import MacAddress, magic_packet
+from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
+
+pytestmark = pytest.mark.slow
+GPU = {"probe": "none", "budget": "24GiB"}
+MAC = "aa:bb:cc:dd:ee:01"
+
+
+def chat(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, **extra}
+
+
+def front_door(start_steward: StewardFactory, nodes: dict[str, RunningSteward | dict[str, Any]],
+               **sections: Any) -> RunningSteward:
+    section = {name: node if isinstance(node, dict) else {"url": node.url, "poll": "0.2s"}
+               for name, node in nodes.items()}
+    steward = start_steward({}, gpu=GPU, nodes=section, **sections)
+    return steward
+
+
+def routes(steward: RunningSteward) -> list[tuple[str, str, str]]:
+    return [(e["node"], e["model"], e["reason"]) for e in steward.events("route")]
+
+
+def test_a_front_door_routes_by_residency_then_by_free_memory(start_steward: StewardFactory) -> None:
+    big = start_steward({"hog": fake_model("20GiB"), "m": fake_model("8GiB")}, gpu=GPU)
+    small = start_steward({"qwen": fake_model("8GiB"), "m": fake_model("8GiB")}, gpu=GPU)
+    httpx.post(f"{small.base_url}/chat/completions", json=chat("qwen"), timeout=30)  # qwen resident on small
+    httpx.post(f"{big.base_url}/chat/completions", json=chat("hog"), timeout=30)  # hog hot on big: 4 GiB free
+    door = front_door(start_steward, {"big": big, "small": small})
+    door.wait_event("node_state", node="small", availability="awake")
+    client = openai.OpenAI(base_url=door.base_url, api_key="none", max_retries=0)
+    assert {m.id for m in client.models.list()} >= {"qwen", "hog", "m"}  # the union of the nodes' models
+    assert client.chat.completions.create(**chat("qwen")).choices
+    assert client.chat.completions.create(**chat("m")).choices
+    assert client.chat.completions.create(**chat("hog")).choices
+    assert routes(door) == [("small", "qwen", "resident"), ("small", "m", "fits"), ("big", "hog", "resident")]
+
+
+def test_a_capability_is_served_by_its_second_choice_when_the_first_cannot_fit(start_steward: StewardFactory) -> None:
+    node = start_steward({"huge": fake_model("20GiB"), "little": fake_model("2GiB"),
+                          "chat": fake_model("8GiB")}, gpu=GPU)
+    httpx.post(f"{node.base_url}/chat/completions", json=chat("chat"), timeout=30)  # hot: huge cannot fit by it
+    door = front_door(start_steward, {"lab": node}, capabilities={"reasoning": ["huge", "little"]})
+    door.wait_event("node_state", node="lab", availability="awake")
+    reply = httpx.post(f"{door.base_url}/chat/completions", json=chat("reasoning"), timeout=30)
+    assert reply.status_code == 200 and reply.headers["x-steward-model"] == "little"
+    assert door.wait_event("capability")["model"] == "little"
+    assert routes(door) == [("lab", "little", "fits")]
+
+
+def test_a_node_stopped_mid_request_gives_a_clean_error_and_new_requests_go_elsewhere(
+        start_steward: StewardFactory) -> None:
+    first = start_steward({"qwen": fake_model("8GiB", tps=20)}, gpu=GPU)
+    second = start_steward({"qwen": fake_model("8GiB")}, gpu=GPU)
+    httpx.post(f"{first.base_url}/chat/completions", json=chat("qwen"), timeout=30)  # resident on first
+    door = front_door(start_steward, {"first": first, "second": second})
+    door.wait_event("node_state", node="first", availability="awake")
+    with httpx.stream("POST", f"{door.base_url}/chat/completions", timeout=30,
+                      json=chat("qwen", max_tokens=400, stream=True)) as stream:
+        chunks = stream.iter_bytes()
+        assert b"data:" in next(chunks)
+        first.process.kill()  # the node's host goes away mid-answer
+        rest = b"".join(chunks)
+    assert b'"error"' in rest and b"[DONE]" not in rest  # an error event in the stream, not a hang
+    reply = httpx.post(f"{door.base_url}/chat/completions", json=chat("qwen"), timeout=30)
+    assert reply.status_code == 200
+    assert routes(door)[-1][0] == "second"
+
+
+class UdpListener:
+    """Receives the magic packets a front door sends (a test cannot receive real broadcasts)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(30)
+        self.port = self.sock.getsockname()[1]
+
+    def receive(self) -> bytes:
+        return self.sock.recvfrom(2048)[0]
+
+
+def test_a_sleeping_node_is_woken_and_the_request_waits_for_it(start_steward: StewardFactory) -> None:
+    udp = UdpListener()
+    port = free_port()
+    sleepy = {"url": f"http://127.0.0.1:{port}", "poll": "0.2s", "models": ["qwen"],
+              "wake": {"mac": MAC, "broadcast": "127.0.0.1", "port": udp.port, "timeout": "60s"}}
+    door = front_door(start_steward, {"sleepy": sleepy})
+    door.wait_event("node_state", node="sleepy", availability="asleep")
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{door.base_url}/chat/completions", json=chat("qwen"), timeout=90)))
+    asking.start()
+    packet = udp.receive()
+    sent_at = time.monotonic()
+    assert packet == magic_packet(MacAddress.parse(MAC))
+    node = start_steward({"qwen": fake_model("8GiB")}, gpu=GPU, listen=f"127.0.0.1:{port}")  # the machine wakes
+    asking.join(90)
+    assert answers and answers[0].status_code == 200, answers
+    woken = door.wait_event("node_woken", node="sleepy")
+    assert woken["after_s"] > 0 and time.monotonic() - sent_at < 90
+    assert routes(door) == [("sleepy", "qwen", "fits")]
+    assert node.events("dispatch")  # it was served by the node that woke
+
+
+def test_a_node_that_does_not_wake_in_time_is_503_with_retry_after(start_steward: StewardFactory) -> None:
+    udp = UdpListener()
+    sleepy = {"url": f"http://127.0.0.1:{free_port()}", "poll": "0.2s", "models": ["qwen"],
+              "wake": {"mac": MAC, "broadcast": "127.0.0.1", "port": udp.port, "timeout": "1s"}}
+    door = front_door(start_steward, {"sleepy": sleepy})
+    door.wait_event("node_state", node="sleepy", availability="asleep")
+    reply = httpx.post(f"{door.base_url}/chat/completions", json=chat("qwen"), timeout=30)
+    assert reply.status_code == 503 and reply.json()["error"]["code"] == "node_asleep"
+    assert int(reply.headers["retry-after"]) >= 1
+    assert udp.receive() == magic_packet(MacAddress.parse(MAC))
+    door.wait_event("node_wake_timeout", node="sleepy")
