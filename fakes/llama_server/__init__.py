@@ -41,7 +41,9 @@ Startup and shutdown are logged to stderr like llama.cpp; one line per request o
 
 Modules: ``cli`` (flags, Config, the stderr log), ``errors`` (the error envelope),
 ``parsing`` (request bodies), ``slots`` (slot pool, stats), ``formats`` (response shapes),
-``engine`` (generation and embeddings on the slots), ``server`` (routes, loading, main).
+``engine`` (generation and embeddings on the slots), ``placement`` (where ``--memory`` goes on
+several simulated GPUs: ``CUDA_VISIBLE_DEVICES``, ``-dev``, ``-sm``, ``-ts``, ``-mg``), ``server``
+(routes, loading, main).
 """
 
 from fakes.llama_server.cli import Config, parse_config

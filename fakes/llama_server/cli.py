@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import attrs
 
 from fakes.http11 import ConnectionPolicy
+from fakes.llama_server.placement import PlacementFlags, SplitMode, parse_devices, parse_tensor_split
 from supervisor.units import parse_duration, parse_size
 
 N_CTX_TRAIN = 131072          # the fake model's training context; caps the slot context
@@ -40,6 +41,7 @@ class Config:
     embedding_dim: int
     fail_load: str | None
     max_tokens_default: int
+    placement: PlacementFlags = PlacementFlags()  # where --memory goes on several simulated GPUs
 
     @property
     def token_interval(self) -> float:
@@ -73,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sse-ping-interval", type=float, default=30.0)
     g.add_argument("-v", "--verbose", "--log-verbose", dest="verbose", action="store_true")
     g.add_argument("--log-disable", action="store_true")
+    g.add_argument("-dev", "--device", type=parse_devices, default=None)
+    g.add_argument("-sm", "--split-mode", choices=[mode.value for mode in SplitMode], default=SplitMode.LAYER.value)
+    g.add_argument("-ts", "--tensor-split", type=parse_tensor_split, default=())
+    g.add_argument("-mg", "--main-gpu", type=int, default=0)
     for flags in (("-ngl", "--gpu-layers", "--n-gpu-layers"), ("-t", "--threads"),
                   ("-tb", "--threads-batch"), ("-b", "--batch-size"), ("-ub", "--ubatch-size"),
                   ("--threads-http",), ("-to", "--timeout")):
@@ -132,6 +138,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         keepalive_max=max(1, args.keepalive_max), keepalive_timeout=args.keepalive_timeout,
         embedding_dim=max(1, args.embedding_dim), fail_load=args.fail_load,
         max_tokens_default=args.max_tokens_default,
+        placement=PlacementFlags(args.device, SplitMode(args.split_mode), args.tensor_split, args.main_gpu),
     )
 
 

@@ -22,9 +22,10 @@ and rejects a bad ``--device`` while parsing flags, before binding its port. ``-
 
 from __future__ import annotations
 
+import argparse
 import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -52,19 +53,24 @@ class PlacementError(Exception):
 
 
 def parse_devices(value: str) -> tuple[str, ...]:
+    """``--device``: ``CUDA0,CUDA1`` or ``none``."""
     names = tuple(name.strip() for name in value.split(","))
     if names == ("none",):
         return ()
     if not all(names):
-        raise ValueError(f"empty device name in {value!r}")
+        raise argparse.ArgumentTypeError(f"expected device names like CUDA0,CUDA1 or none, got {value!r}")
     return names
 
 
 def parse_tensor_split(value: str) -> tuple[Fraction, ...]:
-    """``3,1`` or ``0.75/0.25``: non-negative proportions."""
-    shares = tuple(Fraction(part.strip()) for part in value.replace("/", ",").split(","))
+    """``--tensor-split``: ``3,1`` or ``0.75/0.25``, non-negative proportions."""
+    error = argparse.ArgumentTypeError(f"expected non-negative proportions like 3,1, got {value!r}")
+    try:
+        shares = tuple(Fraction(part.strip()) for part in value.replace("/", ",").split(","))
+    except ValueError:
+        raise error from None
     if any(share < 0 for share in shares):
-        raise ValueError(f"negative proportion in {value!r}")
+        raise error
     return shares
 
 
@@ -80,16 +86,16 @@ def split(nbytes: int, totals: Sequence[int], flags: PlacementFlags) -> list[tup
             raise PlacementError(f"invalid value for main_gpu: {flags.main_gpu} (available devices: {len(used)})")
         else:
             used = [used[flags.main_gpu]]
-    weights = [Fraction(w) for w in flags.tensor_split[:len(used)]] + [Fraction(0)] * (len(used) - len(flags.tensor_split))
+    weights = [*flags.tensor_split[:len(used)], *[Fraction(0)] * (len(used) - len(flags.tensor_split))]
     if not any(weights):
         weights = [Fraction(totals[i]) for i in used]
     if not any(weights):
-        weights = [Fraction(1)] * len(used)  # devices of size 0: an even split rather than a division by zero
-    # Cut the bytes at the cumulative proportions: every share rounds down, the sum stays exact.
-    cuts, running = [0], Fraction(0)
+        weights = [Fraction(1)] * len(used)  # devices of size 0: an even split, not a division by zero
+    # Cut at the cumulative proportions: each cut rounds down, the shares add up exactly.
+    whole, running, cuts = sum(weights), Fraction(0), [0]
     for weight in weights:
         running += weight
-        cuts.append(int(nbytes * running / sum(weights)))
+        cuts.append(int(nbytes * running / whole))
     return [(index, cuts[k + 1] - cuts[k]) for k, index in enumerate(used)]
 
 
@@ -101,10 +107,13 @@ def _device_index(name: str, n_visible: int) -> int:
 
 
 def place_on_sim_gpu(directory: str, nbytes: int, flags: PlacementFlags,
-                     environ: os._Environ[str] | dict[str, str] = os.environ) -> list[tuple[Path, int]]:
-    """(device directory, bytes) to register. A single simulated device takes everything, as before."""
+                     environ: Mapping[str, str] = os.environ) -> list[tuple[Path, int]]:
+    """(device directory, bytes) to register. A single device (``create_device``) takes it all, flags or not."""
     if not simgpu.is_multi_device(directory):
         return [(Path(directory), nbytes)]
-    devices = simgpu.visible_devices(directory, environ.get("CUDA_VISIBLE_DEVICES"))
-    totals = [simgpu.device_total(device) for device in devices]
+    try:
+        devices = simgpu.visible_devices(directory, environ.get("CUDA_VISIBLE_DEVICES"))
+        totals = [simgpu.device_total(device) for device in devices]
+    except (OSError, ValueError, KeyError) as exc:
+        raise PlacementError(f"simulated GPUs in {directory}: {exc}") from None
     return [(devices[index], share) for index, share in split(nbytes, totals, flags)]

@@ -10,15 +10,17 @@ import attrs
 import trio
 
 from fakes import simgpu
-from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, Request
 from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, parse_config
 from fakes.llama_server.engine import Engine
 from fakes.llama_server.errors import NOT_FOUND_BODY, ApiError, loading, not_supported, respond_error
 from fakes.llama_server.formats import BUILD_INFO, ChatFormat, NativeFormat, TextFormat, completion_id
 from fakes.llama_server.parsing import body_json, build_job, chat_prompt, embedding_inputs, text_prompt
+from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
 from fakes.llama_server.slots import Slot
+from fakes.runner import run_fake
 
+MIB = 1 << 20
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/fake/stats"})
 
 
@@ -56,14 +58,20 @@ class FakeLlamaServer:
         log("main: loading model")
         log(f"srv    load_model: loading model '{cfg.model_path}'")
         if cfg.sim_gpu:
-            simgpu.register(cfg.sim_gpu, cfg.memory, label=cfg.model_id)
+            try:
+                shares = place_on_sim_gpu(cfg.sim_gpu, cfg.memory, cfg.placement)
+            except PlacementError as exc:
+                self._log_load_failure(f"llama_model_load_from_file_impl: {exc}")
+                return False
+            for device, nbytes in shares:
+                simgpu.register(device, nbytes, label=cfg.model_id)
+                log(f"srv    load_model: fake: {nbytes / MIB:.2f} MiB on simulated GPU {device}")
+            if not shares:
+                log("srv    load_model: fake: no simulated GPU to use, a CPU run")
         await trio.sleep(cfg.load_time)
         if cfg.fail_load is not None:
-            log(f"llama_model_load: error loading model: {cfg.fail_load}")
-            log("llama_model_load_from_file_impl: failed to load model")
-            log(f"srv    load_model: failed to load model, '{cfg.model_path}'")
-            log("srv    operator(): operator(): cleaning up before exit...")
-            log("main: exiting due to model loading error")
+            self._log_load_failure(f"llama_model_load: error loading model: {cfg.fail_load}",
+                                   "llama_model_load_from_file_impl: failed to load model")
             return False
         log(f"srv    load_model: initializing slots, n_slots = {cfg.n_slots}")
         for slot in self.engine.pool.slots:
@@ -73,6 +81,13 @@ class FakeLlamaServer:
         log(f"main: server is listening on http://{cfg.host}:{port} - starting the main loop")
         log("srv  update_slots: all slots are idle")
         return True
+
+    def _log_load_failure(self, *why: str) -> None:
+        for line in why:
+            self.log(line)
+        self.log(f"srv    load_model: failed to load model, '{self.cfg.model_path}'")
+        self.log("srv    operator(): operator(): cleaning up before exit...")
+        self.log("main: exiting due to model loading error")
 
     # ---- requests
 
