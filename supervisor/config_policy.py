@@ -13,7 +13,7 @@ from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.engine import EngineSpec, HealthChecks
 from supervisor.health import DEFAULT_SLO_WAIT
 from supervisor.memory_plan import MemoryPlan
-from supervisor.nodes.directory import NodeSpec, WakeSpec
+from supervisor.nodes.directory import NodeSpec
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
 
@@ -118,10 +118,8 @@ def node_specs(config: Config, environ: Mapping[str, str]) -> list[NodeSpec]:
             if not key:
                 problems.append(f"nodes.{name}.key_env: {node.key_env} is not set in steward's environment (it "
                                 f"holds the node's admin key)")
-        wake = node.wake
-        specs.append(NodeSpec(name, node.url.url, key, None if wake is None else WakeSpec(
-            wake.mac, wake.broadcast, wake.port, wake.timeout), tuple(node.models) if node.models else None,
-            node.poll))
+        specs.append(NodeSpec(name, node.url.url, key, node.wake, tuple(node.models) if node.models else None,
+                              node.poll))
     if problems:
         raise ConfigError(problems)
     return specs

@@ -30,8 +30,9 @@ import trio
 import trio.testing
 
 from fakes.webhook import Received, read_request
+from supervisor.config import WakeConfig
 from supervisor.events import Event, EventLog
-from supervisor.nodes.directory import POLL_TIMEOUT, NodeDirectory, NodeSpec, WakeSpec, serve_node_directory
+from supervisor.nodes.directory import POLL_TIMEOUT, NodeDirectory, NodeSpec, serve_node_directory
 from supervisor.nodes.routing import Availability
 from supervisor.nodes.state import DeviceState, ModelState, NodeState, parse_node_state, state_to_json
 from supervisor.nodes.wake import MacAddress, magic_packet
@@ -176,8 +177,8 @@ def received_packets(sock: socket.socket) -> list[bytes]:
     return packets
 
 
-def waking(sock: socket.socket, timeout: float = 60.0) -> WakeSpec:
-    return WakeSpec(MAC, "127.0.0.1", sock.getsockname()[1], timeout)
+def waking(sock: socket.socket, timeout: float = 60.0) -> WakeConfig:
+    return WakeConfig(MAC, "127.0.0.1", sock.getsockname()[1], timeout)
 
 
 # --- polling ---
@@ -263,7 +264,7 @@ async def test_configured_models_win_over_remembered_ones(tmp_path: Path) -> Non
     memory.write_text(json.dumps({"big": state_to_json(node_state("old")),
                                   "small": state_to_json(node_state(("old", "older")))}))
     url = f"http://127.0.0.1:{free_port()}"
-    wake = WakeSpec(MAC, "127.0.0.1", 9)
+    wake = WakeConfig(MAC, "127.0.0.1", 9)
     async with open_directory(NodeSpec("big", url, wake=wake, models=("configured", "other")),
                               NodeSpec("small", url, wake=wake), NodeSpec("never", url),
                               remembered=memory) as (directory, events):
@@ -416,7 +417,7 @@ async def test_a_wake_that_times_out_is_asleep_again(autojump_clock: trio.testin
 
 async def test_a_packet_that_cannot_be_sent_is_an_event_and_asleep_again(autojump_clock: trio.testing.MockClock) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    wake = WakeSpec(MAC, "255.255.255.255", 0)  # port 0: refused by send_magic_packet
+    wake = WakeConfig(MAC, "255.255.255.255", 0)  # port 0: refused by send_magic_packet
     async with open_directory(NodeSpec("big", url, wake=wake)) as (directory, events):
         directory.wake("big")
         failed = await wait_event(events, "node_wake_failed")

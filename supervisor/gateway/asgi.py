@@ -9,7 +9,8 @@ ComfyUI's); nothing a client sends may turn into a 500.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -144,3 +145,13 @@ class Disconnect:
             pass
         self.happened = True
         self.scope.cancel(reason="client disconnected")
+
+
+@asynccontextmanager
+async def open_disconnect_watch(receive: Receive) -> AsyncIterator[Disconnect]:
+    """The body of the ``async with`` is cancelled if the client leaves; ``happened`` says whether it did."""
+    async with trio.open_nursery() as nursery:
+        disconnect = Disconnect(nursery.cancel_scope)
+        nursery.start_soon(disconnect.watch, receive)
+        yield disconnect
+        nursery.cancel_scope.cancel(reason="request finished")

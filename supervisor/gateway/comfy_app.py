@@ -30,11 +30,11 @@ from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
     BodyLimits,
-    Disconnect,
     Receive,
     RequestError,
     Scope,
     Send,
+    open_disconnect_watch,
     read_body,
     send_refusal,
     send_whole,
@@ -55,7 +55,6 @@ PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
 RELEASE_PATH = "/steward/release"
 COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
-_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 
 
 def is_admin_route(scope: Scope) -> bool:
@@ -230,16 +229,12 @@ class ComfyListener:
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        headers = upstream_headers(scope["headers"], self.config.upstream)
-        if self.door.required("comfyui"):
-            headers = [(k, v) for k, v in headers if k not in _CREDENTIALS]  # steward's key, not ComfyUI's
+        headers = self.door.forwardable("comfyui", upstream_headers(scope["headers"], self.config.upstream))
         request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target, headers, body)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
+        async with open_disconnect_watch(receive):
             await relay(send, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
                         error_shape=comfy_error_body, on_retry=lambda delay, detail: self.events.emit(
                             "upstream_retry", "warning", service="comfyui", detail=detail, retry_in_s=delay))
-            nursery.cancel_scope.cancel(reason="request finished")
 
 
 def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> list[tuple[bytes, bytes]]:

@@ -24,7 +24,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +48,7 @@ _TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
 _TOKENS = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|input_tokens|'
                      rb'output_tokens)"\s*:\s*(\d{1,12})')
 _PROMPT = frozenset({b"prompt_tokens", b"prompt_eval_count", b"input_tokens"})
+CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key"})
 
 
 @attrs.define(eq=False)
@@ -197,6 +198,14 @@ class FrontDoor:
 
     def required(self, listener: str) -> bool:
         return not self.keys.empty or listener in self.exposed
+
+    def forwardable(self, listener: str, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """*headers* as they may go upstream: a steward key is steward's credential, not the
+        engine's, so once keys are in force it stays here (without keys, a client's own key for
+        an attached server goes through)."""
+        if not self.required(listener):
+            return list(headers)
+        return [(k, v) for k, v in headers if k not in CREDENTIAL_HEADERS]
 
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import trio
 
 from supervisor.address import Address
 from supervisor.events import EventLog
@@ -30,6 +29,7 @@ from supervisor.gateway.asgi import (
     Send,
     TrackedSend,
     dump_json,
+    open_disconnect_watch,
     parse_json,
     read_body,
     send_error,
@@ -37,7 +37,7 @@ from supervisor.gateway.asgi import (
     send_whole,
 )
 from supervisor.gateway.classes import choose_class
-from supervisor.gateway.door import Exchange, FrontDoor, Refusal, exchange_of
+from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
@@ -48,8 +48,7 @@ from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClien
 EMBEDDINGS_PATH = "/v1/embeddings"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 INFERENCE_PATHS = GENERATION_PATHS | {EMBEDDINGS_PATH}
-_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
-_FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | _CREDENTIALS
+_FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | CREDENTIAL_HEADERS
 
 
 class UnknownModel(RequestError):
@@ -89,10 +88,8 @@ class InferenceHandler:
         assert self.nodes is not None
         exchange.model, exchange.klass = unknown.name, unknown.klass
         with self.door.admit(exchange, model=unknown.name, klass=unknown.klass):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
+            async with open_disconnect_watch(receive):
                 await self.nodes.serve(scope, unknown.payload, unknown.klass, exchange, send)
-                nursery.cancel_scope.cancel(reason="request finished")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
@@ -121,11 +118,8 @@ class InferenceHandler:
 
     async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
                               exchange: Exchange) -> None:
-        async with trio.open_nursery() as nursery:
-            disconnect = Disconnect(nursery.cancel_scope)
-            nursery.start_soon(disconnect.watch, receive)
+        async with open_disconnect_watch(receive) as disconnect:
             await self._serve(scope, routed, send, disconnect, exchange)
-            nursery.cancel_scope.cancel(reason="request finished")
 
     async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect,
                      exchange: Exchange) -> None:
@@ -225,10 +219,8 @@ class InferenceHandler:
         return endpoint.host, endpoint.port
 
     def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
-        # A steward key is steward's credential, not the engine's: kept from it once keys are in force.
-        forwarded = _FORWARDED_REQUEST_HEADERS - _CREDENTIALS if self.door.required("openai") \
-            else _FORWARDED_REQUEST_HEADERS
-        return [(b"content-type", b"application/json")] + [(k, v) for k, v in scope["headers"] if k in forwarded]
+        forwarded = [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
+        return [(b"content-type", b"application/json")] + self.door.forwardable("openai", forwarded)
 
 
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],

@@ -21,13 +21,13 @@ from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
     BodyLimits,
-    Disconnect,
     Receive,
     RequestError,
     Scope,
     Send,
     TrackedSend,
     dump_json,
+    open_disconnect_watch,
     read_body,
     send_error,
     send_refusal,
@@ -51,7 +51,6 @@ INFERENCE_PATHS = frozenset({
 })
 # What changes the models Ollama has, not what it answers: an admin key's business.
 ADMIN_PATHS = frozenset({"/api/pull", "/api/push", "/api/delete", "/api/create", "/api/copy"})
-_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 
 
 def is_admin_route(scope: Scope) -> bool:
@@ -127,9 +126,7 @@ class OllamaListener:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, route: OllamaRoute, shape: ErrorShape) -> None:
         exchange = exchange_of(scope)
-        async with trio.open_nursery() as nursery:
-            disconnect = Disconnect(nursery.cancel_scope)
-            nursery.start_soon(disconnect.watch, receive)
+        async with open_disconnect_watch(receive) as disconnect:
             try:
                 async with self.scheduler.open_grant(OLLAMA_ENGINE, route.klass, on_waited=exchange.waited) as lease:
                     exchange.engine = OLLAMA_ENGINE
@@ -151,7 +148,6 @@ class OllamaListener:
                 exchange.error = failure.code  # Ollama's own error shape has no field for it
                 await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
                                  retry_after=failure.retry_after)
-            nursery.cancel_scope.cancel(reason="request finished")
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Not timed: a pull or a push may rightly take an hour.
@@ -163,20 +159,16 @@ class OllamaListener:
             return
         if body is None:
             return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(Disconnect(nursery.cancel_scope).watch, receive)
+        async with open_disconnect_watch(receive):
             await relay(send, self._request(scope, body), what="Ollama", on_status=lambda status: None,
                         retry=self.backoff, on_retry=self._log_retry, error_shape=shape)
-            nursery.cancel_scope.cancel(reason="request finished")
 
     def _request(self, scope: Scope, body: bytes) -> UpstreamRequest:
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        dropped = REQUEST_FRAMING | {CLASS_HEADER}
-        if self.door.required("ollama"):
-            dropped |= _CREDENTIALS  # steward's key is steward's credential, not Ollama's
-        headers = [(k, v) for k, v in scope["headers"] if k not in dropped]
+        headers = self.door.forwardable("ollama", [(k, v) for k, v in scope["headers"]
+                                                   if k not in REQUEST_FRAMING and k != CLASS_HEADER])
         return UpstreamRequest(self.host, self.port, scope["method"].encode(), target, headers, body)
 
     def _log_retry(self, delay: float, detail: str) -> None:

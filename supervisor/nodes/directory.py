@@ -43,10 +43,11 @@ import attrs
 import httpx
 import trio
 
+from supervisor.config import WakeConfig
 from supervisor.events import EventLog
 from supervisor.nodes.routing import Availability, NodeView
 from supervisor.nodes.state import STATE_PATH, NodeState, NodeStateError, parse_node_state, state_to_json
-from supervisor.nodes.wake import MacAddress, WakeError, send_magic_packet
+from supervisor.nodes.wake import WakeError, send_magic_packet
 
 POLL_TIMEOUT = 2.0  # a node on the LAN answers in milliseconds; longer is as good as asleep
 WAKING_POLL = 0.25  # while a node wakes: how soon after it answers a waiting request is sent
@@ -62,19 +63,11 @@ def _without_trailing_slash(url: str) -> str:
 
 
 @attrs.frozen
-class WakeSpec:
-    mac: MacAddress
-    broadcast: str = "255.255.255.255"
-    port: int = 9
-    timeout: float = attrs.field(default=180.0, validator=_positive)  # to answer after its packet
-
-
-@attrs.frozen
 class NodeSpec:
     name: str
     url: str = attrs.field(converter=_without_trailing_slash)  # http://host:port
     key: str | None = None  # the node's key text (read from its key_env by the caller)
-    wake: WakeSpec | None = None
+    wake: WakeConfig | None = None  # the config's own: mac, broadcast, port, timeout
     models: tuple[str, ...] | None = None  # configured: wins over what the node said when last awake
     poll: float = attrs.field(default=2.0, validator=_positive)
 
@@ -366,7 +359,7 @@ async def _poll(node: NodeTracker, http: httpx.AsyncClient, memory: _Memory) -> 
         memory.remember(node.spec.name, answer)
 
 
-async def _send_packets(node: NodeTracker, wake: WakeSpec) -> None:
+async def _send_packets(node: NodeTracker, wake: WakeConfig) -> None:
     """One burst of magic packets per ``wake`` transition, sent here so no caller waits for it."""
     while True:
         await node.packet_wanted.wait()
