@@ -64,6 +64,8 @@ class Runtime(Protocol):
     sleeps: bool
     # Whether its memory is measured from its process tree (False: it says what it holds, Ollama).
     measured: bool
+    # Whether it splits one model over several devices when told how (a model no single one holds).
+    splits: bool
 
     @property
     def env(self) -> dict[str, str]:
@@ -73,6 +75,11 @@ class Runtime(Protocol):
     def command(self, host: str, port: int) -> list[str] | None:
         """The full command line of its process, steward assigning host and port; None when
         steward runs no process for it (attached)."""
+        ...
+
+    def split_args(self, shares: list[int]) -> list[str]:
+        """The arguments that split its model over its visible devices in these proportions
+        (bytes each); [] when it splits by its own arguments (or does not)."""
         ...
 
     def log_reader(self) -> LogReader | None:

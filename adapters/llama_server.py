@@ -21,6 +21,7 @@ BUFFER_LOG_VERBOSITY = "4"
 # memory it sees free at start, which can differ from what steward reserved: steward owns
 # that decision, so fitting is off unless the model's args set it.
 FIT_FLAGS = ("-fit", "--fit")
+_SPLIT_FLAGS = ("-ts", "--tensor-split", "-sm", "--split-mode", "-dev", "--device", "-mg", "--main-gpu")
 
 
 def fits_itself(model: ModelConfig) -> bool:
@@ -37,6 +38,7 @@ class LlamaServerRuntime:
     measured = True
     checks_model_name = False  # it answers whatever name it is sent
     sleeps = False
+    splits = True
 
     def command(self, host: str, port: int) -> list[str]:
         model = self.model
@@ -67,6 +69,12 @@ class LlamaServerRuntime:
     @property
     def env(self) -> dict[str, str]:
         return self.model.env
+
+    def split_args(self, shares: list[int]) -> list[str]:
+        if _has(self.model.args, _SPLIT_FLAGS):
+            return []  # the model's args place it: theirs win
+        mib = [str(max(1, round(share / 1024**2))) for share in shares]
+        return ["--split-mode", "layer", "--tensor-split", ",".join(mib)]
 
     def log_reader(self) -> BufferSizeReader:
         return BufferSizeReader()

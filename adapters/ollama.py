@@ -30,6 +30,7 @@ class OllamaRuntime:
     measured = False  # /api/ps says what it holds
     checks_model_name = False  # its models are the names clients send
     sleeps = False
+    splits = False  # it spreads its models over the GPUs it sees by itself
 
     def __init__(self, config: OllamaConfig) -> None:
         self.config = config
@@ -42,6 +43,9 @@ class OllamaRuntime:
     @property
     def env(self) -> dict[str, str]:
         return {"OLLAMA_HOST": str(self.config.upstream)}
+
+    def split_args(self, shares: list[int]) -> list[str]:
+        return []
 
     def log_reader(self) -> None:
         return None

@@ -28,6 +28,7 @@ class OpenAIRuntime:
     checks_health = True
     measured = True
     checks_model_name = True
+    splits = False  # vLLM splits by its own --tensor-parallel-size
 
     def __init__(self, model: ModelConfig) -> None:
         self.model = model
@@ -45,6 +46,9 @@ class OpenAIRuntime:
     @property
     def env(self) -> dict[str, str]:
         return self.model.env
+
+    def split_args(self, shares: list[int]) -> list[str]:
+        return []
 
     def log_reader(self) -> None:
         return None

@@ -20,13 +20,13 @@ from adapters.llama_server import fits_itself
 from supervisor.auth.commands import add_keys_parser, run_keys
 from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.config import Config, ConfigError, ModelConfig, load_config_for_command
-from supervisor.config_policy import engine_specs, exposed_listeners, exposure_problem
+from supervisor.config_policy import engine_profiles, engine_specs, exposed_listeners, exposure_problem
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.probes import ProbeUnavailable, open_probe
-from supervisor.tree import Steward, StopSignals, memory_device, resolve_budget, run_steward
+from supervisor.tree import Steward, StopSignals, memory_device, resolve_budgets, run_steward
 from supervisor.units import format_duration, format_size, parse_duration
 from supervisor.usage.commands import add_usage_parser, run_usage
 from supervisor.usage.writer import UsageLogUnavailable
@@ -145,9 +145,9 @@ def _check(config: Config) -> int:
     except ProbeUnavailable as exc:
         print(f"steward: gpu.probe: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    budget, source = resolve_budget(config, readings)
     specs = engine_specs(config)
     try:
+        budgets = resolve_budgets(config, readings)
         plans = plan_all(config, {name: specs[name].command(0) for name in config.models},
                          MeasurementStore.open(config.state_file), memory_device(probe))
     except ConfigError as exc:
@@ -156,7 +156,13 @@ def _check(config: Config) -> int:
         return EXIT_CONFIG
     print(f"listen   {config.listen}")
     print(f"probe    {note}")
-    print(f"budget   {format_size(budget)} ({budget} bytes) from {source}")
+    budget = sum(device.nbytes for device in budgets)
+    if len(budgets) == 1:
+        print(f"budget   {format_size(budget)} ({budget} bytes) from {budgets[0].source}")
+    else:
+        print(f"budget   {format_size(budget)} over {len(budgets)} devices")
+        for index, device in enumerate(budgets):
+            print(f"  device {index}  {format_size(device.nbytes)} ({device.nbytes} bytes) from {device.source}")
     for name, model in config.models.items():
         spec, plan = specs[name], plans[name]
         aliases = [alias for alias, target in config.alias_table().items() if target == name and alias != name]
@@ -169,6 +175,9 @@ def _check(config: Config) -> int:
               f"{_SOURCES[plan.source]}")
         print(f"  slots    {spec.slots}" + ("" if model.runtime == "llama-server" else
                                              " (requests steward sends at once; the rest wait in its queue)"))
+        if model.devices is not None:
+            print(f"  devices  {', '.join(map(str, model.devices))}" + (
+                " (split over them)" if len(model.devices) > 1 else ""))
         if model.sleep is not None:
             held = (f"holds {format_size(model.sleep.memory)} asleep" if model.sleep.memory is not None
                     else "what it holds asleep is measured")
@@ -193,7 +202,7 @@ def _check(config: Config) -> int:
         print(f"  memory   {format_size(config.ollama.memory)} reserved while Ollama may hold models "
               f"(grows to what /api/ps reports), {config.ollama.parallel} request(s) at once")
     if config.comfyui is not None:
-        need = config.comfyui.memory or budget
+        need = config.comfyui.memory or budgets[0].nbytes
         print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
     for name, node in config.nodes.items():
         key = f"key from ${node.key_env}" if node.key_env else "no key"
@@ -209,7 +218,8 @@ def _check(config: Config) -> int:
     total = sum(plan.nbytes for plan in plans.values())
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
-    problems = budget_problems(config, plans, budget) + _auth_problems(config)
+    profiles = engine_profiles(config, specs, plans)
+    problems = budget_problems(config, profiles, [device.nbytes for device in budgets]) + _auth_problems(config)
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0

@@ -31,6 +31,7 @@ PositiveDuration = NewType("PositiveDuration", float)
 PositiveInt = NewType("PositiveInt", int)
 Fraction = NewType("Fraction", float)
 Port = NewType("Port", int)  # 1..65535
+DeviceIndex = NewType("DeviceIndex", int)  # 0, 1, ... as NVML numbers the devices
 Host = NewType("Host", str)  # an IP address or an RFC 1123 host name
 ListenAddress = NewType("ListenAddress", Address)  # HOST:PORT to listen on; port 0: any free one
 UpstreamAddress = NewType("UpstreamAddress", Address)  # HOST:PORT of a server steward connects to
@@ -88,6 +89,9 @@ class ModelConfig:
     # `model` whatever alias the client used; default: the model's name here (runtime openai).
     served_name: str | None = None
     sleep: SleepConfig | None = None
+    # The devices it may run on (indices as NVML numbers them); several: it is split over
+    # them; default: steward picks one, or splits a llama-server model no single one holds.
+    devices: list[DeviceIndex] | None = None
     # Stopped (or put to sleep) once it has had no request for this long; null: never.
     idle_unload: PositiveDuration | None = None
 
@@ -100,10 +104,17 @@ class ModelConfig:
 
 
 @attrs.frozen
+class DeviceConfig:
+    budget: Size | None = None  # what steward may reserve on this device; default: gpu.budget, else its total
+
+
+@attrs.frozen
 class GpuConfig:
     probe: ProbeName = "auto"
-    # How much memory steward may reserve; default: the probed device total.
+    # How much memory steward may reserve on each device; default: the probed device's total.
     budget: Size | None = None
+    # Per device (index as NVML numbers them, CUDA_DEVICE_ORDER=PCI_BUS_ID): where the default is not wanted.
+    devices: dict[DeviceIndex, DeviceConfig] = attrs.Factory(dict)
     simulated_dir: str | None = None
     poll_interval: PositiveDuration = PositiveDuration(1.0)
 
@@ -357,6 +368,14 @@ def _structure_port(value: Any, _: Any) -> int:
     raise ValueError(f"must be a port number 1..65535, got {show(value)}")
 
 
+def _structure_device_index(value: Any, _: Any) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)  # a YAML mapping key may come quoted
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"must be a device index like 0 or 1, got {show(value)}")
+
+
 def _structure_host(value: Any, _: Any) -> str:
     if isinstance(value, str) and is_host(value):
         return value
@@ -475,6 +494,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(PositiveDuration, _structure_positive_duration)
     converter.register_structure_hook(PositiveInt, _structure_positive_int)
     converter.register_structure_hook(Port, _structure_port)
+    converter.register_structure_hook(DeviceIndex, _structure_device_index)
     converter.register_structure_hook(Host, _structure_host)
     converter.register_structure_hook(ListenAddress, _address_hook(0, " (0: any free one)"))
     converter.register_structure_hook(UpstreamAddress, _address_hook(1, ""))
@@ -702,8 +722,9 @@ def _check_semantics(config: Config) -> list[str]:
         if model.memory is None and model.model is None:
             problems.append(f"models.{name}.memory: required when models.{name}.model names no GGUF file "
                             f"to estimate it from")
-        problems += _runtime_problems(name, model)
-        if config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget:
+        problems += _runtime_problems(name, model) + _device_problems(f"models.{name}", model)
+        if (config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget
+                and not config.gpu.devices and not model.devices and model.runtime != "llama-server"):
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
                             f"({config.gpu.budget} bytes); it could never load")
         for alias in model.aliases:
@@ -728,6 +749,19 @@ def _check_semantics(config: Config) -> list[str]:
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _device_problems(where: str, model: ModelConfig) -> list[str]:
+    if model.devices is None:
+        return []
+    problems = []
+    if not model.devices:
+        problems.append(f"{where}.devices: a list of device indices like [0] or [0, 1], got []")
+    elif twice := sorted({device for device in model.devices if model.devices.count(device) > 1}):
+        problems.append(f"{where}.devices: device {', '.join(map(str, twice))} is named twice")
+    if "CUDA_VISIBLE_DEVICES" in model.env:
+        problems.append(f"{where}.env: CUDA_VISIBLE_DEVICES is set by steward from {where}.devices; keep one")
+    return problems
 
 
 def _front_door_problems(config: Config) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from adapters import OllamaRuntime, Runtime, model_runtime
+from adapters import OllamaRuntime, Residence, Runtime, model_runtime
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
@@ -15,7 +15,7 @@ from supervisor.health import DEFAULT_SLO_WAIT
 from supervisor.memory_plan import MemoryPlan
 from supervisor.nodes.directory import NodeSpec
 from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import CLASSES, BackoffPolicy, EngineProfile, SchedulingPolicy
+from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy
 
 
 def engine_specs(config: Config) -> dict[str, EngineSpec]:
@@ -23,7 +23,8 @@ def engine_specs(config: Config) -> dict[str, EngineSpec]:
     specs = {}
     for name, model in config.models.items():
         where = model.upstream or Address(config.engines.host, model.port or 0)
-        specs[name] = _engine_spec(name, model_runtime(model), where, config)
+        specs[name] = attrs.evolve(_engine_spec(name, model_runtime(model), where, config),
+                                   devices=None if model.devices is None else tuple(model.devices))
     if (ollama := config.ollama) is not None:
         specs[OLLAMA_ENGINE] = attrs.evolve(_engine_spec(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream, config),
                                             usage_poll=ollama.ps_poll,
@@ -63,16 +64,26 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
                     ) -> list[EngineProfile]:
     profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.resident,
                               fixed_memory=plans[name].source == "config", idle_unload=model.idle_unload,
-                              sleep_memory=model.sleep.memory if model.sleep is not None else None)
+                              sleep_memory=model.sleep.memory if model.sleep is not None else None,
+                              devices=_devices(specs[name]), splittable=specs[name].runtime.splits)
                 for name, model in config.models.items()]
     if config.ollama is not None:
-        profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel))
+        profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel,
+                                      devices=(DEFAULT_DEVICE,)))
     return profiles
 
 
-def build_scheduler(config: Config, specs: Mapping[str, EngineSpec], plans: Mapping[str, MemoryPlan], budget: int,
-                    *, observe_memory: bool) -> Scheduler:
-    return Scheduler.create(budget, engine_profiles(config, specs, plans), scheduling_policy(config),
+def _devices(spec: EngineSpec) -> tuple[int, ...] | None:
+    """Where the scheduler may place it: a kept process (a service, an attached server) stays on
+    the devices it was started on, the first unless models.NAME.devices says."""
+    if spec.runtime.residence is Residence.SPAWNED:
+        return spec.devices
+    return spec.devices or (DEFAULT_DEVICE,)
+
+
+def build_scheduler(config: Config, specs: Mapping[str, EngineSpec], plans: Mapping[str, MemoryPlan],
+                    budgets: list[int], *, observe_memory: bool) -> Scheduler:
+    return Scheduler.create(budgets, engine_profiles(config, specs, plans), scheduling_policy(config),
                             observe_memory=observe_memory)
 
 

@@ -31,6 +31,7 @@ from supervisor.backoff import Backoff
 from supervisor.events import EventLog
 from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, report_reaper, stop_child
 from supervisor.scheduler.actor import SchedulerClient
+from supervisor.scheduler.types import Placement
 from supervisor.services.process import ServiceProcess, serve_service_process
 
 # How often a runtime is asked what it holds and how loaded it is (Ollama's /api/ps,
@@ -65,6 +66,7 @@ class EngineSpec:
     usage_poll: float = USAGE_POLL_S
     # A service's restarts, and an attached server's reconnects while it is awaited.
     retry: Backoff = attrs.Factory(Backoff)
+    devices: tuple[int, ...] | None = None  # models.NAME.devices: where its process may run
 
     @property
     def slots(self) -> int:
@@ -82,6 +84,7 @@ class _Command:
     kind: Kind
     generation: int
     detail: str = ""
+    placement: Placement | None = None  # a start's: where its process puts its memory
 
 
 class EndKind(enum.Enum):
@@ -112,8 +115,8 @@ class EngineHandle:
     output_tail: collections.deque[str] = attrs.Factory(collections.deque)
     generation: int = 0  # the one running now (or last)
 
-    def start(self, generation: int) -> None:
-        self._mailbox.send_nowait(_Command("start", generation))
+    def start(self, generation: int, placement: Placement | None = None) -> None:
+        self._mailbox.send_nowait(_Command("start", generation, placement=placement))
 
     def stop(self, generation: int) -> None:
         self._mailbox.send_nowait(_Command("stop", generation))
@@ -165,14 +168,17 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
                                      on_line=handle.output_tail.append)
             if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
                 service.on_spawn = functools.partial(setattr, handle, "pid")
-            engine.service = await nursery.start(serve_service_process, spec.name, argv, spec.runtime.env, events,
+            env = {**spec.runtime.env, **device_env(spec.devices)}  # a kept process stays where it started
+            engine.service = await nursery.start(serve_service_process, spec.name, argv, env, events,
                                                  spec.retry, service)
         task_status.started(handle)
         async for command in receive:
             if command.kind == "start":
                 handle.generation = command.generation
-                run = _run_spawned if residence is Residence.SPAWNED else _run_kept
-                ended = await run(engine, command.generation)
+                if residence is Residence.SPAWNED:
+                    ended = await _run_spawned(engine, command.generation, command.placement)
+                else:
+                    ended = await _run_kept(engine, command.generation)
                 if ended.kind is EndKind.ASLEEP:
                     scheduler.report_asleep(spec.name, command.generation, ended.detail)
                 else:
@@ -192,15 +198,36 @@ def _service_argv(spec: EngineSpec, handle: EngineHandle) -> list[str] | None:
     return spec.command(port)
 
 
-async def _run_spawned(engine: _Engine, generation: int) -> Ended:
+def device_env(devices: tuple[int, ...] | None) -> dict[str, str]:
+    """The environment that keeps a process to *devices*, numbered as NVML (and steward) number them."""
+    if devices is None:
+        return {}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
+
+
+def placed_command(spec: EngineSpec, argv: list[str], placement: Placement | None) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of one process of *spec*, on the devices the scheduler chose.
+
+    On a host with one device nothing changes; on several the process sees only its own
+    devices, and one split over several is told the split (llama-server's --tensor-split)."""
+    if placement is None or not placement.chosen:
+        return argv, {**spec.runtime.env, **device_env(spec.devices)}
+    env = {**spec.runtime.env, **device_env(placement.devices)}
+    if placement.split:
+        argv = argv + spec.runtime.split_args([placement.shares[device] for device in placement.devices])
+    return argv, env
+
+
+async def _run_spawned(engine: _Engine, generation: int, placement: Placement | None) -> Ended:
     """Run one process of the engine from spawn to exit."""
     spec, handle = engine.spec, engine.handle
     port = spec.port or pick_port(spec.host)
-    argv = spec.command(port)
-    assert argv is not None  # a spawned runtime always has a command
+    command = spec.command(port)
+    assert command is not None  # a spawned runtime always has a command
+    argv, env = placed_command(spec, command, placement)
     handle.output_tail.clear()
     try:
-        process = open_child(argv, spec.runtime.env)
+        process = open_child(argv, env)
     except OSError as exc:
         detail = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
         engine.events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
@@ -208,7 +235,7 @@ async def _run_spawned(engine: _Engine, generation: int) -> Ended:
     handle.pid, handle.port = process.pid, port
     engine.scheduler.report_spawned(spec.name, generation, process.pid)
     engine.events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv,
-                       generation=generation)
+                       generation=generation, devices=env.get("CUDA_VISIBLE_DEVICES"))
     report_reaper(process, engine.events, spec.name)
     address = Address(spec.host, port)
     log_reader = spec.runtime.log_reader()

@@ -7,6 +7,7 @@ file with the same arguments; otherwise an estimate from the GGUF header.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import attrs
@@ -15,9 +16,17 @@ from supervisor.accounting.estimate import estimate
 from supervisor.accounting.gguf_header import GGUFError
 from supervisor.config import Config, ConfigError, ModelConfig
 from supervisor.measurements import MeasurementStore, measurement_key
+from supervisor.scheduler.ledger import Ledger
+from supervisor.scheduler.placing import most_memory
+from supervisor.scheduler.types import DEFAULT_DEVICE, EngineProfile
 from supervisor.units import format_size
 
 Device = Literal["gpu", "cpu"]
+
+
+def device_label(kind: Device, index: int) -> str:
+    """How /healthz, /metrics and /steward/state name a device: gpu0, gpu1 (as NVML numbers them), or cpu."""
+    return "cpu" if kind == "cpu" else f"gpu{index}"
 
 
 @attrs.frozen
@@ -60,19 +69,28 @@ def plan_all(config: Config, argvs: dict[str, list[str] | None], store: Measurem
     return plans
 
 
-def budget_problems(config: Config, plans: dict[str, MemoryPlan], budget: int) -> list[str]:
-    """What could never fit in *budget*: one model, the pinned models together, a service's reservation."""
-    over = f"exceeds the budget {format_size(budget)}"
-    problems = [f"models.{name}.memory: {format_size(plans[name].nbytes)} {over}; it could never load"
-                for name in config.models if plans[name].nbytes > budget]
-    pinned = [name for name, model in config.models.items() if model.resident]
-    need = sum(plans[name].nbytes for name in pinned)
-    if need > budget:
-        problems.append(f"models: the pinned models ({', '.join(pinned)}) need {format_size(need)}, "
-                        f"more than the budget {format_size(budget)}")
-    if config.ollama is not None and config.ollama.memory > budget:
-        problems.append(f"ollama.memory: {format_size(config.ollama.memory)} {over}; Ollama could never load a model")
+def budget_problems(config: Config, profiles: Sequence[EngineProfile], budgets: Sequence[int]) -> list[str]:
+    """What could never fit in the devices' budgets: one model (on the devices it may use, split
+    if its runtime splits), the pinned models together, a service's reservation, an image job."""
+    ledger = Ledger(budgets)
+    first = f"the budget {format_size(budgets[DEFAULT_DEVICE])}" + (
+        f" of device {DEFAULT_DEVICE}" if len(budgets) > 1 else "")
+    problems = []
+    for profile in profiles:
+        if profile.name in config.models and profile.memory > (room := most_memory(profile, ledger, {})):
+            where = f"the budget {format_size(room)}" if len(budgets) == 1 else (
+                f"the {format_size(room)} its devices can hold")
+            problems.append(f"models.{profile.name}.memory: {format_size(profile.memory)} exceeds {where}; "
+                            f"it could never load")
+    pinned = [p for p in profiles if p.pinned and p.name in config.models]
+    need, total = sum(p.memory for p in pinned), sum(budgets)
+    if need > total:
+        problems.append(f"models: the pinned models ({', '.join(p.name for p in pinned)}) need {format_size(need)}, "
+                        f"more than the budget {format_size(total)}")
+    if config.ollama is not None and config.ollama.memory > budgets[DEFAULT_DEVICE]:
+        problems.append(f"ollama.memory: {format_size(config.ollama.memory)} exceeds {first}; "
+                        f"Ollama could never load a model")
     comfy = config.comfyui.memory if config.comfyui is not None else None
-    if comfy is not None and comfy > budget:
-        problems.append(f"comfyui.memory: {format_size(comfy)} {over}; an image job could never run")
+    if comfy is not None and comfy > budgets[DEFAULT_DEVICE]:
+        problems.append(f"comfyui.memory: {format_size(comfy)} exceeds {first}; an image job could never run")
     return problems

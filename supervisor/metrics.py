@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from supervisor.events import Event
+from supervisor.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import CLASSES, EngineSnapshot, SchedulerSnapshot
 from supervisor.usage.row import UsageRow
@@ -67,6 +68,7 @@ class _FrontDoorCollector(Collector):
         yield waiting
         yield oldest
         yield self._ledger(snapshot)
+        yield from self._devices(snapshot)
         states = GaugeMetricFamily("steward_engine_state", "1 for the engine's current state", labels=["engine", "state"])
         for engine in snapshot.engines:
             for state in ENGINE_STATES:
@@ -79,15 +81,28 @@ class _FrontDoorCollector(Collector):
         if self._health is not None:
             yield from self._health_families()
 
+    def _devices(self, snapshot: SchedulerSnapshot) -> Iterator[GaugeMetricFamily]:
+        families = {name: GaugeMetricFamily(f"steward_device_{name}_bytes", help_text, labels=["device"])
+                    for name, help_text in (("budget", "Memory steward may reserve on the device"),
+                                            ("reserved", "Memory reserved on the device"),
+                                            ("outside", "Memory used on the device by processes that are not engines"),
+                                            ("free", "Memory free on the device for a load"))}
+        for device in snapshot.devices:
+            label = [device_label(self._device, device.index)]  # type: ignore[arg-type]
+            for name in families:
+                families[name].add_metric(label, getattr(device, name))
+        yield from families.values()
+
     def _ledger(self, snapshot: SchedulerSnapshot) -> GaugeMetricFamily:
         ledger = GaugeMetricFamily("steward_ledger_bytes", "Memory reserved in the ledger, per device and tier",
                                    labels=["device", "tier"])
-        tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep"), 0)
-        for engine in snapshot.engines:
-            tiers[ledger_tier(engine)] += engine.reserved
-        tiers["exclusive"] = max(0, snapshot.reserved - sum(e.reserved for e in snapshot.engines))
-        for tier, nbytes in tiers.items():
-            ledger.add_metric([self._device, tier], nbytes)
+        for device in snapshot.devices:
+            tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep"), 0)
+            for engine in snapshot.engines:
+                tiers[ledger_tier(engine)] += engine.held.get(device.index, 0)
+            tiers["exclusive"] = max(0, device.reserved - sum(e.held.get(device.index, 0) for e in snapshot.engines))
+            for tier, nbytes in tiers.items():
+                ledger.add_metric([device_label(self._device, device.index), tier], nbytes)  # type: ignore[arg-type]
         return ledger
 
     def _health_families(self) -> Iterator[GaugeMetricFamily]:

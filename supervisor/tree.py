@@ -37,6 +37,7 @@ from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.config_policy import (
     build_scheduler,
+    engine_profiles,
     engine_specs,
     exposed_listeners,
     exposure_problem,
@@ -68,6 +69,7 @@ from supervisor.nodes.directory import serve_node_directory
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.process_tree import fold_to_roots, read_parents
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
+from supervisor.scheduler.types import DeviceUse
 from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
 from supervisor.units import format_size
@@ -92,12 +94,34 @@ class Steward:
         return self.urls[0]
 
 
-def resolve_budget(config: Config, readings: list[GpuReading]) -> tuple[int, str]:
-    if config.gpu.budget is not None:
-        return config.gpu.budget, "gpu.budget"
-    if readings:
-        return readings[0].total_bytes, f"{readings[0].device} total ({readings[0].name})"
-    return host_memory_total(), "host memory total (no GPU probed; set gpu.budget to choose)"
+@attrs.frozen
+class DeviceBudget:
+    nbytes: int
+    source: str  # where the figure comes from, for `steward check` and the `probe` event
+
+
+def resolve_budgets(config: Config, readings: list[GpuReading]) -> list[DeviceBudget]:
+    """What steward may reserve on each device (index = device): gpu.devices.N.budget, else
+    gpu.budget, else the device's total (host RAM with no GPU)."""
+    listed = max(config.gpu.devices, default=-1) + 1
+    if readings and listed > len(readings):
+        raise ConfigError([f"gpu.devices.{listed - 1}: no such device (the probe sees {len(readings)})"])
+    budgets = []
+    for index in range(max(len(readings), listed, 1)):
+        device = config.gpu.devices.get(index)
+        if device is not None and device.budget is not None:
+            budgets.append(DeviceBudget(device.budget, f"gpu.devices.{index}.budget"))
+        elif config.gpu.budget is not None:
+            budgets.append(DeviceBudget(config.gpu.budget, "gpu.budget"))
+        elif index < len(readings):
+            reading = readings[index]
+            budgets.append(DeviceBudget(reading.total_bytes, f"{reading.device} total ({reading.name})"))
+        elif index == 0 and listed <= 1:
+            budgets.append(DeviceBudget(host_memory_total(), "host memory total (no GPU probed; set gpu.budget "
+                                                             "to choose)"))
+        else:
+            raise ConfigError([f"gpu.devices.{index}.budget: required (no probe reads device {index})"])
+    return budgets
 
 
 def memory_device(probe: GpuProbe | None) -> Device:
@@ -137,18 +161,20 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
     readings = probe.read() if probe else []
-    budget, budget_source = resolve_budget(config, readings)
+    budgets = resolve_budgets(config, readings)
+    budget = sum(device.nbytes for device in budgets)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
-                budget=budget, budget_text=format_size(budget), budget_source=budget_source)
+                budget=budget, budget_text=format_size(budget), budget_source=budgets[0].source,
+                devices=[{"budget": device.nbytes, "source": device.source} for device in budgets])
     specs = engine_specs(config)
     store = MeasurementStore.open(config.state_file)
     plans = plan_all(config, {name: specs[name].command(0) for name in config.models}, store, memory_device(probe))
     for name, plan in plans.items():
         events.emit("memory_plan", "info", engine=name, memory=plan.nbytes, memory_text=format_size(plan.nbytes),
                     source=plan.source)
-    if problems := budget_problems(config, plans, budget):
+    if problems := budget_problems(config, engine_profiles(config, specs, plans), [d.nbytes for d in budgets]):
         raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
-    core = build_scheduler(config, specs, plans, budget, observe_memory=probe is not None)
+    core = build_scheduler(config, specs, plans, [d.nbytes for d in budgets], observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
 
     def remember(engine: str, nbytes: int) -> None:
@@ -304,13 +330,14 @@ async def serve_probe(probe: GpuProbe, interval: float, steward: Steward, schedu
     while True:
         try:
             steward.readings = probe.read()
-            device = steward.readings[0]
+            roots, parents = engine_pids(steward.engines), read_parents()
             # An engine's memory is its whole process tree's (vLLM's is in its child processes).
-            processes = fold_to_roots(device.processes, engine_pids(steward.engines), read_parents())
+            devices = [DeviceUse(device.used_bytes, fold_to_roots(device.processes, roots, parents))
+                       for device in steward.readings]
         except Exception as exc:  # a flaky driver must not take steward down
             steward.events.emit("probe_error", "warning", probe=probe.kind, detail=str(exc))
         else:
-            scheduler.report_memory(device.used_bytes, processes)
+            scheduler.report_memory(devices)
         snapshot = scheduler.snapshot()
         settling = snapshot.releasing or any(e.status == "stopping" for e in snapshot.engines)
         await trio.sleep(min(interval, FAST_POLL_S) if settling else interval)

@@ -27,7 +27,7 @@ class ScriptedEngine:
     starts: list[float] = attrs.Factory(list)
     checks: list[tuple[int, float]] = attrs.Factory(list)  # (generation, when) of each check asked for
 
-    def start(self, generation: int) -> None:
+    def start(self, generation: int, placement: object = None) -> None:
         self.starts.append(trio.current_time())
         self.nursery.start_soon(self._report_after, LOAD_S, "ready", generation)
 

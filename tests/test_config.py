@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.config import Config, ConfigError, load_config, parse_config
+from supervisor.config_policy import engine_profiles, engine_specs
 from supervisor.memory_plan import MemoryPlan, budget_problems
 from supervisor.units import parse_duration, parse_size, show
 
@@ -72,8 +73,15 @@ def test_the_issue_example_message() -> None:
      "aliases.gpt-4o: names model 'missing', which is not under models"),
     ({"models": {"chat": {**GOOD, "parallel": 2, "args": ["--parallel", "4"]}}},
      "models.chat.parallel: set here and as --parallel in args; keep one"),
-    ({"models": {"chat": GOOD}, "gpu": {"budget": "4GiB"}},
+    ({"models": {"chat": {**GOOD, "runtime": "openai"}}, "gpu": {"budget": "4GiB"}},
      "models.chat.memory: 8912057139 bytes is more than gpu.budget (4294967296 bytes); it could never load"),
+    ({"models": {"chat": {**GOOD, "devices": [0, "one"]}}},
+     "models.chat.devices[1]: must be a device index like 0 or 1, got 'one'"),
+    ({"models": {"chat": {**GOOD, "devices": [1, 1]}}}, "models.chat.devices: device 1 is named twice"),
+    ({"models": {"chat": {**GOOD, "devices": [1], "env": {"CUDA_VISIBLE_DEVICES": "0"}}}},
+     "models.chat.env: CUDA_VISIBLE_DEVICES is set by steward from models.chat.devices; keep one"),
+    ({"models": {"chat": GOOD}, "gpu": {"devices": {"-1": {"budget": "4GiB"}}}},
+     "gpu.devices.-1: must be a device index like 0 or 1, got '-1'"),
     ({"models": []}, "models: must be a mapping of keys, got a list"),
     ({"listen": "127.0.0.1:1"}, "models: required key is missing (a mapping of model name to its engine)"),
     ({"models": {"chat": GOOD}, "gpu": {"probe": "simulated"}},
@@ -333,11 +341,12 @@ def test_budget_problems() -> None:
                                       "b": {**GOOD, "memory": "6GiB", "pinned": True}},
                            "comfyui": {"upstream": "127.0.0.1:8189", "memory": "10GiB"}})
     plans = {name: MemoryPlan(model.memory or 0, "config", name) for name, model in config.models.items()}
-    assert budget_problems(config, plans, 8 * 1024**3) == [
+    profiles = engine_profiles(config, engine_specs(config), plans)
+    assert budget_problems(config, profiles, [8 * 1024**3]) == [
         "models.big.memory: 9.0 GiB exceeds the budget 8.0 GiB; it could never load",
         "models: the pinned models (a, b) need 9.0 GiB, more than the budget 8.0 GiB",
         "comfyui.memory: 10.0 GiB exceeds the budget 8.0 GiB; an image job could never run"]
-    assert budget_problems(config, plans, 16 * 1024**3) == []
+    assert budget_problems(config, profiles, [16 * 1024**3]) == []
 
 
 def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
@@ -377,6 +386,7 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
     "PositiveDuration": (["1s", "250ms", 2.5, "5m"], ["0s", 0, math.inf]),
     "PositiveInt": ([1, 4], [0, -1]),
     "Port": ([8080, 8081, 11434], [0, 65536]),
+    "DeviceIndex": ([0, 1, "1"], [-1, "gpu0"]),
     "Host": (["127.0.0.1", "::1", "localhost", "0.0.0.0"], ["not a host!"]),
     "ListenAddress": (["127.0.0.1:8080", "127.0.0.1:0", "localhost:11434", "[::1]:8188", "0.0.0.0:8081"],
                       ["x:70000"]),

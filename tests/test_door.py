@@ -158,6 +158,19 @@ def test_a_client_that_left_before_its_answer_ended_is_499() -> None:
     assert exchange.row(0.3).queued_s == 0.75  # the steps of a request add up
 
 
+@pytest.mark.parametrize(("content_type", "last"), [
+    (b"text/event-stream", b"data: [DONE]\n\n"), (b"text/event-stream", b"data: [DONE]\r\n\r\n"),
+    (b"application/x-ndjson", b'{"model":"m","done":true,"eval_count":3}\n')])
+def test_a_client_that_closes_on_the_streams_last_event_was_served_in_full(content_type: bytes, last: bytes) -> None:
+    exchange = Exchange("r", "openai", "POST", "/v1/chat/completions", 0.0, 0.0)
+    exchange.saw_start(200, [(b"content-type", content_type)])
+    exchange.saw_body(b'data: {"choices":[]}\n\n' if content_type == b"text/event-stream" else b'{"done":false}\n',
+                      0.1)
+    exchange.saw_body(last, 0.2)
+    exchange.client_left = True  # before the relay's own end of the body
+    assert exchange.row(0.3).status == 200
+
+
 def test_steward_asks_a_stream_for_its_usage_unless_the_client_said() -> None:
     payload: dict[str, object] = {"stream": True}
     assert ask_for_usage(payload) and payload["stream_options"] == {"include_usage": True}

@@ -38,7 +38,7 @@ def test_regression_phantom_memory_never_evicts_a_healthy_engine() -> None:
     # even after a's release, and b would be evicted too.
     effects = s.observe(10.6, used=12 * GIB, processes={102: 6 * GIB})
     assert actions(effects) == []
-    assert s.ledger.outside == 0 and s.ledger.reservations == {"a": 6 * GIB, "b": 6 * GIB}
+    assert s.ledger.outside == 0 and s.ledger.totals == {"a": 6 * GIB, "b": 6 * GIB}
     # The memory is really free now: a's reservation goes, c loads; b was never touched.
     effects = s.observe(10.7, used=6 * GIB, processes={102: 6 * GIB})
     assert actions(effects) == [StartEngine("c", 1)]
@@ -75,7 +75,7 @@ def test_the_measurement_replaces_the_estimate() -> None:
     s.engine_ready("a", 1, "http://a", 1.0)
     effects = s.observe(2.0, used=5 * GIB, processes={101: 5 * GIB})  # it really takes 5 GiB, not 6
     assert [e for e in effects if isinstance(e, Measured)] == [Measured("a", 5 * GIB)]
-    assert s.ledger.reservations == {"a": 5 * GIB}
+    assert s.ledger.totals == {"a": 5 * GIB}
     assert s.engines["a"].profile.memory == 5 * GIB  # the next load reserves the measurement
     # Small wobble (under 1 %) does not rewrite anything.
     assert not [e for e in s.observe(7.0, used=5 * GIB + 1, processes={101: 5 * GIB + 1}) if isinstance(e, Measured)]

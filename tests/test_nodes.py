@@ -1,7 +1,8 @@
 """Several hosts on one machine: node stewards and a front door steward on loopback, fake
 engines behind them. Routing by residency and by free memory, a capability served by its
-second choice, a node stopped mid-request, and a sleeping node woken by its magic packet
-(received by a UDP listener here) and started by the test, while its request waits.
+second choice (its answer, streamed or not, and its usage row name the model that served
+it), a node stopped mid-request, and a sleeping node woken by its magic packet (received
+by a UDP listener here) and started by the test, while its request waits.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +19,7 @@ import pytest
 
 from supervisor.nodes.wake import MacAddress, magic_packet
 from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
+from tests.test_front_door import usage_rows
 
 pytestmark = pytest.mark.slow
 GPU = {"probe": "none", "budget": "24GiB"}
@@ -54,16 +57,29 @@ def test_a_front_door_routes_by_residency_then_by_free_memory(start_steward: Ste
     assert routes(door) == [("small", "qwen", "resident"), ("small", "m", "fits"), ("big", "hog", "resident")]
 
 
-def test_a_capability_is_served_by_its_second_choice_when_the_first_cannot_fit(start_steward: StewardFactory) -> None:
+def test_a_capability_is_served_by_its_second_choice_when_the_first_cannot_fit(start_steward: StewardFactory,
+                                                                               tmp_path: Path) -> None:
     node = start_steward({"huge": fake_model("20GiB"), "little": fake_model("2GiB"),
                           "chat": fake_model("8GiB")}, gpu=GPU)
     httpx.post(f"{node.base_url}/chat/completions", json=chat("chat"), timeout=30)  # hot: huge cannot fit by it
-    door = front_door(start_steward, {"lab": node}, capabilities={"reasoning": ["huge", "little"]})
+    door = front_door(start_steward, {"lab": node}, capabilities={"reasoning": ["huge", "little"]},
+                      usage={"db": str(tmp_path / "door-usage.db")})
     door.wait_event("node_state", node="lab", availability="awake")
     reply = httpx.post(f"{door.base_url}/chat/completions", json=chat("reasoning"), timeout=30)
     assert reply.status_code == 200 and reply.headers["x-steward-model"] == "little"
+    assert reply.json()["model"] == "little"  # the answer names the model that served it (the engine's own name not)
     assert door.wait_event("capability")["model"] == "little"
     assert routes(door) == [("lab", "little", "fits")]
+
+    client = openai.OpenAI(base_url=door.base_url, api_key="x", max_retries=0)
+    assert client.chat.completions.create(**chat("reasoning")).model == "little"
+    chunks = list(client.chat.completions.create(**chat("reasoning"), stream=True))
+    assert chunks and {chunk.model for chunk in chunks} == {"little"}
+    door.stop()  # every usage row written
+    rows = usage_rows(tmp_path / "door-usage.db")
+    assert [(row["model"], row["engine"]) for row in rows] == [("little", "node:lab")] * 3  # not "reasoning"
+    # The stream's too: a client that closes once it has [DONE] was served in full.
+    assert [row["status"] for row in rows] == [200, 200, 200]
 
 
 def test_a_node_stopped_mid_request_gives_a_clean_error_and_new_requests_go_elsewhere(

@@ -97,7 +97,7 @@ async def test_a_node_describes_itself_and_a_front_door_reads_it_back() -> None:
     health = Health(HealthStatus.DEGRADED, ("engine 'x' crashed 1 time(s) in the last 5m",), {}, {}, {})
     state = node_state(core.snapshot(), health, {"chat": "chat", "gpt-4o": "chat", "embed": "embed"}, "gpu", "lab")
     assert state.model("gpt-4o") == state.model("chat")
-    assert state.devices == (DeviceState("gpu", 24 * GIB, 0, 0),) and state.free == 24 * GIB
+    assert state.devices == (DeviceState("gpu0", 24 * GIB, 0, 0),) and state.free == 24 * GIB
     assert (state.health, state.node) == ("degraded", "lab")
     assert parse_node_state(state_to_json(state)) == state
     newer = {**state_to_json(state), "gpus_sold": 3}  # a newer node says more: read what we know

@@ -48,7 +48,7 @@ def test_first_request_reserves_memory_at_the_moment_of_the_load_decision() -> N
     effects = s.submit(1, "chat", "interactive", now=0.0, timeout=60)
     assert actions(effects) == [StartEngine("chat", 1)]
     assert events(effects) == ["enqueue", "load", "mode"]
-    assert s.ledger.reservations == {"chat": int(8.3 * GIB)}
+    assert s.ledger.totals == {"chat": int(8.3 * GIB)}
     # A second request while loading waits; no second load, no second reservation.
     assert actions(s.submit(2, "chat", "interactive", now=0.5, timeout=60)) == []
     assert s.ledger.reserved == int(8.3 * GIB)
@@ -81,17 +81,17 @@ def test_load_then_evict_least_recently_used_idle_engine_with_reservations_at_ea
     s.submit(2, "b", "interactive", 3.0, timeout=60)
     load_ready(s, "b", 4.0)
     s.finish(2, 5.0)
-    assert s.ledger.reservations == {"a": 4 * GIB, "b": 4 * GIB}
+    assert s.ledger.totals == {"a": 4 * GIB, "b": 4 * GIB}
     # c needs 5: free is 2, so one idle engine goes: a, the least recently used.
     effects = s.submit(3, "c", "interactive", 6.0, timeout=60)
     assert actions(effects) == [StopEngine("a", 1)]
     evict = next(e for e in effects if getattr(e, "event", None) == "evict")
     assert evict.fields["engine"] == "a" and evict.fields["for_engine"] == "c"
     # a's memory stays reserved until it has exited.
-    assert s.ledger.reservations == {"a": 4 * GIB, "b": 4 * GIB}
+    assert s.ledger.totals == {"a": 4 * GIB, "b": 4 * GIB}
     effects = s.engine_exited("a", 1, 7.0, "stopped")
     assert actions(effects) == [StartEngine("c", 1)]
-    assert s.ledger.reservations == {"b": 4 * GIB, "c": 5 * GIB}
+    assert s.ledger.totals == {"b": 4 * GIB, "c": 5 * GIB}
     assert s.engines["a"].status is EngineStatus.STOPPED
 
 
@@ -194,7 +194,7 @@ def test_crash_releases_memory_and_the_next_demand_restarts_after_exponential_ba
     effects = s.engine_exited("a", 1, 2.0, "killed by SIGKILL")
     assert "crash" in events(effects)
     assert s.engines["a"].status is EngineStatus.FAILED
-    assert s.ledger.reservations == {}
+    assert s.ledger.totals == {}
     s.finish(1, 2.0)  # the handler reports its failed request
     assert s.engines["a"].in_flight == 0
     # Next demand at 2.5: backoff is 1 s after the first failure, so the restart comes at 3.0.

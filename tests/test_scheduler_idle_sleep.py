@@ -111,7 +111,7 @@ def test_waking_reserves_only_the_difference_and_keeps_its_process() -> None:
     effects = s.engine_exited("big", 1, 9.5, "stopped")
     wake = next(e for e in effects if getattr(e, "event", None) == "wake")
     assert wake.fields["memory"] == 8 * GIB and of(StartEngine, effects) == [StartEngine("chat", 2)]
-    assert s.ledger.reservations == {"chat": 8 * GIB}
+    assert s.ledger.totals == {"chat": 8 * GIB}
     assert s.engines["chat"].pid == 4242  # the same process, woken
     assert of(Grant, s.engine_ready("chat", 2, URL, 9.7, pid=4242))[0].job_id == 3
 
@@ -120,10 +120,10 @@ def test_without_a_set_sleep_memory_what_it_holds_asleep_is_measured() -> None:
     s = sleeping_engine(sleep_memory=None)
     s.observe_memory = True
     s.engine_asleep("chat", 1, 5.0, "asleep (level 2)")
-    assert s.ledger.reservations["chat"] == 8 * GIB  # until a reading says otherwise
+    assert s.ledger.totals["chat"] == 8 * GIB  # until a reading says otherwise
     effects = s.observe(5.1, used=512 * 1024**2, processes={4242: 512 * 1024**2})
     measured = next(e for e in effects if getattr(e, "event", None) == "measured")
-    assert measured.fields["asleep"] is True and s.ledger.reservations["chat"] == 512 * 1024**2
+    assert measured.fields["asleep"] is True and s.ledger.totals["chat"] == 512 * 1024**2
     assert of(StartEngine, effects) == [StartEngine("big", 1)]
 
 
@@ -131,7 +131,7 @@ def test_a_kept_process_that_dies_while_asleep_gives_its_memory_back() -> None:
     s = sleeping_engine(sleep_memory=1 * GIB)
     s.engine_asleep("chat", 1, 5.0, "asleep")
     assert names(s.engine_exited("chat", 1, 6.0, "its process ended while asleep")) == ["stopped"]
-    assert "chat" not in s.ledger.reservations and s.engines["chat"].status is EngineStatus.STOPPED
+    assert "chat" not in s.ledger.totals and s.engines["chat"].status is EngineStatus.STOPPED
 
 
 async def test_through_the_actor_idle_unload_happens_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:

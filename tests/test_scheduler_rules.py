@@ -292,13 +292,13 @@ def test_reservation_is_released_only_when_the_memory_is_observed_free() -> None
     effects = s.submit(2, "b", "interactive", 3.0)
     assert [e for e in effects if isinstance(e, StopEngine)] == [StopEngine("a", 1)]
     s.engine_exited("a", 1, 3.5, "stopped")
-    assert s.ledger.reservations == {"a": 6 * GIB}  # exited, but the driver still holds it
+    assert s.ledger.totals == {"a": 6 * GIB}  # exited, but the driver still holds it
     # Gone from the process list while its memory still counts: not free yet.
     assert not [e for e in s.observe(3.6, used=7 * GIB, processes={}) if isinstance(e, StartEngine)]
-    assert s.ledger.reservations == {"a": 6 * GIB}
+    assert s.ledger.totals == {"a": 6 * GIB}
     effects = s.observe(3.7, used=1 * GIB, processes={})
     assert [e for e in effects if isinstance(e, StartEngine)] == [StartEngine("b", 1)]
-    assert s.ledger.reservations == {"b": 6 * GIB}
+    assert s.ledger.totals == {"b": 6 * GIB}
 
 
 def test_release_times_out_and_says_so() -> None:
@@ -310,7 +310,7 @@ def test_release_times_out_and_says_so() -> None:
     assert s.next_wakeup() == 8.0
     effects = s.tick(8.0)
     assert [e.event for e in effects if hasattr(e, "event")] == ["release_timeout"]
-    assert s.ledger.reservations == {}
+    assert s.ledger.totals == {}
 
 
 def test_a_full_class_queue_answers_429() -> None:
@@ -344,9 +344,9 @@ def test_grant_for_an_exclusive_job_names_no_engine() -> None:
     s = Scheduler.create(10 * GIB, [EngineProfile("a", 6 * GIB, 1)])
     effects = s.submit(1, None, "interactive", 0.0)
     assert [e for e in effects if isinstance(e, Grant)] == [Grant(1, None, None)]
-    assert s.ledger.reservations == {"exclusive:1": 10 * GIB}
+    assert s.ledger.totals == {"exclusive:1": 10 * GIB}
     s.finish(1, 4.0)
-    assert s.ledger.reservations == {}
+    assert s.ledger.totals == {}
 
 
 async def test_one_lower_class_step_at_a_time_beside_interactive_work_background_first(

@@ -24,6 +24,7 @@ from supervisor.gateway.quart_app import add_health_routes, json_error, new_quar
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
+from supervisor.memory_plan import device_label
 from supervisor.metrics import StewardMetrics
 from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
 from supervisor.scheduler.actor import SchedulerClient
@@ -96,6 +97,8 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     def health_details() -> dict[str, Any]:
         snapshot = scheduler.snapshot()
         return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
+                "devices": [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
+                             "outside": d.outside, "free": d.free} for d in snapshot.devices],
                 "queued": snapshot.queued,
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
@@ -103,6 +106,7 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                                      "queued": e.queued, "memory": e.memory, "reserved": e.reserved,
                                      "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
                                      "failures": e.failures, "healthy": e.healthy, "measured": e.measured,
+                                     "devices": [device_label(device, index) for index in e.devices],
                                      # The engine's own account of its queue, where it gives one (vLLM).
                                      "engine_load": None if e.engine_running is None and e.engine_waiting is None
                                      else {"running": e.engine_running, "waiting": e.engine_waiting}}

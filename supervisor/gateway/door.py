@@ -44,6 +44,9 @@ MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics"})  # polled every
 _TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
 _TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
+# The last event of a whole stream (OpenAI's SSE, Ollama's NDJSON): a client may rightly close
+# on it before the relay's own end of the body, and that answer was still served in full.
+_STREAM_END = re.compile(rb'(data: \[DONE\]|"done":\s*true[^\n]*)\r?\n(\r?\n)?$')
 # Token counts as OpenAI, Ollama and Anthropic name them; an escaped quote is inside a string, not a key.
 _TOKENS = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|input_tokens|'
                      rb'output_tokens)"\s*:\s*(\d{1,12})')
@@ -105,6 +108,8 @@ class Exchange:
         self.response_bytes += len(chunk)
         if self._tapped:
             self._tail = (self._tail + chunk)[-_TAIL:]
+            if self.status == 200 and _STREAM_END.search(self._tail):
+                self.complete = True
         if (self.status or 0) >= 400 and len(self._error_head) < _ERROR_HEAD:
             self._error_head += chunk[:_ERROR_HEAD - len(self._error_head)]
 

@@ -8,7 +8,9 @@ node's ``wake.timeout`` and the class's queue timeout (then 503 with ``Retry-Aft
 request goes to the node with the node's key, its class and the caller's key name; the
 node's own scheduler keeps priorities there. A node that cannot be reached is reported
 gone and the request is routed again (nothing was sent yet); a node that breaks off
-mid-answer ends that answer with a clean error in its stream's framing.
+mid-answer ends that answer with a clean error in its stream's framing. The answer names
+the model that served it, in its ``model`` field (``supervisor.gateway.answer_model``) and
+its ``x-steward-model`` header.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import trio
 
 from supervisor.address import Address
 from supervisor.events import EventLog
+from supervisor.gateway.answer_model import ModelNamed
 from supervisor.gateway.asgi import Scope, Send, dump_json, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.relay import UpstreamRequest, relay
@@ -113,8 +116,11 @@ class NodeRouter:
                 message = {**message, "headers": [*message["headers"], (b"x-steward-model", route.model.encode())]}
             await send(message)
 
-        await relay(naming_the_model, self._request(route, scope, body, klass, exchange),
+        # The node's engine names itself in the answer; the client is told steward's name for it.
+        named = ModelNamed(naming_the_model, route.model)
+        await relay(named, self._request(route, scope, body, klass, exchange),
                     what=f"node {route.node!r}", on_status=on_status, timeouts=self.timeouts, reroute=elsewhere)
+        await named.send_held()
 
     def _request(self, route: Route, scope: Scope, body: bytes, klass: str, exchange: Exchange) -> UpstreamRequest:
         self.events.emit("route", "info", node=route.node, model=route.model, reason=route.reason.value,

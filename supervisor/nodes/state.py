@@ -20,6 +20,7 @@ import attrs
 import cattrs
 
 from supervisor.health import Health
+from supervisor.memory_plan import device_label
 from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
 
 STATE_PATH = "/steward/state"
@@ -94,7 +95,8 @@ def node_state(snapshot: SchedulerSnapshot, health: Health, aliases: Mapping[str
             others.setdefault(target, []).append(alias)
     models = tuple(ModelState(e.name, e.status, e.memory, e.slots, e.in_flight, e.queued, e.pinned, e.hot,
                               tuple(others.get(e.name, ()))) for e in snapshot.engines)
-    devices = (DeviceState(device, snapshot.budget, snapshot.reserved, snapshot.outside),)
+    devices = tuple(DeviceState(device_label(device, d.index), d.budget, d.reserved, d.outside)  # type: ignore[arg-type]
+                    for d in snapshot.devices)
     return NodeState(SCHEMA_VERSION, node or socket.gethostname(), models, devices,
                      {klass: snapshot.queued_by_class.get(klass, 0) for klass in CLASSES}, health.status.value,
                      health.reasons)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import ClassVar, Protocol
 
@@ -21,11 +21,13 @@ from supervisor.events import EventLog
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
     CheckEngine,
+    DeviceUse,
     Effect,
     Emit,
     Fail,
     Grant,
     Measured,
+    Placement,
     Revoke,
     SchedulerSnapshot,
     StartEngine,
@@ -34,7 +36,7 @@ from supervisor.scheduler.types import (
 
 
 class EngineControl(Protocol):
-    def start(self, generation: int) -> None: ...
+    def start(self, generation: int, placement: Placement | None = None) -> None: ...
     def stop(self, generation: int) -> None: ...
     def check(self, generation: int) -> None: ...
 
@@ -160,8 +162,7 @@ class EngineStalled:
 
 @attrs.frozen
 class MemoryReading:
-    used: int
-    processes: dict[int, int]
+    devices: tuple[DeviceUse, ...]  # index = device
 
 
 @attrs.frozen
@@ -267,8 +268,9 @@ class SchedulerClient:
     def report_service_memory(self, engine: str, generation: int, nbytes: int) -> None:
         self._post(ServiceMemory(engine, generation, nbytes))
 
-    def report_memory(self, used: int, processes: dict[int, int]) -> None:
-        self._post(MemoryReading(used, processes))
+    def report_memory(self, devices: Sequence[DeviceUse]) -> None:
+        """A reading of every device (index = device)."""
+        self._post(MemoryReading(tuple(devices)))
 
     def close(self) -> None:
         """Shutdown began: waiting requests that have not started get 503, new ones too."""
@@ -316,8 +318,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 case Revoke(job_id, reason):
                     if (ticket := granted.get(job_id)) is not None:
                         ticket.abort(reason)
-                case StartEngine(engine, generation):
-                    engines[engine].start(generation)
+                case StartEngine(engine, generation, placement):
+                    engines[engine].start(generation, placement)
                 case StopEngine(engine, generation):
                     engines[engine].stop(generation)
                 case CheckEngine(engine, generation):
@@ -355,8 +357,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_stalled(engine, generation, now, detail)
             case ServiceMemory(engine, generation, nbytes):
                 return core.service_memory(engine, generation, nbytes, now)
-            case MemoryReading(used, processes):
-                return core.observe(now, used, processes)
+            case MemoryReading(devices):
+                return core.observe_devices(now, devices)
             case Close():
                 return core.close(now)
         raise AssertionError(message)

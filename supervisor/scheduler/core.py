@@ -33,17 +33,21 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 
 from supervisor.address import Address
 from supervisor.scheduler.ledger import Ledger
+from supervisor.scheduler.placing import candidate_placements, most_memory
 from supervisor.scheduler.queues import ClassQueue
 from supervisor.scheduler.types import (
     CLASSES,
+    DEFAULT_DEVICE,
     RANK,
     CheckEngine,
+    DeviceSnapshot,
+    DeviceUse,
     Effect,
     Emit,
     EngineProfile,
@@ -55,6 +59,7 @@ from supervisor.scheduler.types import (
     Job,
     LineSnapshot,
     Measured,
+    Placement,
     Revoke,
     SchedulerSnapshot,
     SchedulingPolicy,
@@ -67,6 +72,21 @@ SHUTDOWN_RETRY_AFTER = 5.0
 
 Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
 NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
+
+
+@attrs.frozen
+class _Option:
+    """One way to place a load, and what it would take."""
+
+    placement: Placement
+    needs: dict[int, int]  # device -> what the load takes from what is free there
+    fits: bool  # in free memory now: it loads at once
+    # The engines to evict for it ([]: memory on its way out is enough); None: nothing
+    # allowed frees enough now.
+    victims: list[EngineState] | None
+    hot: bool  # a victim is hot
+    last: bool  # where the engine ran last time
+    spare: int  # what would be left free on its devices after it
 
 
 @attrs.define
@@ -89,15 +109,16 @@ class Scheduler:
     mode: str = "idle"
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
-    outside_memory: int | None = None  # memory used by processes that are not engines
+    outside_memory: tuple[int, ...] | None = None  # per device: memory used by processes that are not engines
     settle_polls_left: int = 0  # readings to go before the outside estimate may move again
     now: float = 0.0
     _deadlines: list[tuple[float, int]] = attrs.Factory(list)
     _effects: list[Effect] = attrs.Factory(list)
 
     @classmethod
-    def create(cls, budget: int, profiles: Iterable[EngineProfile], policy: SchedulingPolicy | None = None,
-               *, observe_memory: bool = False) -> Scheduler:
+    def create(cls, budget: int | Sequence[int], profiles: Iterable[EngineProfile],
+               policy: SchedulingPolicy | None = None, *, observe_memory: bool = False) -> Scheduler:
+        """*budget*: one device's, or each device's (index = device)."""
         engines = {p.name: EngineState(p) for p in profiles}
         return cls(Ledger(budget), engines, policy or SchedulingPolicy(), observe_memory)
 
@@ -124,8 +145,10 @@ class Scheduler:
                   exclusive_memory=need if model is None else 0)
         if self.closing and step == 1:
             return self._refuse(job, 503, "shutting_down", SHUTTING_DOWN, retry_after=SHUTDOWN_RETRY_AFTER)
-        room = self.ledger.budget - (0 if model is None else sum(
-            e.profile.memory for e in self.engines.values() if e.profile.pinned and e.name != model))
+        if model is None:
+            room = self.ledger.budgets[DEFAULT_DEVICE]
+        else:
+            room = most_memory(self.engines[model].profile, self.ledger, self._pinned_elsewhere(model))
         if need > room:
             return self._refuse(job, 503, "insufficient_memory",
                                 f"{self._what(job)} needs {need} bytes but at most {room} can ever be free "
@@ -271,11 +294,11 @@ class Scheduler:
         engine.status = EngineStatus.SLEEPING
         engine.stop_serving()
         engine.measured = 0
-        reserved = self.ledger.reservations.get(name, 0)
-        if engine.profile.sleep_memory is not None and name in self.ledger.reservations:
-            self.ledger.resize(name, min(engine.profile.sleep_memory, reserved))
-        self._emit("asleep", "info", engine=name, detail=detail, reserved=self.ledger.reservations.get(name, 0),
-                   released=reserved - self.ledger.reservations.get(name, 0), free=self.ledger.free)
+        reserved = self.ledger.held(name)
+        if engine.profile.sleep_memory is not None and self.ledger.holds(name):
+            self.ledger.rescale(name, min(engine.profile.sleep_memory, reserved))
+        self._emit("asleep", "info", engine=name, detail=detail, reserved=self.ledger.held(name),
+                   released=reserved - self.ledger.held(name), free=self.ledger.free)
         return self._decide(now)
 
     def engine_load(self, name: str, generation: int, running: int | None, waiting: int | None) -> list[Effect]:
@@ -322,59 +345,77 @@ class Scheduler:
         return self._flush()
 
     def observe(self, now: float, used: int, processes: dict[int, int]) -> list[Effect]:
-        """A memory reading: the device's total use, and the per-process list (taken separately).
+        """A reading of a host with one device (see ``observe_devices``)."""
+        return self.observe_devices(now, [DeviceUse(used, processes)])
+
+    def observe_devices(self, now: float, readings: Sequence[DeviceUse]) -> list[Effect]:
+        """A memory reading of every device: its total use, and the per-process list (taken separately).
 
         Memory not attributed to a live engine is outside use and is subtracted from what
-        the ledger can hand out. Phantom guard: while an engine stops, and for
+        the ledger can hand out on that device. Phantom guard: while an engine stops, and for
         ``settle_polls`` readings after, that estimate stays frozen, because a process that
         exited between the two NVML calls is gone from the list while its memory still
         counts, and would look like outside use (GridCore evicted a healthy model over it).
-        An exited engine's reservation is released once its process is gone from the list
-        and the unattributed memory is back to the frozen estimate.
+        An exited engine's reservation is released once its process is gone from every
+        device's list and the unattributed memory of each is back to the frozen estimate.
         """
+        readings = readings[: len(self.ledger.budgets)]
         live = {e.pid: e for e in self.engines.values()
                 if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY, EngineStatus.DRAINING,
                                                       EngineStatus.STOPPING, EngineStatus.SLEEPING)}
-        unattributed = used - sum(nbytes for pid, nbytes in processes.items() if pid in live)
-        unattributed -= sum(e.external for e in self.engines.values() if e.serving)
+        # What a service says it holds is on the device its reservation is on.
+        external = dict.fromkeys(range(len(readings)), 0)
+        for engine in self.engines.values():
+            if engine.serving and engine.external:
+                device = min(self.ledger.shares.get(engine.name) or {DEFAULT_DEVICE: 0})
+                external[device] = external.get(device, 0) + engine.external
+        unattributed = tuple(
+            reading.used - sum(nbytes for pid, nbytes in reading.processes.items() if pid in live) - external[device]
+            for device, reading in enumerate(readings))
         if self.ledger.awaiting_free or any(e.status is EngineStatus.STOPPING for e in self.engines.values()):
             self.settle_polls_left = self.policy.settle_polls
         elif self.settle_polls_left > 0:
             self.settle_polls_left -= 1
         else:
-            self.outside_memory = max(0, unattributed)
-            self.ledger.outside = self.outside_memory
+            self.outside_memory = tuple(max(0, nbytes) for nbytes in unattributed)
+            self.ledger.outside_by_device[: len(readings)] = self.outside_memory
+        listed = {pid for reading in readings for pid in reading.processes}
         for engine in self.engines.values():
-            if self.ledger.releasing(engine.name) and engine.pid not in processes:
+            if self.ledger.releasing(engine.name) and engine.pid not in listed:
                 baseline = engine.outside_baseline if engine.outside_baseline is not None else unattributed
-                if unattributed <= baseline + self.policy.release_tolerance:
+                if all(now_ <= then + self.policy.release_tolerance for now_, then in zip(unattributed, baseline)):
                     released = self._release(engine)
                     self._emit("released", "info", engine=engine.name, released=released, free=self.ledger.free)
         for pid, engine in live.items():
-            if engine.serving and pid in processes:
-                self._measure(engine, processes[pid])
-            elif engine.status is EngineStatus.SLEEPING and pid in processes:
-                self._measure_asleep(engine, processes[pid])
+            share = {device: reading.processes[pid] for device, reading in enumerate(readings)
+                     if pid in reading.processes}
+            if engine.serving and share:
+                self._measure(engine, share)
+            elif engine.status is EngineStatus.SLEEPING and share:
+                self._measure_asleep(engine, share)
         return self._decide(now)
 
-    def _measure_asleep(self, engine: EngineState, nbytes: int) -> None:
+    def _measure_asleep(self, engine: EngineState, share: dict[int, int]) -> None:
         """What a sleeping engine holds becomes its reservation, unless set by hand."""
-        reserved = self.ledger.reservations.get(engine.name)
-        if engine.profile.sleep_memory is not None or reserved is None or abs(nbytes - reserved) <= reserved // 100:
+        nbytes = sum(share.values())
+        reserved = self.ledger.held(engine.name)
+        if (engine.profile.sleep_memory is not None or not self.ledger.holds(engine.name)
+                or abs(nbytes - reserved) <= reserved // 100):
             return
-        self.ledger.resize(engine.name, nbytes)
+        self.ledger.resize(engine.name, share)
         self._emit("measured", "info", engine=engine.name, measured=nbytes, estimate=reserved, free=self.ledger.free,
                    asleep=True)
 
-    def _measure(self, engine: EngineState, nbytes: int) -> None:
+    def _measure(self, engine: EngineState, share: dict[int, int]) -> None:
         """Keep the most the process has used; it replaces the estimate once it differs by 1 %."""
+        nbytes = sum(share.values())
         if nbytes <= engine.measured:
             return
         engine.measured = nbytes
-        reserved = self.ledger.reservations.get(engine.name, 0)
+        reserved = self.ledger.held(engine.name)
         if abs(nbytes - reserved) <= reserved // 100 or engine.profile.fixed_memory:
             return
-        previous = self.ledger.resize(engine.name, nbytes)
+        previous = self.ledger.resize(engine.name, share)
         engine.profile = attrs.evolve(engine.profile, memory=nbytes)
         self._emit("measured", "info", engine=engine.name, measured=nbytes, estimate=previous,
                    free=self.ledger.free)
@@ -390,9 +431,9 @@ class Scheduler:
         if generation != engine.generation or not engine.serving:
             return self._flush()
         engine.external = nbytes
-        reserved = self.ledger.reservations.get(name, 0)
+        reserved = self.ledger.held(name)
         if nbytes > reserved:
-            self.ledger.resize(name, nbytes)
+            self.ledger.rescale(name, nbytes)
             self._emit("measured", "info", engine=name, measured=nbytes, estimate=reserved, free=self.ledger.free)
         return self._decide(now)
 
@@ -436,14 +477,17 @@ class Scheduler:
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
             lines=tuple(LineSnapshot(engine, klass, len(line), line[0].submitted)
                         for klass, queue in self.queues.items() for engine, line in queue.lines.items()),
+            devices=tuple(DeviceSnapshot(device, self.ledger.budgets[device], self.ledger.reserved_on(device),
+                                         self.ledger.outside_by_device[device]) for device in self.ledger.devices),
             engines=tuple(EngineSnapshot(
                 # A draining engine still serves its steps: shown as ready, with draining set.
                 name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value, in_flight=e.in_flight,
                 slots=e.profile.slots,
-                memory=e.profile.memory, reserved=self.ledger.reservations.get(e.name, 0),
+                memory=e.profile.memory, reserved=self.ledger.held(e.name),
                 draining=e.draining, pinned=e.profile.pinned, hot=e.hot(self.now, self.policy.hot_window),
                 queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
-                healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running, engine_waiting=e.reported_waiting)
+                healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running,
+                engine_waiting=e.reported_waiting, devices=self._devices_of(e), held=dict(self.ledger.shares.get(e.name, {})))
                 for e in self.engines.values()))
 
     # ---- decisions ----------------------------------------------------------------
@@ -455,13 +499,13 @@ class Scheduler:
         self._restart_unhealthy(now)
         self._unload_idle(now)
         self._drop_stale_guards()
-        promised = 0  # memory that loads decided earlier in this pass are waiting for
+        promised: dict[int, int] = {}  # per device: memory that loads decided earlier in this pass wait for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
         if blocked_from is None and self.exclusive_holder is None:
             for engine in self.engines.values():
                 if engine.profile.pinned and self._may_start(engine, now):
-                    promised += self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
+                    self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
         turn = self._guard_turn(now)
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
@@ -472,9 +516,9 @@ class Scheduler:
             if queue.size:
                 gate = self._gate(klass, now, turn)
                 if gate == "open":
-                    promised = self._serve_class(klass, now, promised, wanted)
+                    self._serve_class(klass, now, promised, wanted)
                 else:
-                    promised = self._serve_guard(klass, now, promised, wanted, may_start_new=gate == "guard")
+                    self._serve_guard(klass, now, promised, wanted, may_start_new=gate == "guard")
             for head in queue.heads():
                 if head.model is not None:
                     wanted.setdefault(head.model, (rank, head.seq))
@@ -530,7 +574,7 @@ class Scheduler:
             return None
         return max(self.progress[klass], head.submitted)
 
-    def _serve_class(self, klass: str, now: float, promised: int, wanted: dict[str, Demand]) -> int:
+    def _serve_class(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand]) -> None:
         """An open class: fill free slots oldest first, then load engines for the rest."""
         queue = self.queues[klass]
         rank = RANK[klass]
@@ -544,22 +588,20 @@ class Scheduler:
         for head in heads:
             engine = self.engines[head.model]  # type: ignore[index]
             if self._may_start(engine, now):
-                promised += self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq),
-                                                    f"job {head.id}")
+                self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), f"job {head.id}")
             wanted.setdefault(engine.name, (rank, head.seq))
-        return promised
 
-    def _serve_guard(self, klass: str, now: float, promised: int, wanted: dict[str, Demand], *,
-                     may_start_new: bool) -> int:
+    def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
+                     may_start_new: bool) -> None:
         """A class held back by higher work: at most one step runs beside it (rule 4)."""
         pending = self.guard[klass]
         if pending is not None:
             job = self.waiting.get(pending)
             if job is not None and self._has_free_slot(self.engines[job.model]):  # type: ignore[index]
                 self._dispatch(job, self.engines[job.model], now, by_guard=True)  # type: ignore[index]
-            return promised
+            return
         if not may_start_new:
-            return promised
+            return
         rank = RANK[klass]
         # Oldest first, and the first that can actually run now: resident with a free
         # slot, or loadable at once into free memory or over idle cold engines.
@@ -569,18 +611,17 @@ class Scheduler:
                 self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                            starved_s=_round(now - (self._starved_since(klass) or now)), load=False)
                 self._dispatch(head, engine, now, by_guard=True)
-                return promised
+                return
             if not self._may_start(engine, now):
                 continue
-            victims = self._plan_room(engine, now, promised, wanted, (rank, head.seq), idle_only=True)
-            if victims is None:
+            option = self._place(engine, now, promised, wanted, (rank, head.seq), idle_only=True)
+            if option is None or option.victims is None:
                 continue
             self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                        starved_s=_round(now - (self._starved_since(klass) or now)), load=True)
             self.guard[klass] = head.id
-            return promised + self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq),
-                                                      f"job {head.id} (starvation guard)")
-        return promised
+            self._carry_out(engine, option, now, promised, f"job {head.id} (starvation guard)")
+            return
 
     def _drop_stale_guards(self) -> None:
         """A guard step still waiting for the load made for it, which was undone (its engine
@@ -627,29 +668,47 @@ class Scheduler:
                    in_flight=engine.in_flight, slots=engine.profile.slots, guard=by_guard)
         self._effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation))
 
-    def _load_or_make_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
-                           demand: Demand, reason: str) -> int:
-        """Start *engine* if its memory is free, else evict for it. Returns the memory still awaited."""
-        need = self._load_need(engine)
-        if need <= self.ledger.free - promised:
-            self._load(engine, now, reason)
-            return 0
-        victims = self._plan_room(engine, now, promised, wanted, demand, idle_only=False)
-        for victim in victims or ():
-            self._evict(victim, now, for_what=engine.name, need=need, free=self.ledger.free - promised)
-        return need
+    def _load_or_make_room(self, engine: EngineState, now: float, promised: dict[int, int],
+                           wanted: dict[str, Demand], demand: Demand, reason: str) -> None:
+        """Start *engine* where its memory is free, else evict for it where that takes least."""
+        option = self._place(engine, now, promised, wanted, demand, idle_only=False)
+        if option is not None:
+            self._carry_out(engine, option, now, promised, reason)
 
-    def _plan_room(self, engine: EngineState, now: float, promised: int, wanted: dict[str, Demand],
-                   demand: Demand, *, idle_only: bool) -> list[EngineState] | None:
-        """The victims that would make room for *engine*: [] if memory on its way out is
-        enough already, None if nothing allowed frees enough now."""
-        need = self._load_need(engine)
-        free = self.ledger.free - promised
-        if need <= free:
-            return []
-        freeing = self._freeing()
-        if need <= free + freeing:
-            return [] if not idle_only else None  # on its way out: wait, no second victim
+    def _carry_out(self, engine: EngineState, option: _Option, now: float, promised: dict[int, int],
+                   reason: str) -> None:
+        if option.fits:
+            self._load(engine, option.placement, now, reason)
+            return
+        need, free = sum(option.needs.values()), sum(self.ledger.free_on(d) - promised.get(d, 0) for d in option.needs)
+        for victim in option.victims or ():
+            self._evict(victim, now, for_what=engine.name, need=need, free=free)
+        # Later (lower) demand must not take what this load waits for.
+        for device, nbytes in option.needs.items():
+            promised[device] = promised.get(device, 0) + nbytes
+
+    def _place(self, engine: EngineState, now: float, promised: dict[int, int], wanted: dict[str, Demand],
+               demand: Demand, *, idle_only: bool) -> _Option | None:
+        """The best way to place *engine*: in free memory, then waiting for memory on its way
+        out, then over cold engines, then (interactive demand only) over hot ones; on a tie
+        the devices it ran on last, then the one left with most free. None: no device may
+        ever hold it."""
+        kept = engine.placement if engine.status is EngineStatus.SLEEPING else None
+        options = [self._option(engine, placement, now, promised, wanted, demand, idle_only=idle_only)
+                   for placement in candidate_placements(engine.profile, self.ledger, kept)]
+        return min(options, default=None, key=lambda o: (
+            not o.fits, o.victims is None, bool(o.victims), o.hot, not o.last, -o.spare, o.placement.devices))
+
+    def _option(self, engine: EngineState, placement: Placement, now: float, promised: dict[int, int],
+                wanted: dict[str, Demand], demand: Demand, *, idle_only: bool) -> _Option:
+        """What loading *engine* with *placement* takes: the victims on each device short of
+        memory (never on another), [] if memory on its way out is enough already."""
+        needs = {d: nbytes - self.ledger.held_on(engine.name, d) for d, nbytes in placement.share.items()}
+        free = {d: self.ledger.free_on(d) - promised.get(d, 0) for d in needs}
+        last = engine.placement is not None and engine.placement.devices == placement.devices
+        spare = sum(free[d] - needs[d] for d in needs)
+        if all(needs[d] <= free[d] for d in needs):
+            return _Option(placement, needs, True, [], False, last, spare)
         interactive = demand[0] == 0
         candidates = [e for e in self.engines.values()
                       if e.status is EngineStatus.READY and not e.profile.pinned
@@ -658,39 +717,47 @@ class Scheduler:
                       and not (idle_only and e.in_flight)]
         # Cold before hot, idle before busy (busy ones are only drained), least recently used first.
         candidates.sort(key=lambda e: (e.hot(now, self.policy.hot_window), e.in_flight > 0, e.last_used))
-        victims, gain = [], free + freeing
-        for candidate in candidates:
-            if gain >= need:
+        victims: list[EngineState] | None = []
+        for device, need in needs.items():
+            # Memory on its way out counts as being freed: no second victim for one need.
+            gain = free[device] + self._freeing_on(device) + sum(self.ledger.held_on(v.name, device) for v in victims)
+            for candidate in candidates:
+                if gain >= need:
+                    break
+                if candidate not in victims and (held := self.ledger.held_on(candidate.name, device)):
+                    victims.append(candidate)
+                    gain += held
+            if gain < need:
+                victims = None
                 break
-            victims.append(candidate)
-            gain += self.ledger.reservations.get(candidate.name, 0)
-        return victims if gain >= need else None
+        if idle_only and victims == []:
+            victims = None  # it waits for memory on its way out: not a step that can run now
+        hot = any(v.hot(now, self.policy.hot_window) for v in victims or ())
+        return _Option(placement, needs, False, victims, hot, last, spare)
 
-    def _freeing(self) -> int:
+    def _freeing_on(self, device: int) -> int:
         """Memory of engines on their way out: draining, stopping, or exited and not yet released."""
-        return sum(self.ledger.reservations.get(e.name, 0) for e in self.engines.values()
+        return sum(self.ledger.held_on(e.name, device) for e in self.engines.values()
                    if self.ledger.releasing(e.name) or e.status in (EngineStatus.STOPPING, EngineStatus.DRAINING))
 
     def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int, free: int) -> None:
         victim.status = EngineStatus.DRAINING
-        self._emit("evict", "info", engine=victim.name, memory=self.ledger.reservations.get(victim.name, 0),
+        self._emit("evict", "info", engine=victim.name, memory=self.ledger.held(victim.name),
                    for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
-                   idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window))
+                   idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window),
+                   devices=list(self._devices_of(victim)))
         if victim.in_flight == 0:
             self._stop(victim)
 
-    def _load_need(self, engine: EngineState) -> int:
-        """Memory a load takes from what is free: a sleeping engine holds part of it already."""
-        return engine.profile.memory - self.ledger.reservations.get(engine.name, 0)
-
-    def _load(self, engine: EngineState, now: float, reason: str) -> None:
+    def _load(self, engine: EngineState, placement: Placement, now: float, reason: str) -> None:
         restart = engine.status is EngineStatus.FAILED
         waking = engine.status is EngineStatus.SLEEPING
         if waking:
-            self.ledger.resize(engine.name, engine.profile.memory)  # the rest of its memory
+            self.ledger.resize(engine.name, placement.share)  # the rest of its memory
         else:
-            self.ledger.reserve(engine.name, engine.profile.memory)
+            self.ledger.reserve(engine.name, placement.share)
             engine.pid = None  # a new process; a waking one keeps its own
+        engine.placement = placement
         engine.generation += 1
         engine.status = EngineStatus.STARTING
         engine.start_decided_at = now
@@ -699,8 +766,27 @@ class Scheduler:
         self._emit("restart" if restart else "wake" if waking else "load", "info",
                    engine=engine.name, memory=engine.profile.memory,
                    reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
-                   generation=engine.generation)
-        self._effects.append(StartEngine(engine.name, engine.generation))
+                   generation=engine.generation, devices=list(placement.devices),
+                   per_device=list(placement.share.values()))
+        self._effects.append(StartEngine(engine.name, engine.generation, placement))
+
+    def _devices_of(self, engine: EngineState) -> tuple[int, ...]:
+        """Where it holds memory now, else where it was placed last."""
+        if share := self.ledger.shares.get(engine.name):
+            return tuple(sorted(share))
+        return engine.placement.devices if engine.placement is not None else ()
+
+    def _pinned_elsewhere(self, model: str) -> dict[int, int]:
+        """Per device, what the other pinned engines hold (or, on one device, will)."""
+        taken: dict[int, int] = {}
+        for engine in self.engines.values():
+            if engine.profile.pinned and engine.name != model:
+                share = self.ledger.shares.get(engine.name)
+                if share is None and len(self.ledger.budgets) == 1:
+                    share = {0: engine.profile.memory}
+                for device, nbytes in (share or {}).items():
+                    taken[device] = taken.get(device, 0) + nbytes
+        return taken
 
     def _stop(self, engine: EngineState) -> None:
         engine.status = EngineStatus.STOPPING
@@ -757,23 +843,25 @@ class Scheduler:
         rank = RANK[job.klass]
         need = job.exclusive_memory
         # Outside use is not held against the job: the service that runs it (ComfyUI keeps
-        # its models cached between jobs) is itself "outside" steward's engines.
-        unreserved = self.ledger.budget - self.ledger.reserved
-        if self.exclusive_holder is None and need > unreserved + self._freeing():
+        # its models cached between jobs) is itself "outside" steward's engines. Only the
+        # engines on its device make room for it.
+        device = DEFAULT_DEVICE
+        unreserved = self.ledger.budgets[device] - self.ledger.reserved_on(device)
+        if self.exclusive_holder is None and need > unreserved + self._freeing_on(device):
             candidates = [e for e in self.engines.values()
-                          if e.status is EngineStatus.READY
+                          if e.status is EngineStatus.READY and self.ledger.held_on(e.name, device)
                           and wanted.get(e.name, NO_DEMAND)[0] >= rank]
             candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, e.last_used))
-            gain = unreserved + self._freeing()
+            gain = unreserved + self._freeing_on(device)
             for candidate in candidates:
                 if gain >= need:
                     break
-                gain += self.ledger.reservations.get(candidate.name, 0)
+                gain += self.ledger.held_on(candidate.name, device)
                 self._evict(candidate, now, for_what="exclusive", need=need, free=unreserved)
         still_running = sum(self.running_by_class[k] for k in CLASSES[rank:])
-        if self.exclusive_holder is None and still_running == 0 and need <= self.ledger.budget - self.ledger.reserved:
+        if self.exclusive_holder is None and still_running == 0 and need <= unreserved:
             self._unqueue(job)
-            self.ledger.reserve(_exclusive_owner(job.id), need, count_outside=False)
+            self.ledger.reserve(_exclusive_owner(job.id), {device: need}, count_outside=False)
             job.dispatched = now
             self.running[job.id] = job
             self.running_by_class[job.klass] += 1
@@ -833,7 +921,7 @@ class Scheduler:
 
     def _need(self, model: str | None, exclusive_memory: int | None) -> int:
         if model is None:
-            return self.ledger.budget if exclusive_memory is None else exclusive_memory
+            return self.ledger.budgets[DEFAULT_DEVICE] if exclusive_memory is None else exclusive_memory
         return self.engines[model].profile.memory
 
     def _what(self, job: Job) -> str:

@@ -11,6 +11,9 @@ from supervisor.address import Address
 
 CLASSES = ("interactive", "background", "batch")
 RANK = {klass: rank for rank, klass in enumerate(CLASSES)}
+# Where a process steward does not place runs (CUDA's first device): an exclusive job
+# (ComfyUI's image job), a service's kept process unless models.NAME.devices says.
+DEFAULT_DEVICE = 0
 
 
 class EngineStatus(enum.Enum):
@@ -40,6 +43,39 @@ class EngineProfile:
     idle_unload: float | None = None
     # What it holds asleep, set by hand; None: measured once it sleeps (the full reservation until then).
     sleep_memory: int | None = None
+    # The devices it may use (models.NAME.devices); None: any. Several: it is split over them.
+    devices: tuple[int, ...] | None = None
+    # Whether its runtime splits one model over several devices (llama-server's --tensor-split),
+    # which it is when no single device can hold it.
+    splittable: bool = False
+
+
+@attrs.frozen
+class Placement:
+    """Where a load's memory goes: bytes on each of the host's devices (index = device)."""
+
+    shares: tuple[int, ...]
+
+    @classmethod
+    def of(cls, share: dict[int, int], device_count: int) -> Placement:
+        return cls(tuple(share.get(device, 0) for device in range(device_count)))
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(device for device, nbytes in enumerate(self.shares) if nbytes)
+
+    @property
+    def share(self) -> dict[int, int]:
+        return {device: nbytes for device, nbytes in enumerate(self.shares) if nbytes}
+
+    @property
+    def split(self) -> bool:
+        return len(self.devices) > 1
+
+    @property
+    def chosen(self) -> bool:
+        """Whether there was a choice to make: the host has several devices."""
+        return len(self.shares) > 1
 
 
 @attrs.define
@@ -58,7 +94,7 @@ class EngineState:
     ready_at: float | None = None
     # Memory used outside engines when its stop began: what the device must be back to once
     # it exited (its reservation is the ledger's, held until then: Ledger.awaiting_free).
-    outside_baseline: int | None = None
+    outside_baseline: tuple[int, ...] | None = None  # per device
     measured: int = 0  # the most this generation's process has been seen to use
     # What a service says it holds (Ollama's /api/ps): its processes are not ours to name,
     # so this much of the device's unattributed memory is its, not outside use.
@@ -71,6 +107,8 @@ class EngineState:
     # What the engine says of its own queue (vLLM's metrics), for /healthz and /metrics.
     reported_running: int | None = None
     reported_waiting: int | None = None
+    # Where its current (or last) load was placed: a wake stays there, a new load prefers it.
+    placement: Placement | None = None
 
     @property
     def unhealthy(self) -> bool:
@@ -198,6 +236,7 @@ class Fail:
 class StartEngine:
     engine: str
     generation: int
+    placement: Placement | None = attrs.field(default=None, eq=False)  # where its process is to put its memory
 
 
 @attrs.frozen
@@ -241,6 +280,14 @@ Effect = Grant | Fail | StartEngine | StopEngine | Revoke | CheckEngine | Measur
 
 
 @attrs.frozen
+class DeviceUse:
+    """One device's reading: its total use, and the per-process list (pid -> bytes)."""
+
+    used: int
+    processes: dict[int, int]
+
+
+@attrs.frozen
 class EngineSnapshot:
     name: str
     status: str
@@ -257,6 +304,20 @@ class EngineSnapshot:
     measured: int = 0  # the most its process tree was seen to hold, this load
     engine_running: int | None = None  # as the engine itself reports (vLLM's metrics)
     engine_waiting: int | None = None
+    devices: tuple[int, ...] = ()  # where its memory is reserved (or was, last time it loaded)
+    held: dict[int, int] = attrs.field(factory=dict)  # device -> bytes reserved for it now
+
+
+@attrs.frozen
+class DeviceSnapshot:
+    index: int
+    budget: int
+    reserved: int
+    outside: int
+
+    @property
+    def free(self) -> int:
+        return self.budget - self.reserved - self.outside
 
 
 @attrs.frozen
@@ -282,6 +343,7 @@ class SchedulerSnapshot:
     releasing: int  # engines whose memory is awaited free
     exclusive_waiting: int = 0  # exclusive jobs (whole-GPU, e.g. images) waiting
     lines: tuple[LineSnapshot, ...] = ()  # every queue: per class and engine, exclusive jobs included
+    devices: tuple[DeviceSnapshot, ...] = ()
 
     def oldest_waiting(self, klass: str) -> float | None:
         """When the longest-waiting head of *klass* was queued, or None if none waits."""

@@ -134,7 +134,7 @@ def measure_actor_memory(jobs: int, engines: int) -> float:
 
 
 class _NoEngine:
-    def start(self, generation: int) -> None:
+    def start(self, generation: int, placement: object = None) -> None:
         pass
 
     def stop(self, generation: int) -> None:
