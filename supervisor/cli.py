@@ -12,20 +12,30 @@ import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TypeVar
 
+import attrs
+import httpx
 import trio
 
 from adapters.llama_server import fits_itself
 from supervisor.auth.commands import add_keys_parser, run_keys
 from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.config import Config, ConfigError, ModelConfig, load_config_for_command
-from supervisor.config_policy import engine_profiles, engine_specs, exposed_listeners, exposure_problem
+from supervisor.config_policy import (
+    engine_profiles,
+    engine_specs,
+    exposed_listeners,
+    exposure_problem,
+    listen_addresses,
+)
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.probes import ProbeUnavailable, open_probe
+from supervisor.top.command import add_top_parser, run_top
 from supervisor.tree import Steward, StopSignals, memory_device, resolve_budgets, run_steward
 from supervisor.units import format_duration, format_size, parse_duration
 from supervisor.usage.commands import add_usage_parser, run_usage
@@ -43,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", help="path to the YAML config")
     check = commands.add_parser("check", help="validate a config and print the resolved plan")
     check.add_argument("config", help="path to the YAML config")
+    reload = commands.add_parser("reload", help="make a running steward read its config again (as SIGHUP does)")
+    reload.add_argument("config", help="path to the YAML config the steward runs (its file is read again)")
+    reload.add_argument("--key", default=os.environ.get("STEWARD_KEY"),
+                        help="an admin key, once keys are configured (default: $STEWARD_KEY)")
     demo = commands.add_parser("demo", help="run on a simulated GPU with fake engines (no GPU, no config)")
     demo.add_argument("--port", type=int, default=8080, help="port to listen on (0 picks a free one)")
     demo.add_argument("--keep", action="store_true",
@@ -109,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     estimate.add_argument("server_args", nargs=argparse.REMAINDER, help="llama-server flags after --")
     add_keys_parser(commands)
     add_usage_parser(commands)
+    add_top_parser(commands)
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -123,12 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         return run_keys(args)
     if args.command == "usage":
         return run_usage(args)
+    if args.command == "top":
+        return run_top(args)
     config = load_config_for_command(args.config)
     if config is None:
         return EXIT_CONFIG
     if args.command == "check":
         return _check(config)
-    return _run(config, on_ready=None)
+    if args.command == "reload":
+        return _reload(config, args.key)
+    return _run(config, on_ready=None, config_path=Path(args.config))
 
 
 def _version() -> str:
@@ -236,10 +255,15 @@ def _auth_problems(config: Config) -> list[str]:
         print(f"keys     {len(keys)} in {config.auth.keys_file}: every request needs one")
     elif exposed:
         print(f"keys     none in {config.auth.keys_file}")
+    elif config.auth.allow_unauthenticated:
+        print(f"keys     none in {config.auth.keys_file}: auth.allow_unauthenticated lets anyone who can reach the "
+              f"listeners use them")
     else:
         print(f"keys     none in {config.auth.keys_file}: open to this machine only (loopback)")
-    if config.auth.allow_unauthenticated and not keys:
-        print("warning  auth.allow_unauthenticated: anyone who can reach the listeners may use them")
+    if config.auth.allow_unauthenticated and not keys and any(
+            not address.is_loopback for address in listen_addresses(config).values()):
+        print("warning  auth.allow_unauthenticated with a listener beyond loopback: keep it unreachable from other "
+              "machines (publish on 127.0.0.1) or add a key")
     print(f"usage    {config.usage.db or '(no usage log)'}")
     problem = exposure_problem(config, has_keys=bool(keys))
     return [] if problem is None else [problem]
@@ -255,9 +279,36 @@ _SOURCES = {"config": "set by hand", "measured": "measured on an earlier load",
             "estimate": "estimated from the GGUF header (replaced by a measurement after the first load)"}
 
 
-def _run(config: Config, on_ready: Callable[[Steward], None] | None) -> int:
+def _reload(config: Config, key: str | None) -> int:
+    """POST /admin/reload to the steward this config runs; say what changed, or why not."""
+    url = f"http://{config.listen.host if config.listen.host not in ('0.0.0.0', '::') else '127.0.0.1'}:" \
+          f"{config.listen.port}/admin/reload"
     try:
-        trio.run(_serve_until_signalled, config, on_ready)
+        answer = httpx.post(url, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=60)
+    except httpx.HTTPError as exc:
+        print(f"steward: no steward answers at {url}: {exc}", file=sys.stderr)
+        return 1
+    body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
+    if answer.status_code == 200:
+        for what in ("added", "removed", "changed"):
+            if body.get(what):
+                print(f"{what:<8} {', '.join(body[what])}")
+        print("reloaded" + ("" if any(body.get(w) for w in ("added", "removed", "changed", "rules_changed"))
+                            else ": nothing changed"))
+        return 0
+    if answer.status_code == 422:
+        print("steward: the new config is refused; the running one is kept:", file=sys.stderr)
+        for problem in body.get("problems", []):
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"steward: {url} answered {answer.status_code}: {body.get('error', {}).get('message', answer.text)}",
+          file=sys.stderr)
+    return 1
+
+
+def _run(config: Config, on_ready: Callable[[Steward], None] | None, config_path: Path | None = None) -> int:
+    try:
+        trio.run(_serve_until_signalled, config, on_ready, config_path)
     except (ProbeUnavailable, EventLogUnavailable, UsageLogUnavailable, KeyFileError, ConfigError, OSError,
             BaseExceptionGroup) as exc:
         # Startup failures arrive wrapped in the nursery tree's exception groups.
@@ -293,12 +344,15 @@ def _find(exc: BaseException, kind: type[E]) -> E | None:
     return None
 
 
-async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], None] | None) -> None:
+async def _serve_until_signalled(config: Config, on_ready: Callable[[Steward], None] | None,
+                                 config_path: Path | None = None) -> None:
     stop = StopSignals()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    running = _Running(had_terminal=_has_terminal())
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, signals, stop, nursery.cancel_scope)
-            steward = await nursery.start(_run_then_stop, config, stop, nursery.cancel_scope)
+            nursery.start_soon(_watch_signals, signals, stop, nursery.cancel_scope, running)
+            steward = await nursery.start(_run_then_stop, config, stop, nursery.cancel_scope, config_path)
+            running.steward = steward
             _tune_gc()
             if on_ready is not None:
                 on_ready(steward)
@@ -317,28 +371,69 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
-async def _run_then_stop(config: Config, stop: StopSignals, everything: trio.CancelScope, *,
+async def _run_then_stop(config: Config, stop: StopSignals, everything: trio.CancelScope,
+                         config_path: Path | None = None, *,
                          task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
-    await run_steward(config, stop, task_status=task_status)
+    await run_steward(config, stop, config_path=config_path, task_status=task_status)
     everything.cancel(reason="steward stopped")
 
 
-async def _watch_signals(signals: AsyncIterator[int], stop: StopSignals, everything: trio.CancelScope) -> None:
-    async for signum in signals:
-        name = signal.Signals(signum).name
-        if not stop.requested.is_set():
-            print(f"steward: {name}: draining requests in flight, then stopping engines "
-                  f"(send it again to stop at once)", file=sys.stderr, flush=True)
-            stop.requested.set()
-        elif not stop.hurried.is_set():
-            # A second signal: cut the requests still running (each gets an error it can
-            # read); engines are still stopped cleanly.
-            print(f"steward: {name} again: cutting requests in flight, stopping engines", file=sys.stderr,
-                  flush=True)
-            stop.hurried.set()
-        else:
-            everything.cancel(reason=f"third {name}")  # engines are still stopped (shielded)
-            return
+@attrs.define
+class _Running:
+    had_terminal: bool  # steward started with a controlling terminal (a tmux pane, a shell)
+    steward: Steward | None = None  # once started
+
+
+def _has_terminal() -> bool:
+    """Whether the controlling terminal is there (it is gone once a tmux pane or ssh session hangs up)."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
+
+
+async def _watch_signals(signals: AsyncIterator[int], stop: StopSignals, everything: trio.CancelScope,
+                         running: _Running) -> None:
+    """SIGINT, SIGTERM: drain and stop (again: cut, a third time: at once). SIGHUP: reload the
+    config, unless it is the hangup of steward's own terminal (tmux kill-session, a closed ssh
+    session), which stops steward the way Ctrl-C does."""
+    async with trio.open_nursery() as reloads:
+        async for signum in signals:
+            if signum == signal.SIGHUP and not (running.had_terminal and not _has_terminal()):
+                steward = running.steward
+                if steward is not None and steward.reload is not None and not stop.requested.is_set():
+                    reloads.start_soon(steward.reload)
+                else:
+                    _say("steward: SIGHUP: no config file to read again (or not started yet); ignored")
+                continue
+            if not _stop_further(signum, stop, everything):
+                return
+
+
+def _stop_further(signum: int, stop: StopSignals, everything: trio.CancelScope) -> bool:
+    """One more stop signal; False once steward is to stop at once."""
+    name = "SIGHUP (its terminal hung up)" if signum == signal.SIGHUP else signal.Signals(signum).name
+    if not stop.requested.is_set():
+        _say(f"steward: {name}: draining requests in flight, then stopping engines (send it again to stop at once)")
+        stop.requested.set()
+    elif not stop.hurried.is_set():
+        # A second signal: cut the requests still running (each gets an error it can
+        # read); engines are still stopped cleanly.
+        _say(f"steward: {name} again: cutting requests in flight, stopping engines")
+        stop.hurried.set()
+    else:
+        everything.cancel(reason=f"third {name}")  # engines are still stopped (shielded)
+        return False
+    return True
+
+
+def _say(line: str) -> None:
+    """A line on stderr, which may be a terminal that hung up (then the event log has it all)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _loadtest(args: argparse.Namespace) -> int:

@@ -236,6 +236,10 @@ class EngineDefaults:
 class LogConfig:
     file: str | None = "steward-events.jsonl"
     terminal: LogLevel = "info"
+    # Before a line would take the file past max_size it becomes FILE.1 (FILE.1 becomes FILE.2, ...);
+    # `keep` rotated files are kept, the oldest goes. 0: never rotated (an outside logrotate's job).
+    max_size: Size = Size(64 * 1024**2)
+    keep: PositiveInt = PositiveInt(5)
 
 
 ClassName = Literal["interactive", "background", "batch"]

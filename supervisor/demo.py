@@ -4,7 +4,10 @@ Needs no GPU, no model files and no config: four fake llama-servers shaped like 
 GridCore article's models (research: seeds/gridcore-article.md) and one always-on fake
 vLLM behind one gateway and one queue.
 ``--real``: the same four names on real llama-server engines (CPU) with tiny models
-written on the fly; their memory is estimated, then measured.
+written on the fly; their memory is estimated, then measured. Each is served under its
+name (``--alias``), so answers say ``gemma4-12b``, not the path of a GGUF in a temporary
+folder. The tiny models' weights are random: their answers are gibberish by design, and
+the banner says so.
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         fake = DEMO_MODELS[name]
         models[name] = {"command": binary, "model": str(written.path), "parallel": fake["parallel"],
                         "aliases": fake.get("aliases", []), "pinned": fake.get("pinned", False),
-                        "args": [*args, "--threads", "1"]}
+                        "args": [*args, "--threads", "1", "--alias", name]}
     return {
         "listen": f"127.0.0.1:{port}",
         "models": models,
@@ -177,12 +180,16 @@ def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, o
         tries += f"""  curl -s {comfyui}/prompt -H 'content-type: application/json' -d '{{"prompt": {{"3": {{"class_type": "KSampler", "inputs": {{}}}}, "9": {{"class_type": "SaveImage", "inputs": {{"images": ["3", 0]}}}}}}}}'
 """
     stops = f" and keeps {workdir}" if keep else f" and removes {workdir} (--keep keeps it)"
+    random_weights = "" if not real else """
+The tiny models are random weights written on the fly: their answers are gibberish by
+design. They show steward at work (queue, loads, measured memory), not a model.
+"""
     shared = "" if real else f"""  curl -s {base}/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "agents@batch", "messages": [{{"role": "user", "content": "plan"}}]}}'   # the always-on engine
 """
     return f"""
 gpu-steward demo: one front door ({kind}).
-
+{random_weights}
   OpenAI base URL   {base}
 {services}  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
   usage log         {workdir / 'usage.db'}   (steward usage --db {workdir / 'usage.db'} --by model)

@@ -127,7 +127,15 @@ class EngineHandle:
 
     def notify(self, kind: Kind, detail: str = "") -> None:
         """From the engine's own helpers: about the generation running now."""
-        self._mailbox.send_nowait(_Command(kind, self.generation, detail))
+        try:
+            self._mailbox.send_nowait(_Command(kind, self.generation, detail))
+        except trio.ClosedResourceError:
+            pass  # retired by a reload: its task is ending, nothing is listening
+
+    def retire(self) -> None:
+        """End the engine's task (a reload removed or changed it; its process is gone): a
+        process it keeps (a service) is stopped as the task ends."""
+        self._mailbox.close()
 
 
 def pick_port(host: str) -> int:

@@ -1,24 +1,41 @@
 """The event log: one JSON object per line in a file, a short human line on the terminal.
 
 One task owns the file (``serve_event_log``); everyone else calls ``EventLog.emit``,
-which never blocks, so a decision is never held up by a slow disk or terminal.
-The schema of every record is documented in docs/events.md.
+which never blocks, so a decision is never held up by a slow disk or terminal. Being the
+only writer, that task also rotates the file by size (``FILE`` -> ``FILE.1`` -> ... ->
+``FILE.KEEP``, the oldest dropped) between two lines, so no line is split or lost; a
+rotation that fails is an event, and writing goes on in the current file.
+
+The file and the terminal read the same events differently: the JSON keeps every value
+exact (bytes, whole command lines); the terminal line is for a person in a tmux pane
+(sizes in GiB, long values cut, one line per event, and a compact form for the busiest
+events, ``request``). The schema of every record, and its version ``v``, are documented in
+docs/events.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shlex
+import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 import trio
 
+from supervisor.units import format_elapsed, format_size
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+# The "v" of every record: bumped when a field changes meaning or goes away (new fields come at any time).
+SCHEMA_VERSION = 1
+_BUFFER = 1 << 16
 
 
 class EventLogUnavailable(Exception):
@@ -34,13 +51,19 @@ class Event:
     mono: float
 
     def to_json(self) -> str:
-        record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "event": self.name,
+        record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "v": SCHEMA_VERSION, "event": self.name,
                   "level": self.level, **self.fields}
         return json.dumps(record, separators=(",", ":"), default=str)
 
     def to_line(self) -> str:
+        """``HH:MM:SS LEVEL   event          details``, one line: the event's own compact form if it
+        has one (``request``), else ``key=value`` with sizes readable and long values cut."""
         clock = time.strftime("%H:%M:%S", time.localtime(self.wall))
-        details = " ".join(f"{key}={_short(value)}" for key, value in self.fields.items())
+        shape = _LINE_SHAPES.get(self.name)
+        if shape is not None:
+            details = shape(self.fields)
+        else:
+            details = " ".join(f"{key}={_terminal_value(self.name, key, value)}" for key, value in self.fields.items())
         return f"{clock} {self.level.upper():<7} {self.name:<14} {details}".rstrip()
 
 
@@ -86,19 +109,114 @@ def _now() -> float:
         return time.monotonic()
 
 
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 120 else text[:117] + "..."
+# On the terminal only: the JSON keeps the exact bytes and the whole values.
+_SIZE_FIELDS = frozenset({"memory", "reserved", "free", "need", "measured", "released", "budget", "estimate",
+                          "nbytes", "outside", "per_device"})
+# Where a field's name says the wrong thing: a count of jobs; bytes per device and buffer.
+_SIZE_EXCEPTIONS = {("image_force_release", "released"): False, ("buffers", "devices"): True}
+_ARGV_WIDTH = 100
+_TEXT_WIDTH = 160
+# Control characters (an engine's colours, a traceback's newlines) would break the one line or the pane.
+_CONTROLS = ({code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa0))}
+             | {9: "\\t", 10: "\\n", 13: "\\r"})
+
+
+def _terminal_value(event: str, key: str, value: Any) -> str:
+    if key == "argv" and isinstance(value, list) and all(isinstance(word, str) for word in value):
+        return _cut(shlex.join(value).translate(_CONTROLS), _ARGV_WIDTH)
+    return _cut(_render(value, sizes=_SIZE_EXCEPTIONS.get((event, key), _is_size_field(key))), _TEXT_WIDTH)
+
+
+def _is_size_field(key: str) -> bool:
+    return key in _SIZE_FIELDS or key.endswith("_bytes")
+
+
+def _render(value: Any, *, sizes: bool) -> str:
+    """*value* compact: sizes as GiB/MiB where *sizes* says the ints are bytes (and inside a
+    mapping, where its keys say so); strings bare; JSON's words for the rest."""
+    if sizes and isinstance(value, int) and not isinstance(value, bool):
+        return format_size(value)
+    if isinstance(value, str):
+        return value.translate(_CONTROLS)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_render(k, sizes=False)}: {_render(v, sizes=sizes or _is_size_field(str(k)))}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_render(item, sizes=sizes) for item in value) + "]"
+    return json.dumps(value, default=str)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _request_line(fields: Mapping[str, Any]) -> str:
+    """``interactive chat 200 queued 0.01s took 1.20s tokens 12+40 (key alice)``."""
+    model = fields.get("model")
+    parts = [fields.get("class"), model if model is not None else f"{fields.get('method')} {fields.get('route')}",
+             fields.get("status"), fields.get("error")]
+    for label, name in (("queued", "queued_s"), ("took", "duration_s")):
+        seconds = fields.get(name)
+        if isinstance(seconds, int | float):
+            parts.append(f"{label} {seconds:.2f}s")
+    prompt, completion = fields.get("prompt_tokens"), fields.get("completion_tokens")
+    if prompt is not None or completion is not None:
+        parts.append(f"tokens {'?' if prompt is None else prompt}+{'?' if completion is None else completion}")
+    if fields.get("key") is not None:
+        parts.append(f"(key {fields['key']})")
+    # The model (an Ollama name) and the route are the client's words: no control characters get through.
+    return _cut(" ".join(str(part) for part in parts if part is not None).translate(_CONTROLS), _TEXT_WIDTH)
+
+
+def _load_line(fields: Mapping[str, Any]) -> str:
+    """``gemma 8.3 GiB on gpu0: a background request waits for it (free 4.3 GiB)``."""
+    where = f" on {fields['where']}" if fields.get("where") else ""
+    why = fields.get("why") or fields.get("reason")
+    free = fields.get("free")
+    text = (f"{fields.get('engine')} {_size(fields.get('memory'))}{where}" + (f": {why}" if why else "")
+            + (f" (free {_size(free)} after)" if free is not None else ""))
+    return _cut(text.translate(_CONTROLS), _TEXT_WIDTH)
+
+
+def _evict_line(fields: Mapping[str, Any]) -> str:
+    """``gemma-e2b (2.8 GiB, idle 3.4s): to make room for gemma-e4b (needs 4.0 GiB, 1.5 GiB free)``."""
+    busy = f"{fields['in_flight']} in flight" if fields.get("in_flight") else f"idle {_seconds(fields.get('idle_s'))}"
+    hot = ", hot" if fields.get("hot") else ""
+    why = fields.get("why") or f"for {fields.get('for_engine')}"
+    return _cut(f"{fields.get('engine')} ({_size(fields.get('memory'))}, {busy}{hot}): {why}".translate(_CONTROLS),
+                _TEXT_WIDTH)
+
+
+def _ready_line(fields: Mapping[str, Any]) -> str:
+    return f"{fields.get('engine')} after {_seconds(fields.get('load_s'))} at {fields.get('endpoint')}"
+
+
+def _size(value: Any) -> str:
+    return format_size(value) if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _seconds(value: Any) -> str:
+    return format_elapsed(value) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
+# Events that have a terminal form of their own; every other event reads key=value.
+_LINE_SHAPES: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "request": _request_line, "load": _load_line, "wake": _load_line, "restart": _load_line, "evict": _evict_line,
+    "ready": _ready_line}
 
 
 async def serve_event_log(path: str | None, *, terminal_level: str = "info", terminal: IO[str] | None = None,
+                          max_size: int = 0, keep: int = 5,
                           task_status: trio.TaskStatus[EventLog] = trio.TASK_STATUS_IGNORED) -> None:
-    """Write events until the log is closed; everything sent before ``close`` is written."""
+    """Write events until the log is closed; everything sent before ``close`` is written.
+
+    A line that would take the file past *max_size* bytes (0: no limit) goes to a fresh file,
+    the full one becoming ``PATH.1``, of which *keep* are kept."""
     send, receive = trio.open_memory_channel[Event](math.inf)
     log = EventLog(send, terminal_level=LEVELS[terminal_level])
     terminal = terminal or sys.stderr
     try:
-        sink = _LogFile(path, open(path, "a", buffering=1 << 16), terminal) if path else None  # noqa: SIM115
+        sink = _LogFile.open(path, terminal, log, max_size=max_size, keep=keep) if path else None
     except OSError as exc:
         raise EventLogUnavailable(f"log.file: cannot open {path!r}: {exc.strerror or exc}") from None
     try:
@@ -126,19 +244,40 @@ async def serve_event_log(path: str | None, *, terminal_level: str = "info", ter
 class _LogFile:
     """The event log file. A write that fails (disk full, a file made read-only) is said once on
     the terminal and the lines are counted as lost until writing works again: losing log lines
-    must never stop steward."""
+    must never stop steward. Rotation happens between two lines, by this task alone."""
 
     path: str
     file: IO[str]
     terminal: IO[str]
+    events: EventLog  # where a rotation is told (the file works: the event lands in it)
+    max_size: int  # 0: never rotated
+    keep: int
+    size: int  # bytes given to the file so far
     failure: str | None = None
     lost: int = 0
+    rotation_failure: str | None = None  # told once per cause; rotation is tried again at the next line
+
+    @classmethod
+    def open(cls, path: str, terminal: IO[str], events: EventLog, *, max_size: int, keep: int) -> _LogFile:
+        file = _open_log(path)
+        try:
+            status = os.fstat(file.fileno())
+        except OSError:
+            file.close()
+            raise
+        # Only a regular file is rotated: log.file may be /dev/stderr or a named pipe.
+        return cls(path, file, terminal, events, max_size if stat.S_ISREG(status.st_mode) else 0, keep,
+                   status.st_size)
 
     def write(self, line: str) -> None:
+        if self.max_size and self.size and self.size + len(line) > self.max_size:
+            self._rotate()
         try:
             self.file.write(line)
         except OSError as exc:
             self._failed(exc)
+        else:
+            self.size += len(line)  # the lines are JSON with ASCII escapes: one character, one byte
 
     def flush(self) -> None:
         try:
@@ -156,6 +295,41 @@ class _LogFile:
         except OSError as exc:
             self._failed(exc)
 
+    def _rotate(self) -> None:
+        """PATH becomes PATH.1 (PATH.1 becomes PATH.2, ..., PATH.KEEP is dropped) and PATH starts
+        afresh. The buffer goes to the old file first, so each line is whole in one file."""
+        self.flush()
+        first = f"{self.path}.1"
+        try:
+            _make_room(self.path, self.keep)
+            os.replace(self.path, first)
+        except OSError as exc:
+            self._rotation_failed(exc)
+            return
+        try:
+            fresh = _open_log(self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.replace(first, self.path)  # back: the file still written keeps its name
+            self._rotation_failed(exc)
+            return
+        full, self.file, self.size = self.file, fresh, 0
+        try:
+            full.close()
+        except OSError as exc:
+            self._failed(exc)
+        # Only a recovery is told: an event for every rotation would, with a tiny max_size, rotate again.
+        if self.rotation_failure is not None:
+            self.rotation_failure = None
+            self.events.emit("log_rotate_recovered", "info", path=self.path)
+
+    def _rotation_failed(self, exc: OSError) -> None:
+        where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else exc.filename
+        detail = f"{where}: {exc.strerror or exc}" if where else str(exc)
+        if detail != self.rotation_failure:
+            self.rotation_failure = detail
+            self.events.emit("log_rotate_failed", "warning", path=self.path, detail=detail, size_bytes=self.size)
+
     def _failed(self, exc: OSError) -> None:
         self.lost += 1
         detail = exc.strerror or str(exc)
@@ -169,6 +343,23 @@ class _LogFile:
             self.terminal.write(text + "\n")
         except (OSError, ValueError):
             pass
+
+
+def _open_log(path: str) -> IO[str]:
+    return open(path, "a", buffering=_BUFFER)  # noqa: SIM115 (the writer closes it, or rotation does)
+
+
+def _make_room(path: str, keep: int) -> None:
+    """Free PATH.1: PATH.1 -> PATH.2 and so on, up to the first gap (PATH.KEEP is overwritten:
+    the oldest goes). Stopping at a gap, a rotation tried again after a failure moves nothing twice.
+    Files beyond KEEP (a run with a larger ``log.keep``) go too."""
+    beyond = keep + 1
+    while os.path.lexists(f"{path}.{beyond}"):
+        os.remove(f"{path}.{beyond}")
+        beyond += 1
+    gap = next((n for n in range(1, keep) if not os.path.lexists(f"{path}.{n}")), keep)
+    for n in range(gap, 1, -1):
+        os.replace(f"{path}.{n - 1}", f"{path}.{n}")
 
 
 def _write(event: Event, sink: _LogFile | None, terminal: IO[str], terminal_level: int) -> None:

@@ -8,6 +8,14 @@ it starts its own steward on the demo's simulated GPU and fake engines (a child 
 so the load generator does not share steward's CPU time slice), and reads steward's
 event log afterwards for loads, evictions and peak memory.
 
+While it runs it prints a plain progress line every few seconds on stderr (``LoadTally``:
+requests done, failed and in flight per client kind, and how long the oldest has waited),
+so that a long wait reads as one in a tmux pane or a log, not as a hang. Its own steward's
+terminal output goes to ``steward.stderr`` in its folder (``--keep`` keeps it): the
+loadtest says itself when it stops that steward, and names its warning and error events
+in the report. The report has one row per client kind started, a kind that finished no
+request included, with the reason.
+
 ``--chaos`` (supervisor/chaos.py) also stops, freezes and kills the engines and
 upstreams that steward supervises while the load runs, and checks afterwards that
 nothing was lost: every request answered, the ledger adding up, no process left, no
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -28,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import httpx
@@ -90,6 +99,94 @@ class Outcome:
     @property
     def completed(self) -> bool:
         return self.status == 200 and self.ending in ("answer", "done")
+
+
+PROGRESS_INTERVAL_S = 5.0
+# A request in flight longer than this gets its age on the progress line: shorter ones
+# are the mix's usual rhythm, longer ones are what a user wants explained (see /healthz).
+LONG_WAIT_S = 10.0
+
+
+@attrs.define
+class KindCount:
+    """One client kind's answered requests so far, as its clients saw them."""
+
+    klass: str  # the class its clients ask for, or the API they use (ollama, comfyui)
+    clients: int
+    completed: int = 0
+    failed: int = 0  # answered with an error, or lost
+    left: int = 0  # its client left on purpose
+
+
+@attrs.define
+class LoadTally:
+    """What every client kind has done so far, kept while the load runs.
+
+    It makes the progress lines, and tells the report which kinds were started (one
+    that finished no request still gets a row) and what was still in flight when the
+    load was stopped. Pure: the caller says when each request was sent.
+    """
+
+    kinds: dict[str, KindCount]
+    in_flight: dict[int, tuple[str, float]] = attrs.Factory(dict)  # ticket: kind, when it was sent
+    _tickets: itertools.count[int] = attrs.field(factory=itertools.count, repr=False)
+
+    @classmethod
+    def of(cls, kinds: Mapping[ClientKind, int]) -> LoadTally:
+        return cls({kind.name: KindCount(kind.klass if kind.api == "openai" else kind.api, count)
+                    for kind, count in kinds.items() if count > 0})
+
+    def sent(self, kind: str, at: float) -> int:
+        """A request of *kind* sent at *at*; the ticket to give ``ended`` with its outcome."""
+        ticket = next(self._tickets)
+        self.in_flight[ticket] = (kind, at)
+        return ticket
+
+    def ended(self, ticket: int, outcome: Outcome) -> None:
+        del self.in_flight[ticket]
+        count = self.kinds[outcome.kind]
+        if outcome.completed:
+            count.completed += 1
+        elif outcome.ending == chaos.LEFT:
+            count.left += 1
+        else:
+            count.failed += 1
+
+    def unanswered(self, kind: str) -> list[float]:
+        """When each request of *kind* still in flight was sent, oldest first."""
+        return sorted(at for name, at in self.in_flight.values() if name == kind)
+
+    def progress_line(self, now: float, *, started: float, duration: float) -> str:
+        """One line: how far the load is, then per kind done, failed, left and in flight."""
+        elapsed = int(now - started)  # whole seconds, rounded down: never "30s/30s" before the end
+        if now - started < duration:
+            head = f"loadtest {elapsed}s/{duration:g}s"
+        else:
+            waiting = len(self.in_flight)
+            answers = f"; waiting for {waiting} answer{'s' if waiting != 1 else ''}" if waiting else ""
+            head = f"loadtest {elapsed}s (the {duration:g}s load is over{answers})"
+        return head + ": " + "; ".join(self._kind_progress(name, now) for name in self.kinds)
+
+    def _kind_progress(self, name: str, now: float) -> str:
+        count, waiting = self.kinds[name], self.unanswered(name)
+        parts = [f"{name} {count.completed} done"]
+        parts += [f"{n} {what}" for n, what in ((count.failed, "failed"), (count.left, "left")) if n]
+        if waiting:
+            oldest = now - waiting[0]
+            parts.append(f"{len(waiting)} in flight" + (f" (oldest {int(oldest)}s)" if oldest >= LONG_WAIT_S else ""))
+        return ", ".join(parts)
+
+
+async def serve_progress(tally: LoadTally, say: Callable[[str], None], *, started: float, duration: float,
+                         interval: float = PROGRESS_INTERVAL_S,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+    """Say *tally*'s progress line every *interval* seconds from *started*, until cancelled."""
+    task_status.started()
+    ticks = 0
+    while True:
+        ticks += 1
+        await trio.sleep_until(started + ticks * interval)  # on the grid: a slow say does not drift it
+        say(tally.progress_line(trio.current_time(), started=started, duration=duration))
 
 
 @attrs.frozen
@@ -178,6 +275,8 @@ class LoadReport:
     outcomes: list[Outcome]
     engine_events: dict[str, Any] | None = None
     chaos: ChaosReport | None = None
+    tally: LoadTally | None = None  # the kinds started, and what was in flight when the load ended
+    problems: dict[str, int] | None = None  # its own steward's warning and error events, by name (not chaos)
 
     @property
     def passed(self) -> bool:
@@ -189,17 +288,7 @@ class LoadReport:
         table = {}
         for group in groups:
             rows = [o for o in self.outcomes if o.klass == group]
-            ok = sorted(o.latency for o in rows if o.completed)
-            left = sum(1 for o in rows if o.ending == chaos.LEFT)
-            statuses: dict[str, int] = {}
-            endings: dict[str, int] = {}
-            for o in rows:
-                statuses[str(o.status)] = statuses.get(str(o.status), 0) + 1
-                endings[o.ending] = endings.get(o.ending, 0) + 1
-            table[group] = {"requests": len(rows), "completed": len(ok), "errors": len(rows) - len(ok) - left,
-                            "left": left, "lost": sum(1 for o in rows if o.ending in chaos.LOST),
-                            "p50_s": _quantile(ok, 0.50), "p95_s": _quantile(ok, 0.95),
-                            "max_s": ok[-1] if ok else None, "statuses": statuses, "endings": endings}
+            table[group] = _figures(rows)
             if group == "image":
                 jobs: dict[str, int] = {}
                 for o in rows:
@@ -208,10 +297,26 @@ class LoadReport:
                 table[group]["jobs"] = jobs
         return table
 
+    def by_kind(self) -> dict[str, dict[str, Any]]:
+        """One row per client kind started, in order; one that completed no request says why."""
+        kinds = dict(self.tally.kinds) if self.tally is not None else {}
+        for o in self.outcomes:  # a report made without a tally: the kinds that were answered
+            kinds.setdefault(o.kind, KindCount(o.klass, 0))
+        table = {}
+        for name, count in kinds.items():
+            rows = [o for o in self.outcomes if o.kind == name]
+            unanswered = len(self.tally.unanswered(name)) if self.tally is not None else 0
+            row = {"class": count.klass, "clients": count.clients, **_figures(rows), "unanswered": unanswered}
+            row["reason"] = _why_none_completed(rows, unanswered) if not row["completed"] else None
+            table[name] = row
+        return table
+
     def to_json(self) -> dict[str, Any]:
         errors = sorted({o.status for o in self.outcomes if not o.completed and o.ending != chaos.LEFT})
-        result = {"duration_s": self.duration_s, "classes": self.by_class(), "error_statuses": errors,
-                  "engines": self.engine_events}
+        result = {"duration_s": self.duration_s, "classes": self.by_class(), "kinds": self.by_kind(),
+                  "error_statuses": errors, "engines": self.engine_events}
+        if self.problems is not None:
+            result["log_problems"] = self.problems
         if self.chaos is not None:
             c = self.chaos
             result["chaos"] = c.to_json()
@@ -224,6 +329,41 @@ class LoadReport:
         return result
 
 
+def _figures(rows: list[Outcome]) -> dict[str, Any]:
+    """A report row's figures: counts by how the requests ended, latencies of the completed ones."""
+    ok = sorted(o.latency for o in rows if o.completed)
+    left = sum(1 for o in rows if o.ending == chaos.LEFT)
+    statuses: dict[str, int] = {}
+    endings: dict[str, int] = {}
+    for o in rows:
+        statuses[str(o.status)] = statuses.get(str(o.status), 0) + 1
+        endings[o.ending] = endings.get(o.ending, 0) + 1
+    return {"requests": len(rows), "completed": len(ok), "errors": len(rows) - len(ok) - left, "left": left,
+            "lost": sum(1 for o in rows if o.ending in chaos.LOST), "p50_s": _quantile(ok, 0.50),
+            "p95_s": _quantile(ok, 0.95), "max_s": ok[-1] if ok else None, "statuses": statuses, "endings": endings}
+
+
+def _failures(outcomes: list[Outcome]) -> dict[str, int]:
+    """The requests that failed (not those whose client left), by status and how they ended."""
+    failures: dict[str, int] = {}
+    for o in outcomes:
+        if not o.completed and o.ending != chaos.LEFT:
+            key = f"{o.status} {o.ending}" if o.status else o.ending
+            failures[key] = failures.get(key, 0) + 1
+    return dict(sorted(failures.items()))
+
+
+def _why_none_completed(rows: list[Outcome], unanswered: int) -> str:
+    if not rows:
+        if unanswered:
+            return f"{unanswered} sent, still without an answer when the load was stopped"
+        return "sent no request before the load ended"
+    ends = [f"{key} x{n}" for key, n in _failures(rows).items()]
+    if left := sum(1 for o in rows if o.ending == chaos.LEFT):
+        ends.append(f"left early x{left}")
+    return f"none of {len(rows)} completed: " + ", ".join(ends)
+
+
 def _quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -232,33 +372,47 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 async def run_clients(endpoints: Endpoints | str, kinds: Mapping[ClientKind, int], duration: float, seed: int = 7,
                       *, timeout: float = 600.0, disconnect_rate: float = 0.0,
-                      outcomes: list[Outcome] | None = None) -> list[Outcome]:
+                      outcomes: list[Outcome] | None = None, tally: LoadTally | None = None,
+                      say: Callable[[str], None] | None = None,
+                      progress_interval: float = PROGRESS_INTERVAL_S) -> list[Outcome]:
     """Run every client until *duration* has passed; requests in flight then are finished.
 
-    Outcomes are appended to *outcomes* as they come (given: what was done before a
-    cancellation is kept).
+    Outcomes are appended to *outcomes* as they come, and counted in *tally* (given:
+    what was done before a cancellation is kept). With *say*, a progress line every
+    *progress_interval* seconds until the last answer.
     """
     if isinstance(endpoints, str):
         endpoints = Endpoints(endpoints)
     outcomes = [] if outcomes is None else outcomes
+    tally = LoadTally.of(kinds) if tally is None else tally
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as http:
-        deadline = trio.current_time() + duration
+        started = trio.current_time()
         async with trio.open_nursery() as nursery:
-            for kind, count in kinds.items():
-                for index in range(count):
-                    nursery.start_soon(_client_loop, http, endpoints, kind, random.Random(rng.random()), deadline,
-                                       outcomes, disconnect_rate, name=f"{kind.name}-{index}")
+            if say is not None:
+                await nursery.start(functools.partial(serve_progress, tally, say, started=started, duration=duration,
+                                                      interval=progress_interval))
+            async with trio.open_nursery() as clients:
+                for kind, count in kinds.items():
+                    for index in range(count):
+                        clients.start_soon(_client_loop, http, endpoints, kind, random.Random(rng.random()),
+                                           started + duration, outcomes, tally, disconnect_rate,
+                                           name=f"{kind.name}-{index}")
+            nursery.cancel_scope.cancel(reason="every client is done")
     return outcomes
 
 
 async def _client_loop(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
-                       deadline: float, outcomes: list[Outcome], disconnect_rate: float) -> None:
+                       deadline: float, outcomes: list[Outcome], tally: LoadTally, disconnect_rate: float) -> None:
     await trio.sleep(rng.uniform(0, 0.5))  # do not all start in the same instant
     while trio.current_time() < deadline:
-        outcomes.append(await _one_request(http, endpoints, kind, rng, disconnect_rate))
-        await trio.sleep(rng.uniform(*kind.think_s))
+        ticket = tally.sent(kind.name, trio.current_time())
+        outcome = await _one_request(http, endpoints, kind, rng, disconnect_rate)
+        outcomes.append(outcome)
+        tally.ended(ticket, outcome)
+        # A think that would end after the deadline ends at it: no request would follow it.
+        await trio.sleep_until(min(trio.current_time() + rng.uniform(*kind.think_s), deadline))
 
 
 @attrs.define
@@ -465,13 +619,14 @@ def count_problems(path: Path) -> dict[str, int]:
 
 
 def format_report(report: LoadReport) -> str:
-    header = (f"{'class':<12} {'requests':>8} {'completed':>9} {'errors':>6} {'left':>5} {'lost':>5} "
-              f"{'p50':>8} {'p95':>8} {'max':>8}")
-    lines = [header]
-    for klass, row in report.by_class().items():
-        cells = [f"{row[k]:>7.2f}s" if row[k] is not None else f"{'-':>8}" for k in ("p50_s", "p95_s", "max_s")]
-        lines.append(f"{klass:<12} {row['requests']:>8} {row['completed']:>9} {row['errors']:>6} {row['left']:>5} "
-                     f"{row['lost']:>5} " + " ".join(cells))
+    """The table, one row per client kind started, then the figures under it."""
+    lines = [f"{'client':<10} {'class':<11} {'requests':>8} {'completed':>9} {'errors':>6} {'left':>4} {'lost':>4} "
+             f"{'p50':>7} {'p95':>7} {'max':>7}"]
+    for kind, row in report.by_kind().items():
+        cells = [f"{row[k]:>6.2f}s" if row[k] is not None else f"{'-':>7}" for k in ("p50_s", "p95_s", "max_s")]
+        reason = f"  {row['reason']}" if row["reason"] else ""
+        lines.append(f"{kind:<10} {row['class']:<11} {row['requests']:>8} {row['completed']:>9} {row['errors']:>6} "
+                     f"{row['left']:>4} {row['lost']:>4} " + " ".join(cells) + reason)
     ttfts = sorted(o.ttft for o in report.outcomes if o.ttft is not None)
     if ttfts:
         lines.append(f"chat time to first token: p50 {_quantile(ttfts, 0.5):.2f}s  p95 {_quantile(ttfts, 0.95):.2f}s")
@@ -479,17 +634,18 @@ def format_report(report: LoadReport) -> str:
         e = report.engine_events
         lines.append(f"loads {e['loads']}  evictions {e['evictions']}  unnecessary loads {e['unnecessary_loads']}  "
                      f"peak reserved {e['peak_reserved_bytes'] / 1024**3:.1f} GiB")
-    failures: dict[str, int] = {}
-    for o in report.outcomes:
-        if not o.completed and o.ending != chaos.LEFT:
-            key = f"{o.status} {o.ending}" if o.status else o.ending
-            failures[key] = failures.get(key, 0) + 1
-    if failures:
-        lines.append("errors seen: " + ", ".join(f"{k} x{n}" for k, n in sorted(failures.items())) +
+    if failures := _failures(report.outcomes):
+        lines.append("errors seen: " + ", ".join(f"{k} x{n}" for k, n in failures.items()) +
                      " (status and how the request ended)")
+    if report.problems:
+        lines.append(_format_problems(report.problems))
     if report.chaos is not None:
         lines.extend(_format_chaos(report.chaos))
     return "\n".join(lines)
+
+
+def _format_problems(problems: Mapping[str, int]) -> str:
+    return "steward's warnings and errors: " + ", ".join(f"{k} {n}" for k, n in problems.items())
 
 
 def _format_chaos(c: ChaosReport) -> list[str]:
@@ -498,7 +654,7 @@ def _format_chaos(c: ChaosReport) -> list[str]:
                      for action, row in counts.items())
     lines = [f"chaos (seed {c.seed}): {len(c.schedule)} actions scheduled; {done or 'none done'}"]
     if c.problems:
-        lines.append("steward's warnings and errors: " + ", ".join(f"{k} {n}" for k, n in c.problems.items()))
+        lines.append(_format_problems(c.problems))
     rss = c.rss()
     if rss["start"] is not None:
         lines.append(f"steward RSS: start {_mib(rss['start'])}, peak {_mib(rss['peak'])}, end {_mib(rss['end'])}")
@@ -540,7 +696,7 @@ def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[
         config = real_demo_config_dict(workdir, port=0) if real else demo_config_dict(workdir, port=0)
     except RealEnginesUnavailable as exc:
         raise RuntimeError(str(exc)) from None
-    config["log"] = {"file": str(workdir / "events.jsonl"), "terminal": "warning"}
+    config["log"] = {"file": str(workdir / "events.jsonl"), "terminal": "warning", "max_size": 0}  # read whole after
     config = _deep_merge(config, {k: v for k, v in (overrides or {}).items()
                                   if k in config or k not in ("ollama", "comfyui")})
     config_path = workdir / "config.yaml"
@@ -587,15 +743,18 @@ def stop_steward(process: subprocess.Popen[bytes]) -> int:
 def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, models: Mapping[str, str],
                  seed: int = 7, *, real: bool = False, disconnect_rate: float = 0.0,
                  chaos_options: ChaosOptions | None = None, keep: bool = False,
-                 announce: Callable[[chaos.ChaosRecord], None] | None = None) -> LoadReport:
+                 announce: Callable[[chaos.ChaosRecord], None] | None = None,
+                 say: Callable[[str], None] | None = None) -> LoadReport:
     """The client mix for *duration* seconds; with *chaos_options*, under chaos, then the invariants.
 
     *disconnect_rate*: the share of requests whose client leaves early (a stream after a
-    few chunks, any other request after a moment).
+    few chunks, any other request after a moment). *say* gets the loadtest's own lines as
+    it goes (its steward started and stopped, progress every few seconds); default: stderr.
 
     Raises:
         RuntimeError: steward could not be started, or chaos was asked of a steward at *url*.
     """
+    say = say or _say
     kinds = {kind: counts[kind.name] for kind in default_kinds(models) if counts.get(kind.name)}
     services = [kind.name for kind in kinds if kind.api != "openai"]
     if url is not None:
@@ -605,23 +764,56 @@ def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, mo
         if services:
             raise RuntimeError(f"{' and '.join(services)} clients need the loadtest's own steward "
                                f"(its Ollama and ComfyUI listeners); leave out --url or set them to 0")
+        say(_load_line(kinds, duration, url))
+        tally = LoadTally.of(kinds)
         outcomes = trio.run(functools.partial(run_clients, url.rstrip("/"), kinds, duration, seed,
-                                              disconnect_rate=disconnect_rate))
-        return LoadReport(duration, outcomes)
+                                              disconnect_rate=disconnect_rate, tally=tally, say=say))
+        return LoadReport(duration, outcomes, tally=tally)
     if real and services:
         raise RuntimeError(f"{' and '.join(services)} clients need the fake demo (no Ollama or ComfyUI with --real)")
     with open_workdir("loadtest", keep=keep) as workdir:
         if chaos_options is not None:
             return _run_chaos_loadtest(workdir, kinds, duration, seed, chaos_options, real=real, keep=keep,
-                                       disconnect_rate=disconnect_rate, announce=announce or _announce)
-        process, steward_url, events = start_demo_steward(workdir, real=real)
+                                       disconnect_rate=disconnect_rate, announce=announce or _announce, say=say)
+        output = workdir / STEWARD_OUTPUT
+        process, steward_url, events = start_demo_steward(workdir, real=real, stderr=output)
+        tally = LoadTally.of(kinds)
         try:
+            say(_started_line(steward_url, output, real=real, keep=keep))
+            say(_load_line(kinds, duration, steward_url))
             endpoints = _endpoints(events, steward_url)
             outcomes = trio.run(functools.partial(run_clients, endpoints, kinds, duration, seed,
-                                                  disconnect_rate=disconnect_rate))
+                                                  disconnect_rate=disconnect_rate, tally=tally, say=say))
         finally:
-            stop_steward(process)
-        return LoadReport(duration, outcomes, summarize_events(events))
+            status = _stop_as_planned(process, say)
+        say("loadtest: its steward has stopped" if status == 0
+            else f"loadtest: its steward exited with status {status}" + _tail(output))
+        return LoadReport(duration, outcomes, summarize_events(events), tally=tally, problems=count_problems(events))
+
+
+STEWARD_OUTPUT = "steward.stderr"  # the loadtest's steward's terminal output, in its folder
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stderr: stdout may be the JSON report
+
+
+def _started_line(steward_url: str, output: Path, *, real: bool, keep: bool) -> str:
+    engines = "real llama-server engines" if real else "the demo's fake engines"
+    kept = "" if keep else "; removed at the end, --keep keeps it"
+    return f"loadtest: its steward is up at {steward_url} on {engines} (its own output: {output}{kept})"
+
+
+def _load_line(kinds: Mapping[ClientKind, int], duration: float, url: str) -> str:
+    clients = ", ".join(f"{kind.name} {count}" for kind, count in kinds.items())
+    return f"loadtest: clients for {duration:g}s against {url}: {clients}; progress every {PROGRESS_INTERVAL_S:g}s"
+
+
+def _stop_as_planned(process: subprocess.Popen[bytes], say: Callable[[str], None]) -> int:
+    # Said here because steward's own line about the SIGTERM, in its output file, would read
+    # like an accident on the loadtest's terminal.
+    say("loadtest: stopping its steward, as planned (it finishes what is in flight, then stops its engines)")
+    return stop_steward(process)
 
 
 def _announce(record: chaos.ChaosRecord) -> None:
@@ -638,23 +830,26 @@ def _endpoints(events: Path, steward_url: str) -> Endpoints:
 
 def _run_chaos_loadtest(workdir: Path, kinds: Mapping[ClientKind, int], duration: float, seed: int,
                         options: ChaosOptions, *, real: bool, keep: bool, disconnect_rate: float,
-                        announce: Callable[[chaos.ChaosRecord], None]) -> LoadReport:
+                        announce: Callable[[chaos.ChaosRecord], None], say: Callable[[str], None]) -> LoadReport:
     # Orphans of a dying steward are re-parented here rather than to init, so the last
     # check (no process left) sees every descendant.
     become_subreaper()
     ours = os.getpid()
     before = {pid for pid, _ in chaos.descendants(ours)}
-    process, steward_url, events = start_demo_steward(workdir, real=real, overrides=CHAOS_CONFIG,
-                                                      stderr=workdir / "steward.stderr")
+    output = workdir / STEWARD_OUTPUT
+    process, steward_url, events = start_demo_steward(workdir, real=real, overrides=CHAOS_CONFIG, stderr=output)
     watch = chaos.ProcessWatch(events)
+    tally = LoadTally.of(kinds)
     try:
+        say(_started_line(steward_url, output, real=real, keep=keep))
+        say(_load_line(kinds, duration, steward_url))
         watch.poll()
         endpoints = _endpoints(events, steward_url)
         session = trio.run(_chaos_session, process, endpoints, watch, kinds, duration, seed, options,
-                           disconnect_rate, announce)
+                           disconnect_rate, announce, tally, say)
     finally:
         stop_started = time.monotonic()
-        status = stop_steward(process)
+        status = _stop_as_planned(process, say)
         stop_s = time.monotonic() - stop_started
     watch.poll()
     left = _wait_for_no_descendants(ours, before, watch, deadline=time.monotonic() + 10.0)
@@ -674,7 +869,7 @@ def _run_chaos_loadtest(workdir: Path, kinds: Mapping[ClientKind, int], duration
     ]
     session.report.problems = count_problems(events)
     session.report.workdir = str(workdir) if keep else None
-    return LoadReport(duration, session.outcomes, summarize_events(events), session.report)
+    return LoadReport(duration, session.outcomes, summarize_events(events), session.report, tally=tally)
 
 
 def _wait_for_no_descendants(root: int, before: set[int], watch: chaos.ProcessWatch,
@@ -701,7 +896,8 @@ class _Session:
 
 async def _chaos_session(process: subprocess.Popen[bytes], endpoints: Endpoints, watch: chaos.ProcessWatch,
                          kinds: Mapping[ClientKind, int], duration: float, seed: int, options: ChaosOptions,
-                         disconnect_rate: float, announce: Callable[[chaos.ChaosRecord], None]) -> _Session:
+                         disconnect_rate: float, announce: Callable[[chaos.ChaosRecord], None], tally: LoadTally,
+                         say: Callable[[str], None]) -> _Session:
     started = trio.current_time()
     warmup = options.warmup_for(duration)
     targets = [*(name for name in _engine_names(watch)),
@@ -750,7 +946,8 @@ async def _chaos_session(process: subprocess.Popen[bytes], endpoints: Endpoints,
             async with trio.open_nursery() as load_nursery:
                 load_nursery.start_soon(functools.partial(run_clients, endpoints, kinds, duration, seed,
                                                           timeout=options.client_timeout,
-                                                          disconnect_rate=disconnect_rate, outcomes=outcomes))
+                                                          disconnect_rate=disconnect_rate, outcomes=outcomes,
+                                                          tally=tally, say=say))
                 load_nursery.start_soon(chaos_after_warmup)
         health = None
         if exited is None:

@@ -166,7 +166,7 @@ class OverloadPlan:
             "usage": {"db": str(workdir / "usage.db")},
             "health": {"window": f"{self.health_window:g}s", "interval": "0.2s"},
             "alerts": {"webhook": webhook, "min_interval": "10m"},
-            "log": {"file": str(workdir / "events.jsonl"), "terminal": "warning"},
+            "log": {"file": str(workdir / "events.jsonl"), "terminal": "warning", "max_size": 0},  # read whole after
             "state_file": str(workdir / "state.json"),
         }
 

@@ -7,7 +7,8 @@
        ├─ key file watcher          (reloads the keys the front door checks)
        ├─ GPU probe                 (polls NVML or the simulated GPU)
        ├─ ledger + scheduler actor  (owns all scheduling and memory state)
-       ├─ engine supervisors        (one task per engine)
+       ├─ engine supervisors        (one task per engine; a reload adds and retires them)
+       ├─ reloader                  (owns the running config: SIGHUP, steward reload, /admin/reload)
        ├─ health watch, alerts      (logs each change of /healthz; posts to the webhook)
        └─ HTTP server               (Hypercorn serving the Quart-Trio app)
 
@@ -51,6 +52,7 @@ from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.asgi import Scope
+from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.comfy_app import create_comfy_app
 from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
 from supervisor.gateway.door import FrontDoor, front_door
@@ -68,6 +70,8 @@ from supervisor.metrics import StewardMetrics
 from supervisor.nodes.directory import serve_node_directory
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
 from supervisor.process_tree import fold_to_roots, read_parents
+from supervisor.reload import Reload
+from supervisor.reloader import Reloader, serve_reloads
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.types import DeviceUse
 from supervisor.services.probe import probe_upstream
@@ -88,6 +92,7 @@ class Steward:
     readings: list[GpuReading]
     ollama_urls: list[str] = attrs.Factory(list)
     comfyui_urls: list[str] = attrs.Factory(list)
+    reload: Reload | None = None  # read the config file again and apply it (None: not started from a file)
 
     @property
     def url(self) -> str:
@@ -138,17 +143,19 @@ class StopSignals:
     hurried: trio.Event = attrs.Factory(trio.Event)
 
 
-async def run_steward(config: Config, stop: StopSignals, *,
+async def run_steward(config: Config, stop: StopSignals, *, config_path: Path | None = None,
                       task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run until *stop* is requested, then drain and stop everything."""
+    """Run until *stop* is requested, then drain and stop everything. With *config_path* (the
+    file *config* was read from) the config can be reloaded (``Steward.reload``)."""
     async with trio.open_nursery() as outer:
         events = await outer.start(functools.partial(serve_event_log, config.log.file,
-                                                     terminal_level=config.log.terminal))
+                                                     terminal_level=config.log.terminal,
+                                                     max_size=config.log.max_size, keep=config.log.keep))
         try:
             async with trio.open_nursery() as writing:  # left once the usage log's last rows are written
                 usage = await writing.start(serve_usage_log, config.usage.db, events)
                 try:
-                    await _run_tree(config, stop, events, usage, task_status)
+                    await _run_tree(config, stop, events, usage, config_path, task_status)
                 finally:
                     usage.close()  # the listeners are gone: its writer writes the last rows and ends
         finally:
@@ -156,7 +163,7 @@ async def run_steward(config: Config, stop: StopSignals, *,
             events.close()
 
 
-async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: UsageLog,
+async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: UsageLog, config_path: Path | None,
                     task_status: trio.TaskStatus[Steward]) -> None:
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
@@ -176,13 +183,18 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
     core = build_scheduler(config, specs, plans, [d.nbytes for d in budgets], observe_memory=probe is not None)
     client, mailbox = open_scheduler_mailbox(core)
-
-    def remember(engine: str, nbytes: int) -> None:
-        if engine in plans and (problem := store.record(plans[engine].key, engine, nbytes)) is not None:
-            events.emit("state_write_failed", "warning", path=config.state_file, detail=problem)
+    catalog = ModelCatalog.of(config)
     door = FrontDoor(events, usage, exposed=exposed_listeners(config), open_paths=frozenset(config.auth.open_paths),
-                     aliases=config.alias_table())
+                     aliases=catalog.aliases)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
+        reloader = Reloader(config_path or Path(), config, [d.nbytes for d in budgets], memory_device(probe), store,
+                            plans, engines, catalog, client, events, http, root)
+
+        def remember(engine: str, nbytes: int) -> None:
+            plan = reloader.plans.get(engine)  # the running config's (a reload replaces them)
+            if plan is not None and (problem := store.record(plan.key, engine, nbytes)) is not None:
+                events.emit("state_write_failed", "warning", path=config.state_file, detail=problem)
+
         keys = await root.start(functools.partial(serve_key_file, config.auth.keys_file, events, door.replace_keys,
                                                   interval=config.auth.reload_interval))
         if (problem := exposure_problem(config, has_keys=not keys.empty)) is not None:
@@ -192,8 +204,10 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         if config.ollama is not None:
             root.start_soon(probe_upstream, http, OLLAMA_ENGINE, f"{config.ollama.upstream.url}/api/version", events,
                             bool(config.ollama.command))
-        await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember))
-        steward = Steward([], events, client, engines, probe, readings)
+        await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember,
+                                           on_retired=reloader.on_retired))
+        reload = await root.start(serve_reloads, reloader) if config_path is not None else None
+        steward = Steward([], events, client, engines, probe, readings, reload=reload)
         if probe is not None:
             await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
         gate = RequestGate()
@@ -211,7 +225,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
         nodes = await _start_nodes(config, root, http, events) if config.nodes else None
-        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes)
+        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes,
+                                catalog, reload)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                lambda scope: error_body, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:

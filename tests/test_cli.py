@@ -1,16 +1,12 @@
-"""The steward command as a person uses it: check, run with a bad config, demo."""
+"""The steward command as a person uses it: check, run with a bad config (the demo: tests/test_demo.py)."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import openai
 import pytest
 import yaml
 
@@ -126,42 +122,6 @@ def test_run_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
-    process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "demo", "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
-    try:
-        base_url = event_log = None
-        deadline = time.monotonic() + 30
-        assert process.stdout is not None
-        while (base_url is None or event_log is None) and time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if match := re.search(r"OpenAI base URL\s+(\S+)", line):
-                base_url = match.group(1)
-            if match := re.search(r"event log\s+(\S+)", line):
-                event_log = Path(match.group(1))
-        assert base_url and event_log, "the demo did not print its URL and event log"
-        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
-        ids = {m.id for m in client.models.list()}
-        assert {"gemma4-12b", "gemma4-e4b", "gemma4-e2b", "nomic-embed", "gpt-4o"} <= ids
-        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}],
-                                               max_tokens=4)
-        assert reply.choices[0].message.content
-        stream = client.chat.completions.create(model="gemma4-e2b@background", stream=True, max_tokens=3,
-                                                messages=[{"role": "user", "content": "hi"}])
-        assert len([c for c in stream if c.choices and c.choices[0].delta.content]) == 3
-        embedded = client.embeddings.create(model="nomic-embed", input=["a", "b"])
-        assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 64
-        # The always-on fake vLLM, behind the same queue.
-        shared = client.chat.completions.create(model="agents", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=4)
-        assert shared.model == "qwen3-4b-shared" and shared.usage is not None
-        assert shared.usage.completion_tokens == 4
-    finally:
-        process.send_signal(signal.SIGINT)
-        assert process.wait(30) == 0
-    assert not event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
 
 def test_check_shows_the_demos_always_on_engine(tmp_path: Path) -> None:

@@ -157,6 +157,9 @@ def test_keys_added_and_removed_while_steward_runs(start_steward: StewardFactory
     assert httpx.post(f"{comfy}/steward/release", headers=old).status_code == 403  # admin keys alone
     assert httpx.post(f"{comfy}/steward/release", headers=ops).json() == {"released": 0}
     assert httpx.get(f"{steward.url}/steward/state", headers=old).status_code == 403
+    assert httpx.get(f"{steward.url}/admin/state", headers=old).status_code == 403
+    assert httpx.post(f"{steward.url}/admin/engines/chat/pin", headers=old).status_code == 403
+    assert httpx.get(f"{steward.url}/admin/state", headers=ops).json()["version"] == 1
     state = parse_node_state(httpx.get(f"{steward.url}/steward/state", headers=ops).json())  # what a front door reads
     assert {m.name for m in state.models} == {"chat", "small"} and state.model("gpt-4o") == state.model("chat")
     assert state.model("chat").resident and state.health == "ok"  # type: ignore[union-attr]

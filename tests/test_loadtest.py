@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -11,20 +13,45 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from supervisor import chaos
 from supervisor.cli import main
-from supervisor.loadtest import ChaosOptions, Outcome, run_loadtest, summarize_events
+from supervisor.loadtest import (
+    ChaosOptions,
+    LoadReport,
+    LoadTally,
+    Outcome,
+    default_kinds,
+    format_report,
+    run_loadtest,
+    serve_progress,
+    summarize_events,
+)
 
 MODELS = {"chat": "gemma4-12b", "background": "gemma4-e4b", "batch": "gemma4-e2b", "embedding": "nomic-embed"}
 INVARIANTS = ["alive", "answers", "idle", "ledger", "processes", "fds"]
 
 
-def test_a_short_mixed_load_completes_work_in_every_class_without_errors() -> None:
-    report = run_loadtest(None, {"chat": 2, "background": 2, "batch": 1, "embedding": 1}, 6.0, MODELS)
+def test_a_short_mixed_load_completes_work_in_every_class_without_errors(capfd: pytest.CaptureFixture[str]) -> None:
+    said: list[str] = []
+    report = run_loadtest(None, {"chat": 2, "background": 2, "batch": 1, "embedding": 1}, 6.0, MODELS, say=said.append)
     table = report.by_class()
     assert all(table[klass]["completed"] > 0 for klass in ("interactive", "background", "batch")), table
     assert sum(row["errors"] for row in table.values()) == 0, report.to_json()
+    kinds = report.by_kind()
+    assert list(kinds) == ["chat", "background", "batch", "embedding"]
+    assert all(row["completed"] > 0 and row["reason"] is None for row in kinds.values()), kinds
+    assert [line.split()[0] for line in format_report(report).splitlines()[1:5]] == list(kinds)
+    # What the loadtest says as it goes: its steward, the load, progress (6 s: at least the 5 s line), the stop.
+    assert said[0].startswith("loadtest: its steward is up at http://127.0.0.1:") and "steward.stderr" in said[0]
+    assert said[1].startswith("loadtest: clients for 6s against ")
+    assert "chat 2, background 2, batch 1, embedding 1" in said[1]
+    assert re.fullmatch(r"loadtest \d+s(/6s| \(the 6s load is over.*\)): chat .*; embedding .*", said[2]), said
+    assert said[-2:] == ["loadtest: stopping its steward, as planned (it finishes what is in flight, then stops its "
+                         "engines)", "loadtest: its steward has stopped"]
+    assert report.problems is not None and not {"exit", "shutdown_cut"} & set(report.problems)  # a planned stop
+    assert "SIGTERM" not in capfd.readouterr().err  # steward's own line about it stays in its output file
     assert report.engine_events is not None and report.engine_events["loads"] >= 4
     assert report.engine_events["unnecessary_loads"] == 0
     assert any(o.kind == "embedding" and o.status == 200 for o in report.outcomes)
@@ -53,6 +80,72 @@ def test_a_short_chaos_run_reports_every_invariant_with_its_figures() -> None:
     assert document["passed"] == report.passed
     assert set(document["steward"]) == {"rss_bytes", "fds", "samples", "log_problems"}
     assert set(document["classes"]) == {"interactive", "background", "batch", "ollama", "image"}
+    assert list(document["kinds"]) == ["chat", "embedding", "ollama", "image"]
+
+
+def _tally(**counts: int) -> LoadTally:
+    return LoadTally.of({kind: counts[kind.name] for kind in default_kinds(MODELS) if kind.name in counts})
+
+
+def _answered(kind: str, sent: float, status: int = 200, ending: str = "done") -> Outcome:
+    return Outcome(kind, "interactive", sent, 1.0, status, ending=ending)
+
+
+def test_a_progress_line_counts_each_kind_and_ages_only_long_waits() -> None:
+    tally = _tally(chat=2, background=1, embedding=1)
+    tally.ended(tally.sent("chat", 100.0), _answered("chat", 100.0))
+    tally.sent("chat", 101.0)
+    tally.ended(tally.sent("background", 100.5), _answered("background", 100.5, 503, "answer"))
+    tally.ended(tally.sent("background", 101.5), _answered("background", 101.5, ending=chaos.LEFT))
+    tally.sent("background", 105.0)
+    tally.sent("embedding", 100.0)
+    assert tally.progress_line(112.9, started=100.0, duration=30.0) == (
+        "loadtest 12s/30s: chat 1 done, 1 in flight (oldest 11s); background 0 done, 1 failed, 1 left, 1 in flight; "
+        "embedding 0 done, 1 in flight (oldest 12s)")
+    assert tally.progress_line(135.0, started=100.0, duration=30.0) == (
+        "loadtest 35s (the 30s load is over; waiting for 3 answers): chat 1 done, 1 in flight (oldest 34s); "
+        "background 0 done, 1 failed, 1 left, 1 in flight (oldest 30s); embedding 0 done, 1 in flight (oldest 35s)")
+
+
+async def test_progress_is_said_on_a_fixed_grid_until_cancelled(autojump_clock: trio.testing.MockClock) -> None:
+    tally = _tally(chat=1)
+    said: list[str] = []
+    async with trio.open_nursery() as nursery:
+        started = trio.current_time()
+        await nursery.start(functools.partial(serve_progress, tally, said.append, started=started, duration=12.0,
+                                              interval=5.0))
+        ticket = tally.sent("chat", started)
+        await trio.sleep(7.0)
+        tally.ended(ticket, _answered("chat", started))
+        tally.sent("chat", trio.current_time())
+        await trio.sleep(9.5)
+        nursery.cancel_scope.cancel()
+    assert said == ["loadtest 5s/12s: chat 0 done, 1 in flight", "loadtest 10s/12s: chat 1 done, 1 in flight",
+                    "loadtest 15s (the 12s load is over; waiting for 1 answer): chat 1 done, 1 in flight"]
+
+
+def test_every_kind_started_has_a_row_and_one_that_completed_nothing_says_why() -> None:
+    tally = _tally(chat=1, background=1, batch=1, embedding=1, image=1)
+    outcomes = [_answered("chat", 0.0), _answered("background", 1.0, 503, "answer"),
+                _answered("background", 2.0, 0, "no_answer"), _answered("background", 3.0, ending=chaos.LEFT)]
+    for outcome in outcomes:
+        tally.ended(tally.sent(outcome.kind, outcome.started), outcome)
+    tally.sent("image", 4.0)  # the load was stopped before its answer (chaos: steward died)
+    report = LoadReport(10.0, outcomes, tally=tally)
+    rows = report.by_kind()
+    assert list(rows) == ["chat", "background", "batch", "embedding", "image"]
+    assert rows["chat"]["reason"] is None and rows["chat"]["completed"] == 1
+    assert rows["background"]["reason"] == "none of 3 completed: 503 answer x1, no_answer x1, left early x1"
+    assert {k: rows["embedding"][k] for k in ("class", "clients", "requests", "completed", "errors", "reason")} == {
+        "class": "background", "clients": 1, "requests": 0, "completed": 0, "errors": 0,
+        "reason": "sent no request before the load ended"}
+    assert rows["image"]["class"] == "comfyui" and rows["image"]["unanswered"] == 1
+    assert rows["image"]["reason"] == "1 sent, still without an answer when the load was stopped"
+    text = format_report(report).splitlines()
+    assert text[4] == ("embedding  background         0         0      0    0    0       -       -       -  "
+                       "sent no request before the load ended")
+    assert [line.split()[0] for line in text[1:6]] == list(rows)
+    assert json.loads(json.dumps(report.to_json()))["kinds"] == rows
 
 
 def test_chaos_needs_the_loadtests_own_steward(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ import trio.testing
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
     BackoffPolicy,
+    Emit,
     EngineProfile,
     Fail,
     Grant,
@@ -336,8 +337,11 @@ def test_per_class_queue_timeouts() -> None:
     assert s.next_wakeup() == 4.0  # the batch starvation clock: nothing can run beside, though
     assert not [e for e in s.tick(4.0) if isinstance(e, Fail | Grant)]
     assert s.next_wakeup() == 6.0
-    assert [e.job_id for e in s.tick(6.0) if isinstance(e, Fail)] == [2]
-    assert s.next_wakeup() == 501.0
+    effects = s.tick(6.0)
+    assert [e.job_id for e in effects if isinstance(e, Fail)] == [2]
+    # Job 3 has waited 5 s: said once, and again at 10 s of waiting; it times out at 501.
+    assert [e.fields["job"] for e in effects if isinstance(e, Emit) and e.event == "waiting"] == [3]
+    assert s.next_wakeup() == 11.0
 
 
 def test_grant_for_an_exclusive_job_names_no_engine() -> None:

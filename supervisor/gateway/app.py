@@ -9,13 +9,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from adapters import model_runtime
 from supervisor.config import Config
 from supervisor.events import EventLog
+from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events
 from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
+from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.door import FrontDoor, exchange_of
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.gate import RequestGate, gated
@@ -27,6 +29,7 @@ from supervisor.health import HealthWatch
 from supervisor.memory_plan import device_label
 from supervisor.metrics import StewardMetrics
 from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
+from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
 
 
@@ -36,20 +39,22 @@ def body_limits(config: Config) -> BodyLimits:
 
 def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
                metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu",
-               nodes: NodeRouter | None = None) -> QuartTrio:
+               nodes: NodeRouter | None = None, catalog: ModelCatalog | None = None,
+               reload: Reload | None = None) -> QuartTrio:
     app = new_quart_app("steward", error_body, events)
     started = int(time.time())
-    aliases = config.alias_table()
-    served = {name: model.served_name or name for name, model in config.models.items()
-              if model_runtime(model).checks_model_name}
+    catalog = catalog or ModelCatalog.of(config)
+    aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 served, nodes)
+                                 catalog.served, nodes)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
             await inference(scope, receive, send)
+        elif scope["path"] == EVENTS_PATH and scope["method"] == "GET":
+            await serve_admin_events(scope, receive, send, events, gate)
         else:
             await quart_asgi(scope, receive, send)
 
@@ -95,11 +100,15 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         return model_entry(model_id)
 
     def health_details() -> dict[str, Any]:
-        snapshot = scheduler.snapshot()
+        snapshot, now = scheduler.snapshot(), trio.current_time()
         return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
                 "devices": [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
                              "outside": d.outside, "free": d.free} for d in snapshot.devices],
                 "queued": snapshot.queued,
+                # The head of every line, oldest first, and why it waits.
+                "waiting": [{"class": line.klass, "model": line.engine, "waiting": line.waiting,
+                             "waited_s": round(now - line.head_submitted, 3), "reason": line.reason, "why": line.why}
+                            for line in sorted(snapshot.lines, key=lambda line: line.head_submitted)],
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,
@@ -118,8 +127,9 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
     add_health_routes(app, health, metrics, health_details)
+    add_admin_routes(app, scheduler, health, events, device, reload)  # type: ignore[arg-type]
     return app
 
 
 def is_admin_route(scope: Scope) -> bool:
-    return scope["path"].startswith("/steward/")
+    return scope["path"].startswith("/steward/") or is_admin_path(scope["path"])

@@ -9,8 +9,9 @@ It is the outermost layer of each listener's ASGI app. For every HTTP request it
 - checks the key (``Authorization: Bearer KEY`` or ``x-api-key``) when keys are in force:
   with any key in the key file, or always on a listener reachable beyond loopback. No key
   or an unknown one is a 401 in the listener's own error shape; admin routes need an admin key;
-- writes the usage row when the answer ended, however it ended: refused, failed, cut,
-  or left by its client (499). Health and metrics scrapes are not logged.
+- writes the usage row, and the ``request`` event (the terminal's one line per request),
+  when the answer ended, however it ended: refused, failed, cut, or left by its client (499).
+  Health and metrics scrapes are not logged.
 
 What a key limits beyond that (models, classes, requests per minute, concurrency) needs the
 request's body, so the handlers ask ``FrontDoor.admit`` once they know the model and class.
@@ -40,7 +41,8 @@ from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
-MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics"})  # polled every few seconds: no usage rows
+# Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): no usage rows.
+MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
 _TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
 _TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
@@ -274,7 +276,13 @@ class FrontDoor:
                          **{"class": exchange.klass}, request_id=exchange.request_id)
 
     def record(self, exchange: Exchange) -> None:
-        self.usage.record(exchange.row(trio.current_time()))
+        """The request ended: its usage row, and its one line in the event log (``request``)."""
+        row = exchange.row(trio.current_time())
+        self.usage.record(row)
+        self.events.emit("request", "info", listener=row.listener, method=row.method, route=row.route,
+                         model=row.model, **{"class": row.klass}, status=row.status, error=row.error,
+                         queued_s=row.queued_s, duration_s=row.duration_s, prompt_tokens=row.prompt_tokens,
+                         completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id)
 
 
 def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[Scope], ErrorShape],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import ClassVar, Protocol
@@ -24,12 +25,16 @@ from supervisor.scheduler.types import (
     DeviceUse,
     Effect,
     Emit,
+    EngineAction,
+    EngineProfile,
     Fail,
     Grant,
     Measured,
     Placement,
+    RetireEngine,
     Revoke,
     SchedulerSnapshot,
+    SchedulingPolicy,
     StartEngine,
     StopEngine,
 )
@@ -166,12 +171,41 @@ class MemoryReading:
 
 
 @attrs.frozen
+class Control:
+    engine: str
+    action: EngineAction
+    answer: Callable[[str | None], None]  # told None when done, or why it cannot be done now
+
+
+@attrs.frozen
+class EngineAdded:
+    profile: EngineProfile
+
+
+@attrs.frozen
+class EngineRetiring:
+    engine: str
+    replacement: EngineProfile | None
+
+
+@attrs.frozen
+class EngineReplaced:
+    engine: str
+
+
+@attrs.frozen
+class PolicyReplaced:
+    policy: SchedulingPolicy
+
+
+@attrs.frozen
 class Close:
     """Shutdown began."""
 
 
 Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineAsleep | EngineLoad | EngineChecked
-           | EngineStalled | ServiceMemory | MemoryReading | Close)
+           | EngineStalled | ServiceMemory | MemoryReading | Control | EngineAdded | EngineRetiring | EngineReplaced
+           | PolicyReplaced | Close)
 
 
 @attrs.define(eq=False)
@@ -272,6 +306,31 @@ class SchedulerClient:
         """A reading of every device (index = device)."""
         self._post(MemoryReading(tuple(devices)))
 
+    async def control(self, engine: str, action: EngineAction) -> str | None:
+        """An admin's action on *engine*, through the actor: None once done, else why not."""
+        done, outcome = trio.Event(), []
+
+        def answer(problem: str | None) -> None:
+            outcome.append(problem)
+            done.set()
+
+        self._post(Control(engine, action, answer))
+        await done.wait()
+        return outcome[0]
+
+    # A reload's changes (supervisor/reloader.py).
+    def add_engine(self, profile: EngineProfile) -> None:
+        self._post(EngineAdded(profile))
+
+    def retire_engine(self, engine: str, replacement: EngineProfile | None) -> None:
+        self._post(EngineRetiring(engine, replacement))
+
+    def report_replaced(self, engine: str) -> None:
+        self._post(EngineReplaced(engine))
+
+    def replace_policy(self, policy: SchedulingPolicy) -> None:
+        self._post(PolicyReplaced(policy))
+
     def close(self) -> None:
         """Shutdown began: waiting requests that have not started get 503, new ones too."""
         self._post(Close())
@@ -295,10 +354,12 @@ def open_scheduler_mailbox(core: Scheduler) -> tuple[SchedulerClient, trio.Memor
 async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Message],
                           engines: Mapping[str, EngineControl], events: EventLog, *,
                           on_measured: Callable[[str, int], None] | None = None,
+                          on_retired: Callable[[str, bool], None] | None = None,
                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Own the scheduler state: apply each message to the core and carry out its effects.
 
-    *on_measured* is told when an engine's measured memory replaces its estimate.
+    *on_measured* is told when an engine's measured memory replaces its estimate; *on_retired*
+    when a reload's removed or changed engine has stopped and its task may go (replaced or not).
     """
     tickets: dict[int, Ticket] = {}  # submitted, not yet answered
     granted: dict[int, Ticket] = {}  # granted, not yet finished
@@ -327,6 +388,9 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 case Measured(engine, nbytes):
                     if on_measured is not None:
                         on_measured(engine, nbytes)
+                case RetireEngine(engine, replaced):
+                    if on_retired is not None:
+                        on_retired(engine, replaced)
 
     def apply(message: Message) -> list[Effect]:
         now = trio.current_time()
@@ -359,10 +423,23 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.service_memory(engine, generation, nbytes, now)
             case MemoryReading(devices):
                 return core.observe_devices(now, devices)
+            case Control(engine, action, answer):
+                problem, effects = core.control(engine, action, now)
+                answer(problem)
+                return effects
+            case EngineAdded(profile):
+                return core.add_engine(profile, now)
+            case EngineRetiring(engine, replacement):
+                return core.retire_engine(engine, replacement, now)
+            case EngineReplaced(engine):
+                return core.engine_replaced(engine, now)
+            case PolicyReplaced(policy):
+                return core.replace_policy(policy, now)
             case Close():
                 return core.close(now)
         raise AssertionError(message)
 
+    core.wall_offset = time.time() - trio.current_time()  # so that the times it says are the wall clock's
     task_status.started()
     perform(core.start(trio.current_time()))
     while True:

@@ -16,7 +16,8 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
 4. Starvation guard: when the head of a lower class has made no progress for its
    ``starvation`` time, one of its steps may run beside the higher classes' work: the
    oldest of its waiting jobs that can actually run now, not simply the oldest.
-5. Residency: pinned engines are never evicted; hot ones (used interactively within
+5. Residency: pinned engines are never evicted for another model (rule 8's exclusive job
+   unloads them, last); hot ones (used interactively within
    ``hot_window``) only for interactive work, and only when cold ones do not free enough.
 6. Count first, load second: a load reserves its memory the moment it is decided; memory
    of engines already on their way out counts as being freed (no second victim for one
@@ -38,6 +39,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from supervisor.address import Address
+from supervisor.scheduler.explain import explain
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.placing import candidate_placements, most_memory
 from supervisor.scheduler.queues import ClassQueue
@@ -50,6 +52,7 @@ from supervisor.scheduler.types import (
     DeviceUse,
     Effect,
     Emit,
+    EngineAction,
     EngineProfile,
     EngineSnapshot,
     EngineState,
@@ -60,12 +63,15 @@ from supervisor.scheduler.types import (
     LineSnapshot,
     Measured,
     Placement,
+    RetireEngine,
+    Retirement,
     Revoke,
     SchedulerSnapshot,
     SchedulingPolicy,
     StartEngine,
     StopEngine,
 )
+from supervisor.units import format_size
 
 SHUTTING_DOWN = "steward is shutting down; try again once it is back"
 SHUTDOWN_RETRY_AFTER = 5.0
@@ -112,6 +118,7 @@ class Scheduler:
     outside_memory: tuple[int, ...] | None = None  # per device: memory used by processes that are not engines
     settle_polls_left: int = 0  # readings to go before the outside estimate may move again
     now: float = 0.0
+    wall_offset: float = 0.0  # the wall clock minus this clock: times in words are the wall clock's
     _deadlines: list[tuple[float, int]] = attrs.Factory(list)
     _effects: list[Effect] = attrs.Factory(list)
 
@@ -143,8 +150,11 @@ class Scheduler:
                   deadline=now + (self.policy.queue_timeout[klass] if timeout is None else timeout),
                   request=job_id if request is None else request, step=step, steps=steps,
                   exclusive_memory=need if model is None else 0)
+        job.next_report = now + self.policy.wait_report_after
         if self.closing and step == 1:
             return self._refuse(job, 503, "shutting_down", SHUTTING_DOWN, retry_after=SHUTDOWN_RETRY_AFTER)
+        if model is not None and (model not in self.engines or self._removed(model)):
+            return self._refuse(job, 404, "model_not_found", f"the model '{model}' was removed from steward's config")
         if model is None:
             room = self.ledger.budgets[DEFAULT_DEVICE]
         else:
@@ -233,6 +243,7 @@ class Scheduler:
         if generation != engine.generation or engine.status is not EngineStatus.STARTING:
             return self._flush()
         engine.status = EngineStatus.READY
+        engine.requested = False
         engine.endpoint = endpoint
         engine.pid = pid if pid is not None else engine.pid
         engine.ready_at = now
@@ -251,6 +262,7 @@ class Scheduler:
         if engine.restarting_unhealthy:
             detail = f"restarted because it stopped answering its health checks ({detail})"
         was_starting = engine.status is EngineStatus.STARTING
+        engine.requested = False  # an admin's load that failed is not tried again
         engine.stop_serving()
         if self.observe_memory and engine.pid is not None:
             self.ledger.await_free(name, now + self.policy.release_timeout)
@@ -437,6 +449,104 @@ class Scheduler:
             self._emit("measured", "info", engine=name, measured=nbytes, estimate=reserved, free=self.ledger.free)
         return self._decide(now)
 
+    def control(self, name: str, action: EngineAction, now: float) -> tuple[str | None, list[Effect]]:
+        """An admin's load, unload, pin or unpin of engine *name*: None, or why it cannot be done now.
+
+        It goes by the same rules as everything else: a load takes free memory or evicts only idle
+        cold engines (never work in flight, never a hot one), an unload drains the engine first,
+        pinning loads it at once (as at start), unpinning leaves it loaded and evictable."""
+        engine = self.engines[name]
+        problem = None
+        if action is EngineAction.PIN or action is EngineAction.UNPIN:
+            engine.profile = attrs.evolve(engine.profile, pinned=action is EngineAction.PIN)
+        elif action is EngineAction.UNLOAD:
+            engine.requested = False
+            if engine.profile.pinned:
+                problem = f"{name} is pinned: unpin it first"
+            elif engine.status is not EngineStatus.READY:
+                problem = f"{name} is {engine.status.value}, not loaded"
+            else:
+                self._evict(engine, now, for_what="admin", need=0, free=self.ledger.free)
+        elif engine.status in (EngineStatus.STARTING, EngineStatus.READY):
+            problem = None  # loaded (or loading) already
+        elif not self._may_start(engine, now):
+            problem = f"{name} is {engine.status.value}; try again once it is stopped"
+        elif self._admin_option(engine, now, {}) is None:
+            problem = f"{name} needs {format_size(engine.profile.memory)} and nothing idle and cold may be evicted for it"
+        else:
+            engine.requested = True  # loaded in this decision, or once its victims are gone
+        self._emit("admin", "info", engine=name, action=action.value, done=problem is None, detail=problem)
+        return problem, self._decide(now)
+
+    def _admin_option(self, engine: EngineState, now: float, promised: dict[int, int]) -> _Option | None:
+        """How an admin's load goes: into free memory, or over idle cold engines only."""
+        option = self._place(engine, now, promised, {}, (RANK["background"], -1), idle_only=True)
+        if option is None or (option.victims is None and not option.fits):
+            return None
+        return option
+
+    # ---- reload ---------------------------------------------------------------------
+
+    def add_engine(self, profile: EngineProfile, now: float) -> list[Effect]:
+        """A reload added a model (its engine task exists already)."""
+        self.engines[profile.name] = EngineState(profile)
+        self._emit("engine_added", "info", engine=profile.name, memory=profile.memory)
+        return self._decide(now)
+
+    def retire_engine(self, name: str, replacement: EngineProfile | None, now: float) -> list[Effect]:
+        """A reload removed (*replacement* None) or changed a model: no new work for its engine,
+        the steps on it finish, then it stops and its task is retired. Steps waiting for a
+        removed model are answered 404 now; those for a changed one wait for the new engine."""
+        engine = self.engines[name]
+        engine.retiring = Retirement(replacement)
+        engine.requested = False
+        if replacement is None:
+            for klass in CLASSES:
+                for job in list(self.queues[klass].line(name)):
+                    self._unqueue(job)
+                    self._fail(job, 404, "model_not_found", f"the model '{name}' was removed from steward's config",
+                               retry_after=None, reason="model_removed")
+        self._emit("engine_retiring", "info", engine=name, removed=replacement is None, status=engine.status.value,
+                   in_flight=engine.in_flight)
+        return self._decide(now)
+
+    def engine_replaced(self, name: str, now: float) -> list[Effect]:
+        """The changed model's new engine task runs: the next load is the new config's."""
+        engine = self.engines[name]
+        assert engine.retiring is not None and engine.retiring.replacement is not None
+        engine.profile, engine.retiring, engine.placement = engine.retiring.replacement, None, None
+        engine.failures = 0
+        self._emit("engine_replaced", "info", engine=name, memory=engine.profile.memory)
+        return self._decide(now)
+
+    def replace_policy(self, policy: SchedulingPolicy, now: float) -> list[Effect]:
+        self.policy = policy
+        return self._decide(now)
+
+    def _advance_retirements(self, now: float) -> None:
+        for engine in list(self.engines.values()):
+            retiring = engine.retiring
+            if retiring is None or retiring.announced:
+                continue
+            if engine.status is EngineStatus.READY:
+                self._evict(engine, now, for_what="reload", need=0, free=self.ledger.free)
+            elif engine.status is EngineStatus.STARTING:
+                self._stop(engine)  # a load of the old config: not finished
+            elif engine.status is EngineStatus.SLEEPING:
+                # Its kept process goes with its task: the memory is released once seen free.
+                engine.status = EngineStatus.STOPPED
+                if self.observe_memory and engine.pid is not None:
+                    self.ledger.await_free(engine.name, now + self.policy.release_timeout)
+                else:
+                    self._release(engine)
+            if engine.status in (EngineStatus.STOPPED, EngineStatus.FAILED):
+                engine.retiring = attrs.evolve(retiring, announced=True)
+                self._effects.append(RetireEngine(engine.name, replaced=retiring.replacement is not None))
+        for name in [n for n, e in self.engines.items() if e.retiring is not None and e.retiring.announced
+                     and e.retiring.replacement is None and not self.ledger.holds(n)]:
+            del self.engines[name]
+            self._emit("engine_removed", "info", engine=name)
+
     def tick(self, now: float) -> list[Effect]:
         """Time passed: deadlines, backoffs, the window and starvation clocks may have come due."""
         return self._decide(now)
@@ -458,6 +568,7 @@ class Scheduler:
                 times.append(engine.last_used + engine.profile.idle_unload)  # type: ignore[operator]
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
+        times += [head.next_report for queue in self.queues.values() for head in queue.heads()]
         for klass in CLASSES[1:]:
             start = self._starved_since(klass)
             limit = self.policy.starvation[klass]
@@ -475,20 +586,23 @@ class Scheduler:
             running_by_class=dict(self.running_by_class),
             releasing=len(self.ledger.awaiting_free),
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
-            lines=tuple(LineSnapshot(engine, klass, len(line), line[0].submitted)
-                        for klass, queue in self.queues.items() for engine, line in queue.lines.items()),
+            lines=tuple(self._line_snapshot(line) for queue in self.queues.values() for line in queue.lines.values()),
             devices=tuple(DeviceSnapshot(device, self.ledger.budgets[device], self.ledger.reserved_on(device),
                                          self.ledger.outside_by_device[device]) for device in self.ledger.devices),
-            engines=tuple(EngineSnapshot(
-                # A draining engine still serves its steps: shown as ready, with draining set.
-                name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value, in_flight=e.in_flight,
-                slots=e.profile.slots,
-                memory=e.profile.memory, reserved=self.ledger.held(e.name),
-                draining=e.draining, pinned=e.profile.pinned, hot=e.hot(self.now, self.policy.hot_window),
-                queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
-                healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running,
-                engine_waiting=e.reported_waiting, devices=self._devices_of(e), held=dict(self.ledger.shares.get(e.name, {})))
-                for e in self.engines.values()))
+            engines=tuple(self._engine_snapshot(e) for e in self.engines.values()))
+
+    def _engine_snapshot(self, e: EngineState) -> EngineSnapshot:
+        hot = e.hot(self.now, self.policy.hot_window)
+        return EngineSnapshot(
+            # A draining engine still serves its steps: shown as ready, with draining set.
+            name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value,
+            in_flight=e.in_flight, slots=e.profile.slots, memory=e.profile.memory, reserved=self.ledger.held(e.name),
+            draining=e.draining, pinned=e.profile.pinned, hot=hot,
+            queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
+            healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running,
+            engine_waiting=e.reported_waiting, devices=self._devices_of(e),
+            held=dict(self.ledger.shares.get(e.name, {})), generation=e.generation, last_used=e.last_used,
+            hot_until=e.last_interactive + self.policy.hot_window if hot else None)
 
     # ---- decisions ----------------------------------------------------------------
 
@@ -499,6 +613,7 @@ class Scheduler:
         self._restart_unhealthy(now)
         self._unload_idle(now)
         self._drop_stale_guards()
+        self._advance_retirements(now)
         promised: dict[int, int] = {}  # per device: memory that loads decided earlier in this pass wait for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
@@ -506,6 +621,9 @@ class Scheduler:
             for engine in self.engines.values():
                 if engine.profile.pinned and self._may_start(engine, now):
                     self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
+                elif engine.requested and self._may_start(engine, now):
+                    if (option := self._admin_option(engine, now, promised)) is not None:
+                        self._carry_out(engine, option, now, promised, "admin")
         turn = self._guard_turn(now)
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
@@ -523,7 +641,24 @@ class Scheduler:
                 if head.model is not None:
                     wanted.setdefault(head.model, (rank, head.seq))
         self._update_mode(now)
+        self._report_waits(now)
         return self._flush()
+
+    def _report_waits(self, now: float) -> None:
+        """Say why the head of each line waits, once it has waited a while, then at growing intervals."""
+        for queue in self.queues.values():
+            for head in queue.heads():
+                if now >= head.next_report:
+                    wait = explain(self, head)
+                    self._emit("waiting", "info", job=head.id, request=head.request, model=head.model,
+                               **{"class": head.klass}, waited_s=_round(now - head.submitted),
+                               behind=queue.count(head.model) - 1, reason=wait.reason.value, why=wait.why)
+                    head.next_report = head.submitted + 2 * (now - head.submitted)
+
+    def _line_snapshot(self, line: list[Job]) -> LineSnapshot:
+        head = line[0]
+        wait = explain(self, head)
+        return LineSnapshot(head.model, head.klass, len(line), head.submitted, wait.reason.value, wait.why)
 
     def _gate(self, klass: str, now: float, turn: str | None) -> str:
         """'open', or for a lower class held back by higher work: 'guard' or 'blocked'."""
@@ -642,7 +777,7 @@ class Scheduler:
                 and engine.in_flight < engine.profile.slots)
 
     def _may_start(self, engine: EngineState, now: float) -> bool:
-        if self.ledger.releasing(engine.name):
+        if self.ledger.releasing(engine.name) or engine.retiring is not None:
             return False
         if engine.status in (EngineStatus.STOPPED, EngineStatus.SLEEPING):
             return True
@@ -745,7 +880,7 @@ class Scheduler:
         self._emit("evict", "info", engine=victim.name, memory=self.ledger.held(victim.name),
                    for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
                    idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window),
-                   devices=list(self._devices_of(victim)))
+                   devices=list(self._devices_of(victim)), why=_evict_why(for_what, need, free))
         if victim.in_flight == 0:
             self._stop(victim)
 
@@ -767,8 +902,23 @@ class Scheduler:
                    engine=engine.name, memory=engine.profile.memory,
                    reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
                    generation=engine.generation, devices=list(placement.devices),
-                   per_device=list(placement.share.values()))
+                   per_device=list(placement.share.values()), why=self._load_why(reason),
+                   where=_where(placement))
         self._effects.append(StartEngine(engine.name, engine.generation, placement))
+
+    def _load_why(self, reason: str) -> str:
+        """The reason of a load, in words."""
+        if reason == "pinned":
+            return "pinned: always loaded"
+        if reason == "admin":
+            return "an admin asked for it"
+        number, _, guard = reason.removeprefix("job ").partition(" ")
+        job = self.waiting.get(int(number)) if number.isdigit() else None
+        if job is None:
+            return reason
+        if guard:
+            return f"the starvation guard lets a {job.klass} step run"
+        return f"a {job.klass} request waits for it"
 
     def _devices_of(self, engine: EngineState) -> tuple[int, ...]:
         """Where it holds memory now, else where it was placed last."""
@@ -907,7 +1057,7 @@ class Scheduler:
         else:
             mode = "idle"
         if mode != self.mode:
-            self._emit("mode", "info", gpu=mode, previous=self.mode)
+            self._emit("mode", "debug", gpu=mode, previous=self.mode)  # frequent: the terminal shows loads and requests
             self.mode = mode
 
     def _unqueue(self, job: Job) -> None:
@@ -916,13 +1066,17 @@ class Scheduler:
         if self.guard[job.klass] == job.id and job.id not in self.running:
             self.guard[job.klass] = None
 
+    def _removed(self, model: str) -> bool:
+        retiring = self.engines[model].retiring
+        return retiring is not None and retiring.replacement is None
+
     def _demand(self, model: str) -> bool:
         return any(q.count(model) for q in self.queues.values())
 
     def _need(self, model: str | None, exclusive_memory: int | None) -> int:
         if model is None:
             return self.ledger.budgets[DEFAULT_DEVICE] if exclusive_memory is None else exclusive_memory
-        return self.engines[model].profile.memory
+        return self.engines[model].profile.memory if model in self.engines else 0
 
     def _what(self, job: Job) -> str:
         return "an exclusive job" if job.exclusive else f"model {job.model!r}"
@@ -943,6 +1097,24 @@ class Scheduler:
     def _flush(self) -> list[Effect]:
         effects, self._effects = self._effects, []
         return effects
+
+
+def _where(placement: Placement) -> str | None:
+    """Where a load goes, in words, when there was a choice (a host with several devices)."""
+    if not placement.chosen:
+        return None
+    devices = placement.devices
+    return f"device {devices[0]}" if len(devices) == 1 else f"devices {', '.join(map(str, devices))} (split)"
+
+
+def _evict_why(for_what: str, need: int, free: int) -> str:
+    if for_what == "exclusive":
+        return "an image job needs the GPU"
+    if for_what == "reload":
+        return "its model was changed or removed in the config"
+    if for_what == "admin":
+        return "an admin unloaded it"
+    return f"to make room for {for_what} (needs {format_size(need)}, {format_size(max(0, free))} free)"
 
 
 def _exclusive_owner(job_id: int) -> str:

@@ -29,6 +29,21 @@ class EngineStatus(enum.Enum):
     FAILED = "failed"  # exited unexpectedly; may start again at retry_at
 
 
+class EngineAction(enum.Enum):
+    """What an admin may ask of an engine (POST /admin/engines/NAME/ACTION)."""
+
+    LOAD = "load"
+    UNLOAD = "unload"
+    PIN = "pin"
+    UNPIN = "unpin"
+
+
+@attrs.frozen
+class Retirement:
+    replacement: EngineProfile | None  # None: removed from the config
+    announced: bool = False  # RetireEngine was said: the engine task is going (or gone)
+
+
 @attrs.frozen
 class EngineProfile:
     """What the core needs to know of an engine: its size, its slots, its tier."""
@@ -109,6 +124,12 @@ class EngineState:
     reported_waiting: int | None = None
     # Where its current (or last) load was placed: a wake stays there, a new load prefers it.
     placement: Placement | None = None
+    # An admin asked for it to be loaded (POST /admin/engines/NAME/load): loaded once the idle
+    # cold engines evicted for it are gone, as if a request waited for it.
+    requested: bool = False
+    # A reload removes it or changes it: it takes no new work, drains, stops, and then its
+    # engine task is retired (a changed one gets a new task, and this profile).
+    retiring: Retirement | None = None
 
     @property
     def unhealthy(self) -> bool:
@@ -160,6 +181,7 @@ class Job:
     engine_generation: int | None = None  # set when granted
     dispatched: float | None = None
     by_guard: bool = False  # started by the starvation guard, beside higher-class work
+    next_report: float = math.inf  # when its wait is next said in a `waiting` event, if still waiting
 
     @property
     def exclusive(self) -> bool:
@@ -208,6 +230,9 @@ class SchedulingPolicy:
     # frozen: NVML's totals and its process list are separate calls (research: phantom memory).
     settle_polls: int = 2
     backoff: BackoffPolicy = attrs.Factory(BackoffPolicy)
+    # A request waiting this long is said, with why, in a `waiting` event; then again at twice
+    # the wait, and so on.
+    wait_report_after: float = 5.0
     # Failed health checks in a row that make a ready engine unhealthy, and how long it may
     # stay so before it is restarted.
     unhealthy_after: int = 3
@@ -262,6 +287,14 @@ class CheckEngine:
 
 
 @attrs.frozen
+class RetireEngine:
+    """End the engine's task (its process is gone): a reload removed or changed it."""
+
+    engine: str
+    replaced: bool
+
+
+@attrs.frozen
 class Measured:
     """An engine's memory as measured; replaces the estimate for its model and arguments."""
 
@@ -276,7 +309,7 @@ class Emit:
     fields: dict[str, object]
 
 
-Effect = Grant | Fail | StartEngine | StopEngine | Revoke | CheckEngine | Measured | Emit
+Effect = Grant | Fail | StartEngine | StopEngine | Revoke | CheckEngine | Measured | RetireEngine | Emit
 
 
 @attrs.frozen
@@ -306,6 +339,9 @@ class EngineSnapshot:
     engine_waiting: int | None = None
     devices: tuple[int, ...] = ()  # where its memory is reserved (or was, last time it loaded)
     held: dict[int, int] = attrs.field(factory=dict)  # device -> bytes reserved for it now
+    generation: int = 0  # its loads so far
+    last_used: float = -math.inf  # when a step of it last started or ended (the core's clock)
+    hot_until: float | None = None  # while hot: when it stops being hot (the core's clock)
 
 
 @attrs.frozen
@@ -328,6 +364,8 @@ class LineSnapshot:
     klass: str
     waiting: int
     head_submitted: float  # when the step at its head was queued (trio's clock)
+    reason: str = ""  # why its head waits (supervisor.scheduler.explain.WaitReason)
+    why: str = ""  # the same, in words
 
 
 @attrs.frozen

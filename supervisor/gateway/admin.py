@@ -1,0 +1,212 @@
+"""The admin API: the whole picture (``GET /admin/state``, what ``steward top`` draws), the
+event log live (``GET /admin/events``, Server-Sent Events), and an admin's hand on the
+engines (``POST /admin/engines/NAME/load|unload|pin|unpin``), through the scheduler like
+everything else. Admin keys only, once keys are configured (``is_admin_route``).
+
+``admin_state`` is pure: a scheduler snapshot, the health, the recent events and the two
+clocks in, one JSON document out (its schema: ``STATE_VERSION``, docs/events.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+
+from supervisor.events import Event, EventLog
+from supervisor.gateway.asgi import Receive, Scope, Send, open_disconnect_watch
+from supervisor.gateway.errors import error_body
+from supervisor.gateway.gate import RequestGate
+from supervisor.gateway.quart_app import json_error
+from supervisor.health import Health, HealthWatch
+from supervisor.memory_plan import Device, device_label
+from supervisor.metrics import ledger_tier
+from supervisor.reload import Reload
+from supervisor.scheduler.actor import SchedulerClient
+from supervisor.scheduler.types import CLASSES, EngineAction, SchedulerSnapshot
+
+STATE_VERSION = 1
+EVENTS_PATH = "/admin/events"
+RECENT_EVENTS = 30
+RECENT_REJECTIONS = 20
+_REJECTIONS = frozenset({"reject", "timeout"})
+_QUEUE_SIZE = 1000  # events a slow /admin/events reader may fall behind before some are dropped
+_KEEPALIVE_S = 15.0
+
+
+def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
+                now: float, wall: float) -> dict[str, Any]:
+    """The picture: memory per device by tier, every engine, the queues and why they wait,
+    recent rejections and events. *now*: the scheduler's clock; *wall*: the wall clock."""
+
+    def at(moment: float | None) -> float | None:
+        return None if moment is None or not math.isfinite(moment) else round(wall + moment - now, 3)
+
+    devices = []
+    for d in snapshot.devices:
+        tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep", "freeing"), 0)
+        for engine in snapshot.engines:
+            held = engine.held.get(d.index, 0)
+            tiers["freeing" if engine.draining or engine.status in ("stopped", "failed") else ledger_tier(engine)] += held
+        tiers["exclusive"] = max(0, d.reserved - sum(e.held.get(d.index, 0) for e in snapshot.engines))
+        devices.append({"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
+                        "outside": d.outside, "free": d.free, "tiers": tiers})
+    oldest = {klass: snapshot.oldest_waiting(klass) for klass in CLASSES}
+    return {
+        "version": STATE_VERSION, "time": round(wall, 3), "mode": snapshot.mode,
+        "health": {"status": health.status.value, "reasons": list(health.reasons)},
+        "devices": devices,
+        "engines": [{"name": e.name, "status": e.status, "draining": e.draining, "in_flight": e.in_flight,
+                     "slots": e.slots, "queued": e.queued, "memory": e.memory, "reserved": e.reserved,
+                     "measured": e.measured, "pinned": e.pinned, "hot": e.hot, "hot_until": at(e.hot_until),
+                     "idle_s": None if e.in_flight or not math.isfinite(e.last_used) else round(now - e.last_used, 3),
+                     "generation": e.generation, "failures": e.failures, "healthy": e.healthy,
+                     "devices": [device_label(device, index) for index in e.devices]} for e in snapshot.engines],
+        "classes": {klass: {"queued": snapshot.queued_by_class[klass], "running": snapshot.running_by_class[klass],
+                            "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3)}
+                    for klass in CLASSES},
+        "waiting": [{"class": line.klass, "model": line.engine, "waiting": line.waiting,
+                     "waited_s": round(now - line.head_submitted, 3), "reason": line.reason, "why": line.why}
+                    for line in sorted(snapshot.lines, key=lambda line: line.head_submitted)],
+        "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
+        "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
+    }
+
+
+def _last(events: Sequence[Event], count: int, keep: Any) -> list[Event]:
+    kept = [event for event in events if keep(event)]
+    return kept[-count:]
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    return json.loads(event.to_json())
+
+
+@attrs.define(eq=False)
+class RecentEvents:
+    """The last events at info and above, and the last rejections, kept as they are emitted:
+    the event log's own ring is mostly debug lines on a busy steward."""
+
+    told: collections.deque[Event] = attrs.Factory(lambda: collections.deque(maxlen=RECENT_EVENTS))
+    rejections: collections.deque[Event] = attrs.Factory(lambda: collections.deque(maxlen=RECENT_REJECTIONS))
+
+    def observe(self, event: Event) -> None:
+        if event.level != "debug":
+            self.told.append(event)
+        if event.name in _REJECTIONS:
+            self.rejections.append(event)
+
+    def events(self) -> list[Event]:
+        """Both, oldest first, each once."""
+        return sorted({id(event): event for event in (*self.rejections, *self.told)}.values(), key=lambda e: e.mono)
+
+
+def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
+                     device: Device, reload: Reload | None = None) -> None:
+    recent = RecentEvents()
+    events.listeners.append(recent.observe)
+
+    @app.post("/admin/reload")
+    async def admin_reload() -> Response | dict[str, Any]:
+        if reload is None:
+            return json_error(error_body, 409, "this steward was not started from a config file", code="no_config_file")
+        outcome = await reload()
+        if outcome.plan is None:
+            body = {**json.loads(error_body(422, "the new config is refused: " + "; ".join(outcome.problems),
+                                            code="config_invalid")), **outcome.to_json()}
+            return Response(json.dumps(body), status=422, content_type="application/json")
+        return outcome.to_json()
+
+    @app.get("/admin/state")
+    async def admin_state_route() -> dict[str, Any]:
+        return admin_state(scheduler.snapshot(), health.assess(), recent.events(), device,
+                           now=trio.current_time(), wall=time.time())
+
+    @app.post("/admin/engines/<name>/<action>")
+    async def admin_engine_action(name: str, action: str) -> Response | dict[str, Any]:
+        engines = {e.name for e in scheduler.snapshot().engines}
+        if name not in engines:
+            return json_error(error_body, 404, f"no engine named {name!r}", code="engine_not_found")
+        try:
+            wanted = EngineAction(action)
+        except ValueError:
+            return json_error(error_body, 404, f"unknown action {action!r}: one of "
+                              f"{', '.join(a.value for a in EngineAction)}", code="unknown_action")
+        problem = await scheduler.control(name, wanted)
+        if problem is not None:
+            return json_error(error_body, 409, problem, code="engine_busy")
+        engine = next(e for e in scheduler.snapshot().engines if e.name == name)
+        return {"engine": name, "action": wanted.value, "status": engine.status, "pinned": engine.pinned,
+                "draining": engine.draining}
+
+
+async def serve_admin_events(scope: Scope, receive: Receive, send: Send, events: EventLog, gate: RequestGate) -> None:
+    """``GET /admin/events[?event=a,b]``: each event as it is emitted, as an SSE ``data:`` line,
+    until the client leaves or steward begins to shut down (an open stream never holds the drain)."""
+    names = _wanted(scope.get("query_string", b"").decode("latin-1"))
+    queue_send, queue = trio.open_memory_channel[Event](_QUEUE_SIZE)
+    dropped = 0
+
+    def follow(event: Event) -> None:
+        nonlocal dropped
+        if names is None or event.name in names:
+            try:
+                queue_send.send_nowait(event)
+            except trio.WouldBlock:
+                dropped += 1  # a reader this far behind loses events, never slows steward down
+
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+    await send({"type": "http.response.body", "body": b": steward events\n\n", "more_body": True})
+    events.listeners.append(follow)
+    try:
+        async with open_disconnect_watch(receive):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on, gate.closed, nursery.cancel_scope)
+                while True:
+                    with trio.move_on_after(_KEEPALIVE_S):
+                        event = await queue.receive()
+                        lost, dropped = dropped, 0
+                        if lost:
+                            await send(_sse({"event": "events_dropped", "dropped": lost}))
+                        await send(_sse(json.loads(event.to_json())))
+                        continue
+                    await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+    finally:
+        events.listeners.remove(follow)
+    with trio.CancelScope(shield=True):
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # noqa: BLE001 - the client is gone: nothing to finish
+            pass
+
+
+def _wanted(query: str) -> frozenset[str] | None:
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "event" and value:
+            return frozenset(filter(None, value.split(",")))
+    return None
+
+
+def _sse(record: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": f"data: {json.dumps(record, default=str)}\n\n".encode(),
+            "more_body": True}
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel(reason="steward is shutting down")
+
+
+def is_admin_path(path: str) -> bool:
+    return path.startswith("/admin/")
+

@@ -1,0 +1,180 @@
+"""The live loop of ``steward top``, and ``--once``.
+
+One nursery holds four tasks around one ``Top``: the event follower (``/admin/events``: each
+event is drawn at once and asks for a fresh state), the state poller (``/admin/state`` at
+least once a second, and shortly after a burst of events, once for the burst), the key
+reader, and the drawer, which redraws whenever one of them nudges it. Signals that end a
+pane (Ctrl-C, SIGTERM, tmux's SIGHUP) quit the way ``q`` does, so the terminal is always put
+back. A refused key ends top (exit 2); an unreachable steward is said on the screen and
+tried again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from rich.console import Console
+from rich.live import Live
+
+from supervisor.top.client import AdminRefused, Unreachable, fetch_state, follow_events, open_admin_client
+from supervisor.top.keys import cbreak, read_keys
+from supervisor.top.model import Top
+from supervisor.top.view import render_frame
+
+EXIT_OK = 0
+EXIT_UNREACHABLE = 1
+EXIT_REFUSED = 2
+POLL_S = 1.0  # the state is fetched at least this often: idle times and waits move on
+SETTLE_S = 0.2  # after an event, wait this long for the rest of its burst before fetching
+RETRY_S = 1.0
+FRAME_S = 0.05  # at most 20 pictures a second, however fast events come (a load test's requests)
+
+
+@attrs.define(eq=False)
+class Nudge:
+    """A wake-up that coalesces: any number of ``nudge`` calls before ``wait`` returns are one."""
+
+    _event: trio.Event = attrs.Factory(trio.Event)
+
+    def nudge(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()  # whatever changed before this is drawn by the caller next
+
+
+def run_live(url: str, key: str | None) -> int:
+    if not sys.stdout.isatty():
+        print("steward top: the live view needs a terminal; `steward top --once` prints one frame", file=sys.stderr)
+        return EXIT_REFUSED
+    fd = sys.stdin.fileno() if sys.stdin.isatty() else None
+    console = Console()
+    with contextlib.ExitStack() as stack:
+        if fd is not None:
+            stack.enter_context(cbreak(fd))
+        live = stack.enter_context(Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+                                        redirect_stderr=False))
+        refusal = None
+        try:
+            refusal = trio.run(serve_top, Top(url), key, live, fd)
+        except* KeyboardInterrupt:
+            pass  # Ctrl-C before the signal handler was in place: a quit like any other
+    if refusal is not None:
+        print(f"steward top: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+async def serve_top(top: Top, key: str | None, live: Live, fd: int | None) -> str | None:
+    """Show *top* live until a key or a signal says quit; why steward refused, if it did."""
+    redraw, refetch = Nudge(), Nudge()
+    refused: list[AdminRefused] = []
+    try:
+        async with open_admin_client(key) as client, trio.open_nursery() as nursery:
+            await nursery.start(serve_drawing, top, live, redraw)
+            await nursery.start(quit_on_signals, nursery.cancel_scope, redraw)
+            await nursery.start(poll_state, top, client, redraw, refetch)
+            await nursery.start(follow_steward, top, client, redraw, refetch)
+            if fd is not None:
+                await nursery.start(serve_keys, top, fd, redraw, nursery.cancel_scope)
+    except* AdminRefused as group:
+        refused.extend(exc for exc in group.exceptions if isinstance(exc, AdminRefused))
+    return str(refused[0]) if refused else None
+
+
+async def serve_drawing(top: Top, live: Live, redraw: Nudge, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    while True:
+        # The pane's own size, read each time (it may have been resized): $COLUMNS and $LINES,
+        # which rich would believe first, may be stale or another pane's.
+        size = os.get_terminal_size(live.console.file.fileno())
+        live.console.size = (size.columns, size.lines)
+        live.update(render_frame(top.frame(), width=size.columns, height=size.lines), refresh=True)
+        await trio.sleep(FRAME_S)
+        await redraw.wait()
+
+
+async def quit_on_signals(done: trio.CancelScope, redraw: Nudge, *,
+                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH) as signals:
+        task_status.started()
+        async for signum in signals:
+            if signum == signal.SIGWINCH:
+                redraw.nudge()
+            else:
+                done.cancel(reason=f"{signal.Signals(signum).name}: quit")
+
+
+async def poll_state(top: Top, client: httpx.AsyncClient, redraw: Nudge, refetch: Nudge, *,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    while True:
+        try:
+            top.saw_state(await fetch_state(client, top.url))
+        except Unreachable as exc:
+            top.failed(f"{exc}; trying again every second")
+        redraw.nudge()
+        with trio.move_on_after(POLL_S):
+            await refetch.wait()
+            await trio.sleep(SETTLE_S)
+
+
+async def follow_steward(top: Top, client: httpx.AsyncClient, redraw: Nudge, refetch: Nudge, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    def seen(record: dict[str, Any]) -> None:
+        top.saw_event(record)
+        redraw.nudge()
+        refetch.nudge()
+
+    task_status.started()
+    while True:
+        with contextlib.suppress(Unreachable):  # the poller says so on the screen
+            await follow_events(client, top.url, seen)
+        await trio.sleep(RETRY_S)
+
+
+async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, *,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    def pressed(char: str) -> bool:
+        going = top.press(char)
+        redraw.nudge()
+        return going
+
+    task_status.started()
+    if await read_keys(fd, pressed):
+        done.cancel(reason="q pressed")
+
+
+def print_once(url: str, key: str | None) -> int:
+    """One frame on stdout, as wide as the terminal (or $COLUMNS); as tall as the terminal
+    when there is one (or $LINES), else the whole picture."""
+    try:
+        state = trio.run(_fetch_once, url, key)
+    except AdminRefused as exc:
+        print(f"steward top: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Unreachable as exc:
+        print(f"steward top: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    size = shutil.get_terminal_size((80, 24))
+    height = size.lines if sys.stdout.isatty() or "LINES" in os.environ else 10_000
+    top = Top(url)
+    top.saw_state(state)
+    console = Console(width=size.columns, height=height)
+    console.print(render_frame(top.frame(), width=size.columns, height=height))
+    return EXIT_OK
+
+
+async def _fetch_once(url: str, key: str | None) -> dict[str, Any]:
+    async with open_admin_client(key) as client:
+        return await fetch_state(client, url)

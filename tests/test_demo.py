@@ -1,0 +1,108 @@
+"""``steward demo`` as a person runs it: the banner, the OpenAI SDK against it, Ctrl-C.
+
+The fake demo needs nothing; ``--real`` needs the llama-server build (the test fails, never
+skips, with the command that builds it, as tests/test_real_engines.py does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import openai
+import pytest
+
+from fakes.llama_binary import llama_server_path
+from supervisor.demo import banner
+from tests.conftest import ROOT
+
+RANDOM_WEIGHTS = "The tiny models are random weights written on the fly: their answers are gibberish by"
+
+
+@attrs.frozen
+class Demo:
+    banner: str  # what it printed up to its event log's line
+    base_url: str
+    event_log: Path
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, timeout=60)
+
+
+@contextlib.contextmanager
+def running_demo(*flags: str) -> Iterator[Demo]:
+    """``steward demo --port 0 FLAGS`` until its banner is out; then Ctrl-C, and it must exit 0."""
+    process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "demo", "--port", "0", *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while not any("event log" in line for line in lines) and time.monotonic() < deadline:
+            if not (line := process.stdout.readline()):
+                break  # it exited
+            lines.append(line)
+        text = "".join(lines)
+        base_url, event_log = re.search(r"OpenAI base URL\s+(\S+)", text), re.search(r"event log\s+(\S+)", text)
+        assert base_url and event_log, f"the demo did not print its URL and event log: {text!r}"
+        yield Demo(text, base_url.group(1), Path(event_log.group(1)))
+    finally:
+        process.send_signal(signal.SIGINT)
+        status = process.wait(30)
+    assert status == 0
+
+
+def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
+    with running_demo() as demo:
+        client = demo.client()
+        ids = {m.id for m in client.models.list()}
+        assert {"gemma4-12b", "gemma4-e4b", "gemma4-e2b", "nomic-embed", "gpt-4o"} <= ids
+        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=4)
+        assert reply.choices[0].message.content
+        stream = client.chat.completions.create(model="gemma4-e2b@background", stream=True, max_tokens=3,
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert len([c for c in stream if c.choices and c.choices[0].delta.content]) == 3
+        embedded = client.embeddings.create(model="nomic-embed", input=["a", "b"])
+        assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 64
+        # The always-on fake vLLM, behind the same queue.
+        shared = client.chat.completions.create(model="agents", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4)
+        assert shared.model == "qwen3-4b-shared" and shared.usage is not None
+        assert shared.usage.completion_tokens == 4
+        assert RANDOM_WEIGHTS not in demo.banner  # fake engines answer in words
+    assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    return str(llama_server_path())  # fails (never skips) with the build command when missing
+
+
+@pytest.mark.slow
+def test_the_real_demo_answers_with_the_models_name_and_says_its_weights_are_random(binary: str) -> None:
+    with running_demo("--real") as demo:
+        assert RANDOM_WEIGHTS in " ".join(demo.banner.split())
+        client = demo.client()
+        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=4)
+        assert reply.model == "gemma4-12b"  # the model gpt-4o names, not the path of its GGUF
+        stream = client.chat.completions.create(model="gemma4-e2b", stream=True, max_tokens=2,
+                                                messages=[{"role": "user", "content": "hi"}])
+        assert {chunk.model for chunk in stream} == {"gemma4-e2b"}
+        completion = client.completions.create(model="gemma4-e4b", prompt="hi", max_tokens=2)
+        assert completion.model == "gemma4-e4b"
+    assert not demo.event_log.parent.exists()
+
+
+def test_only_the_real_demos_banner_says_its_weights_are_random(tmp_path: Path) -> None:
+    real = " ".join(banner("http://127.0.0.1:8080", tmp_path, real=True).split())
+    assert RANDOM_WEIGHTS in real and "gibberish by design" in real
+    assert "random" not in banner("http://127.0.0.1:8080", tmp_path)
