@@ -177,10 +177,12 @@ def test_prompt_to_history(start_comfy: Callable[..., Fake]) -> None:
     assert fake.history("unknown") == {}
 
     # jobs run one at a time, lowest number first; "front" jumps the queue
-    first = fake.submit(workflow(seconds=0.3))
+    first = fake.submit(workflow(seconds=600))  # runs until interrupted: the queue is read while it runs
+    wait_until(lambda: fake.stats()["running"] == first)
     second = fake.submit(workflow(seconds=0.1))
     third = fake.submit(workflow(seconds=0.1), front=True)
     assert [i[1] for i in fake.get("/queue").json()["queue_pending"]] == [second, third]
+    assert fake.post("/interrupt", content=b"").status_code == 200
     fake.wait_done(second)
     order = list(fake.get("/history").json())
     assert order == [pid, first, third, second]
