@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from supervisor.events import Event
 from supervisor.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import CLASSES, EngineSnapshot, SchedulerSnapshot
+from supervisor.scheduler.types import CLASSES, DeviceSnapshot, EngineSnapshot, SchedulerSnapshot
 from supervisor.usage.row import UsageRow
 
 if TYPE_CHECKING:
@@ -39,6 +39,17 @@ def ledger_tier(engine: EngineSnapshot) -> str:
     if engine.pinned:
         return "pinned"
     return "hot" if engine.hot else "cold"
+
+
+def device_tiers(snapshot: SchedulerSnapshot, device: DeviceSnapshot, *, freeing: bool = False) -> dict[str, int]:
+    """What each tier holds on *device*, an exclusive (image) job's reservation included;
+    *freeing*: engines on their way out count as a tier of their own."""
+    tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep", *(("freeing",) if freeing else ())), 0)
+    for engine in snapshot.engines:
+        leaving = freeing and (engine.draining or engine.status in ("stopped", "failed"))
+        tiers["freeing" if leaving else ledger_tier(engine)] += engine.held.get(device.index, 0)
+    tiers["exclusive"] = max(0, device.reserved - sum(e.held.get(device.index, 0) for e in snapshot.engines))
+    return tiers
 
 
 class _FrontDoorCollector(Collector):
@@ -97,11 +108,7 @@ class _FrontDoorCollector(Collector):
         ledger = GaugeMetricFamily("steward_ledger_bytes", "Memory reserved in the ledger, per device and tier",
                                    labels=["device", "tier"])
         for device in snapshot.devices:
-            tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep"), 0)
-            for engine in snapshot.engines:
-                tiers[ledger_tier(engine)] += engine.held.get(device.index, 0)
-            tiers["exclusive"] = max(0, device.reserved - sum(e.held.get(device.index, 0) for e in snapshot.engines))
-            for tier, nbytes in tiers.items():
+            for tier, nbytes in device_tiers(snapshot, device).items():
                 ledger.add_metric([device_label(self._device, device.index), tier], nbytes)  # type: ignore[arg-type]
         return ledger
 

@@ -32,7 +32,7 @@ def test_the_state_has_memory_by_tier_engines_queues_and_why_they_wait() -> None
     health = Health(HealthStatus.OK, (), {}, {}, {})
     recent = [Event("load", "info", {"engine": "chat"}, 100.0, 0.0), Event("mode", "debug", {}, 101.0, 1.0),
               Event("reject", "warning", {"reason": "queue_full"}, 102.0, 2.0)]
-    state = admin_state(s.snapshot(), health, recent, "gpu", now=12.0, wall=1000.0)
+    state = admin_state(s.snapshot(explained=True), health, recent, "gpu", now=12.0, wall=1000.0)
     assert state["version"] == 1 and state["health"] == {"status": "ok", "reasons": []}
     gpu0, gpu1 = state["devices"]
     assert gpu0["device"] == "gpu0" and gpu0["tiers"]["pinned"] == 8 * GIB and gpu0["reserved"] == 8 * GIB

@@ -43,7 +43,7 @@ def test_a_background_request_whose_only_victim_is_hot_says_so_and_when_that_end
     why = ("background request for gemma4-e2b waits: needs 4.0 GiB, 2.0 GiB free; "
            "the only idle engine (ollama) is hot until 10:32:15")
     assert explain(s, s.waiting[2]) == explain(s, s.waiting[2]).__class__(WaitReason.NO_ROOM, why)
-    assert [(line.reason, line.why) for line in s.snapshot().lines] == [("no_room", why)]
+    assert [(line.reason, line.why) for line in s.snapshot(explained=True).lines] == [("no_room", why)]
     # Said in an event once it has waited 5 s, then at 10 s, 20 s, ... of waiting.
     assert s.next_wakeup() == 13.0  # the starvation clock (nothing else runs)
     assert waiting_events(s.tick(13.0)) == [] and s.next_wakeup() == 15.0

@@ -64,7 +64,7 @@ def hot_ollama_state() -> dict[str, Any]:
               Event("reject", "warning", {"model": "gemma4-e2b", "reason": "queue_full"}, WALL + 12, 12.0),
               Event("mode", "debug", {"gpu": "idle"}, WALL + 13, 13.0)]
     health = Health(HealthStatus.OK, (), {}, {}, {})
-    return json.loads(json.dumps(admin_state(s.snapshot(), health, recent, "gpu", now=20.0, wall=WALL + 20.0)))
+    return json.loads(json.dumps(admin_state(s.snapshot(explained=True), health, recent, "gpu", now=20.0, wall=WALL + 20.0)))
 
 
 WHY = ("background request for gemma4-e2b waits: needs 4.0 GiB, 2.0 GiB free; the only idle engine (ollama) "

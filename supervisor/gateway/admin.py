@@ -28,7 +28,7 @@ from supervisor.gateway.gate import RequestGate
 from supervisor.gateway.quart_app import json_error
 from supervisor.health import Health, HealthWatch
 from supervisor.memory_plan import Device, device_label
-from supervisor.metrics import ledger_tier
+from supervisor.metrics import device_tiers
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import CLASSES, EngineAction, SchedulerSnapshot
@@ -50,15 +50,9 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
     def at(moment: float | None) -> float | None:
         return None if moment is None or not math.isfinite(moment) else round(wall + moment - now, 3)
 
-    devices = []
-    for d in snapshot.devices:
-        tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep", "freeing"), 0)
-        for engine in snapshot.engines:
-            held = engine.held.get(d.index, 0)
-            tiers["freeing" if engine.draining or engine.status in ("stopped", "failed") else ledger_tier(engine)] += held
-        tiers["exclusive"] = max(0, d.reserved - sum(e.held.get(d.index, 0) for e in snapshot.engines))
-        devices.append({"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
-                        "outside": d.outside, "free": d.free, "tiers": tiers})
+    devices = [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
+                "outside": d.outside, "free": d.free, "tiers": device_tiers(snapshot, d, freeing=True)}
+               for d in snapshot.devices]
     oldest = {klass: snapshot.oldest_waiting(klass) for klass in CLASSES}
     return {
         "version": STATE_VERSION, "time": round(wall, 3), "mode": snapshot.mode,
@@ -73,12 +67,17 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
         "classes": {klass: {"queued": snapshot.queued_by_class[klass], "running": snapshot.running_by_class[klass],
                             "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3)}
                     for klass in CLASSES},
-        "waiting": [{"class": line.klass, "model": line.engine, "waiting": line.waiting,
-                     "waited_s": round(now - line.head_submitted, 3), "reason": line.reason, "why": line.why}
-                    for line in sorted(snapshot.lines, key=lambda line: line.head_submitted)],
+        "waiting": waiting_lines(snapshot, now),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
     }
+
+
+def waiting_lines(snapshot: SchedulerSnapshot, now: float) -> list[dict[str, Any]]:
+    """The head of every line, oldest first, and why it waits (an explained snapshot's)."""
+    return [{"class": line.klass, "model": line.engine, "waiting": line.waiting,
+             "waited_s": round(now - line.head_submitted, 3), "reason": line.reason, "why": line.why}
+            for line in sorted(snapshot.lines, key=lambda line: line.head_submitted)]
 
 
 def _last(events: Sequence[Event], count: int, keep: Any) -> list[Event]:
@@ -127,7 +126,7 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
 
     @app.get("/admin/state")
     async def admin_state_route() -> dict[str, Any]:
-        return admin_state(scheduler.snapshot(), health.assess(), recent.events(), device,
+        return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
                            now=trio.current_time(), wall=time.time())
 
     @app.post("/admin/engines/<name>/<action>")

@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 
 from supervisor.config import Config
 from supervisor.events import EventLog
-from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events
+from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
 from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.door import FrontDoor, exchange_of
@@ -100,15 +100,12 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         return model_entry(model_id)
 
     def health_details() -> dict[str, Any]:
-        snapshot, now = scheduler.snapshot(), trio.current_time()
+        snapshot, now = scheduler.snapshot(explained=True), trio.current_time()
         return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
                 "devices": [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
                              "outside": d.outside, "free": d.free} for d in snapshot.devices],
                 "queued": snapshot.queued,
-                # The head of every line, oldest first, and why it waits.
-                "waiting": [{"class": line.klass, "model": line.engine, "waiting": line.waiting,
-                             "waited_s": round(now - line.head_submitted, 3), "reason": line.reason, "why": line.why}
-                            for line in sorted(snapshot.lines, key=lambda line: line.head_submitted)],
+                "waiting": waiting_lines(snapshot, now),
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,

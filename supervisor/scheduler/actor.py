@@ -222,7 +222,7 @@ class SchedulerClient:
     """What handlers, engine supervisors and the probe hold: a mailbox, never the state."""
 
     _send: trio.MemorySendChannel[Message]
-    _snapshot: Callable[[], SchedulerSnapshot]
+    _snapshot: Callable[..., SchedulerSnapshot]
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
 
     @asynccontextmanager
@@ -335,8 +335,9 @@ class SchedulerClient:
         """Shutdown began: waiting requests that have not started get 503, new ones too."""
         self._post(Close())
 
-    def snapshot(self) -> SchedulerSnapshot:
-        return self._snapshot()
+    def snapshot(self, *, explained: bool = False) -> SchedulerSnapshot:
+        """*explained*: with why each line's head waits."""
+        return self._snapshot(explained=explained)
 
     def _post(self, message: Message) -> None:
         try:

@@ -81,6 +81,22 @@ NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
 
 
 @attrs.frozen
+class LoadReason:
+    code: str  # the `load` event's `reason`: `job N`, `job N (starvation guard)`, `pinned`, `admin`
+    words: str  # its `why`
+
+    @classmethod
+    def of(cls, job: Job, *, guard: bool = False) -> LoadReason:
+        if guard:
+            return cls(f"job {job.id} (starvation guard)", f"the starvation guard lets a {job.klass} step run")
+        return cls(f"job {job.id}", f"a {job.klass} request waits for it")
+
+
+PINNED = LoadReason("pinned", "pinned: always loaded")
+ADMIN = LoadReason("admin", "an admin asked for it")
+
+
+@attrs.frozen
 class _Option:
     """One way to place a load, and what it would take."""
 
@@ -578,7 +594,9 @@ class Scheduler:
         future = [t for t in times if t > self.now]
         return min(future, default=None)
 
-    def snapshot(self) -> SchedulerSnapshot:
+    def snapshot(self, *, explained: bool = False) -> SchedulerSnapshot:
+        """The state for views; *explained*: with why each line's head waits (it costs a placement
+        per line, so only views that show it ask)."""
         return SchedulerSnapshot(
             budget=self.ledger.budget, reserved=self.ledger.reserved, outside=self.ledger.outside, mode=self.mode,
             queued=len(self.waiting),
@@ -586,7 +604,8 @@ class Scheduler:
             running_by_class=dict(self.running_by_class),
             releasing=len(self.ledger.awaiting_free),
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
-            lines=tuple(self._line_snapshot(line) for queue in self.queues.values() for line in queue.lines.values()),
+            lines=tuple(self._line_snapshot(line, explained) for queue in self.queues.values()
+                        for line in queue.lines.values()),
             devices=tuple(DeviceSnapshot(device, self.ledger.budgets[device], self.ledger.reserved_on(device),
                                          self.ledger.outside_by_device[device]) for device in self.ledger.devices),
             engines=tuple(self._engine_snapshot(e) for e in self.engines.values()))
@@ -620,10 +639,10 @@ class Scheduler:
         if blocked_from is None and self.exclusive_holder is None:
             for engine in self.engines.values():
                 if engine.profile.pinned and self._may_start(engine, now):
-                    self._load_or_make_room(engine, now, promised, wanted, (0, -1), "pinned")
+                    self._load_or_make_room(engine, now, promised, wanted, (0, -1), PINNED)
                 elif engine.requested and self._may_start(engine, now):
                     if (option := self._admin_option(engine, now, promised)) is not None:
-                        self._carry_out(engine, option, now, promised, "admin")
+                        self._carry_out(engine, option, now, promised, ADMIN)
         turn = self._guard_turn(now)
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
@@ -655,8 +674,10 @@ class Scheduler:
                                behind=queue.count(head.model) - 1, reason=wait.reason.value, why=wait.why)
                     head.next_report = head.submitted + 2 * (now - head.submitted)
 
-    def _line_snapshot(self, line: list[Job]) -> LineSnapshot:
+    def _line_snapshot(self, line: list[Job], explained: bool) -> LineSnapshot:
         head = line[0]
+        if not explained:
+            return LineSnapshot(head.model, head.klass, len(line), head.submitted)
         wait = explain(self, head)
         return LineSnapshot(head.model, head.klass, len(line), head.submitted, wait.reason.value, wait.why)
 
@@ -723,7 +744,7 @@ class Scheduler:
         for head in heads:
             engine = self.engines[head.model]  # type: ignore[index]
             if self._may_start(engine, now):
-                self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), f"job {head.id}")
+                self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), LoadReason.of(head))
             wanted.setdefault(engine.name, (rank, head.seq))
 
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
@@ -755,7 +776,7 @@ class Scheduler:
             self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                        starved_s=_round(now - (self._starved_since(klass) or now)), load=True)
             self.guard[klass] = head.id
-            self._carry_out(engine, option, now, promised, f"job {head.id} (starvation guard)")
+            self._carry_out(engine, option, now, promised, LoadReason.of(head, guard=True))
             return
 
     def _drop_stale_guards(self) -> None:
@@ -804,14 +825,14 @@ class Scheduler:
         self._effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation))
 
     def _load_or_make_room(self, engine: EngineState, now: float, promised: dict[int, int],
-                           wanted: dict[str, Demand], demand: Demand, reason: str) -> None:
+                           wanted: dict[str, Demand], demand: Demand, reason: LoadReason) -> None:
         """Start *engine* where its memory is free, else evict for it where that takes least."""
         option = self._place(engine, now, promised, wanted, demand, idle_only=False)
         if option is not None:
             self._carry_out(engine, option, now, promised, reason)
 
     def _carry_out(self, engine: EngineState, option: _Option, now: float, promised: dict[int, int],
-                   reason: str) -> None:
+                   reason: LoadReason) -> None:
         if option.fits:
             self._load(engine, option.placement, now, reason)
             return
@@ -884,7 +905,7 @@ class Scheduler:
         if victim.in_flight == 0:
             self._stop(victim)
 
-    def _load(self, engine: EngineState, placement: Placement, now: float, reason: str) -> None:
+    def _load(self, engine: EngineState, placement: Placement, now: float, reason: LoadReason) -> None:
         restart = engine.status is EngineStatus.FAILED
         waking = engine.status is EngineStatus.SLEEPING
         if waking:
@@ -900,25 +921,11 @@ class Scheduler:
         engine.measured = 0
         self._emit("restart" if restart else "wake" if waking else "load", "info",
                    engine=engine.name, memory=engine.profile.memory,
-                   reserved=self.ledger.reserved, free=self.ledger.free, reason=reason,
+                   reserved=self.ledger.reserved, free=self.ledger.free, reason=reason.code,
                    generation=engine.generation, devices=list(placement.devices),
-                   per_device=list(placement.share.values()), why=self._load_why(reason),
+                   per_device=list(placement.share.values()), why=reason.words,
                    where=_where(placement))
         self._effects.append(StartEngine(engine.name, engine.generation, placement))
-
-    def _load_why(self, reason: str) -> str:
-        """The reason of a load, in words."""
-        if reason == "pinned":
-            return "pinned: always loaded"
-        if reason == "admin":
-            return "an admin asked for it"
-        number, _, guard = reason.removeprefix("job ").partition(" ")
-        job = self.waiting.get(int(number)) if number.isdigit() else None
-        if job is None:
-            return reason
-        if guard:
-            return f"the starvation guard lets a {job.klass} step run"
-        return f"a {job.klass} request waits for it"
 
     def _devices_of(self, engine: EngineState) -> tuple[int, ...]:
         """Where it holds memory now, else where it was placed last."""

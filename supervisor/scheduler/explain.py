@@ -136,7 +136,8 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
                                       f"it loads again once it is gone")
     if s.ledger.releasing(name):
         return WaitReason.FREEING, f"the memory of {name}'s last process is not yet seen free"
-    option = s._place(engine, now, {}, _earlier_demand(s), (RANK[job.klass], job.seq), idle_only=False)
+    wanted = _earlier_demand(s)
+    option = s._place(engine, now, {}, wanted, (RANK[job.klass], job.seq), idle_only=False)
     if option is None:
         return WaitReason.NO_ROOM, f"needs {format_size(engine.profile.memory)}, more than its devices hold"
     placement = option.placement
@@ -154,7 +155,7 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
                    and (e.draining or s.ledger.releasing(e.name))]
         return WaitReason.FREEING, (f"{need}, {free} free; waiting for "
                                     f"{', '.join(leaving) or 'memory on its way out'} to be unloaded")
-    return WaitReason.NO_ROOM, f"{need}, {free} free; {_blockers(s, engine, job, option.needs)}"
+    return WaitReason.NO_ROOM, f"{need}, {free} free; {_blockers(s, engine, job, option.needs, wanted)}"
 
 
 def _earlier_demand(s: Scheduler) -> dict[str, Demand]:
@@ -167,11 +168,10 @@ def _earlier_demand(s: Scheduler) -> dict[str, Demand]:
     return wanted
 
 
-def _blockers(s: Scheduler, engine: EngineState, job: Job, needs: dict[int, int]) -> str:
+def _blockers(s: Scheduler, engine: EngineState, job: Job, needs: dict[int, int], wanted: dict[str, Demand]) -> str:
     """The engines holding the memory it needs, and why none may be evicted for it now."""
     now = s.now
     interactive = job.klass == "interactive"
-    wanted = _earlier_demand(s)
     reasons = []
     for other in s.engines.values():
         if other is engine or not any(s.ledger.held_on(other.name, d) for d in needs):
