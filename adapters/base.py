@@ -15,6 +15,7 @@ from typing import Protocol
 import attrs
 import httpx
 
+from supervisor.apis import Api
 from supervisor.events import EventLog
 
 
@@ -66,6 +67,11 @@ class Runtime(Protocol):
     measured: bool
     # Whether it splits one model over several devices when told how (a model no single one holds).
     splits: bool
+
+    @property
+    def apis(self) -> frozenset[Api]:
+        """What it serves when the model's config does not say (``serves``)."""
+        ...
 
     @property
     def env(self) -> dict[str, str]:

@@ -6,7 +6,10 @@ import attrs
 import httpx
 
 from adapters.base import EngineUsage, Residence, probe_path
+from supervisor.accounting.gguf_header import GGUFError, read_gguf_header
+from supervisor.accounting.hparams import NO_LM_HEAD_ARCHS
 from supervisor.accounting.llama_logs import LlamaLogAccumulator
+from supervisor.apis import GENERATION, Api
 from supervisor.config import PORT_PLACEHOLDER, ModelConfig
 from supervisor.events import EventLog
 
@@ -21,6 +24,11 @@ BUFFER_LOG_VERBOSITY = "4"
 # memory it sees free at start, which can differ from what steward reserved: steward owns
 # that decision, so fitting is off unless the model's args set it.
 FIT_FLAGS = ("-fit", "--fit")
+# What the server answers follows from these (research/real_runtimes.md): without --embeddings
+# it answers embeddings with a 501, and rerank without --reranking; audio needs a projector.
+_EMBEDDING_FLAGS = ("--embedding", "--embeddings")
+_RERANK_FLAGS = ("--reranking", "--rerank")
+_PROJECTOR_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SPLIT_FLAGS = ("-ts", "--tensor-split", "-sm", "--split-mode", "-dev", "--device", "-mg", "--main-gpu")
 
 
@@ -70,6 +78,19 @@ class LlamaServerRuntime:
     def env(self) -> dict[str, str]:
         return self.model.env
 
+    @property
+    def apis(self) -> frozenset[Api]:
+        args = [*(self.model.command or [])[1:], *self.model.args]
+        embeds = _has(args, _EMBEDDING_FLAGS)
+        if _has(args, _RERANK_FLAGS) or (embeds and _flag_value(args, ("--pooling",)) == "rank"):
+            return frozenset({Api.RERANK})
+        generation = GENERATION | ({Api.TRANSCRIPTION} if _has(args, _PROJECTOR_FLAGS) else frozenset())
+        if not embeds:
+            return generation
+        # An encoder (BERT and kin) has no LM head: asked to generate, it answers 500. A decoder
+        # started with --embeddings does both; a model whose header cannot be read is taken to embed.
+        return frozenset({Api.EMBEDDINGS}) | (generation if _is_decoder(self.model.model) else frozenset())
+
     def split_args(self, shares: list[int]) -> list[str]:
         if _has(self.model.args, _SPLIT_FLAGS):
             return []  # the model's args place it: theirs win
@@ -109,6 +130,15 @@ class BufferSizeReader:
 
     def summary(self) -> dict[str, dict[str, int]]:
         return self._accumulator.breakdown().devices()
+
+
+def _is_decoder(path: str | None) -> bool:
+    if path is None:
+        return False
+    try:
+        return read_gguf_header(path, check_size=False).arch not in NO_LM_HEAD_ARCHS
+    except GGUFError:
+        return False
 
 
 def _has(args: list[str], flags: tuple[str, ...]) -> bool:

@@ -17,6 +17,7 @@ import httpx
 import trio
 
 from adapters.base import EngineUsage, Residence, probe_path
+from supervisor.apis import GENERATION, Api
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
 from supervisor.scheduler.actor import JobFailed, SchedulerClient
@@ -43,6 +44,10 @@ class OllamaRuntime:
     @property
     def env(self) -> dict[str, str]:
         return {"OLLAMA_HOST": str(self.config.upstream)}
+
+    @property
+    def apis(self) -> frozenset[Api]:
+        return GENERATION | {Api.EMBEDDINGS}  # on its own listener, which routes by Ollama's models
 
     def split_args(self, shares: list[int]) -> list[str]:
         return []

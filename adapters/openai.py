@@ -14,12 +14,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import EngineUsage, Residence, probe_path
+from supervisor.apis import GENERATION, Api
 from supervisor.config import PORT_PLACEHOLDER, ModelConfig
 from supervisor.events import EventLog
 
 # Requests steward sends at once when `parallel` is not set: such servers batch many
 # requests in one KV pool, so more than a llama-server's slots, fewer than its own limit.
 DEFAULT_PARALLEL = 8
+_POOLING_FLAGS = ("--runner", "--task", "--convert")
 _RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 
 
@@ -46,6 +48,13 @@ class OpenAIRuntime:
     @property
     def env(self) -> dict[str, str]:
         return self.model.env
+
+    @property
+    def apis(self) -> frozenset[Api]:
+        # vLLM serves one kind of model: a pooling one embeds, any other generates.
+        args = [*(self.model.command or []), *self.model.args]
+        pooling = any(a in ("pooling", "embed", "embedding") for a in (_value_after(args, f) for f in _POOLING_FLAGS))
+        return frozenset({Api.EMBEDDINGS}) if pooling else GENERATION
 
     def split_args(self, shares: list[int]) -> list[str]:
         return []
@@ -112,3 +121,11 @@ def read_vllm_load(text: str) -> EngineUsage | None:
     running, waiting = found.get(_RUNNING), found.get(_WAITING)
     return EngineUsage(running=None if running is None else int(running),
                        waiting=None if waiting is None else int(waiting))
+
+
+def _value_after(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name == flag:
+            return inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None

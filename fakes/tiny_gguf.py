@@ -11,7 +11,9 @@ Every architecture here loads and answers in the llama-server built by
                    `expert_feed_forward_length`, router `ffn_gate_inp`)
     lfm2           hybrid: short-conv (recurrent) layers + attention layers (head_count_kv 0 = conv)
     granitehybrid  hybrid: Mamba2 (recurrent) layers + attention layers
-    bert           embedding model (non-causal, mean pooling, WordPiece vocab); needs `--embeddings`
+    bert           embedding model (non-causal, mean pooling, WordPiece vocab); needs `--embeddings`;
+                   `reranker=True` makes it a cross-encoder reranker instead: rank pooling and the
+                   classification head (`cls`, `cls.output`); needs `--reranking`
     gemma3n        sliding window + shared KV (layers >= 20 reuse the KV of layers 18/19) + per-layer
                    embeddings (`per_layer_token_embd`)
 
@@ -75,13 +77,18 @@ class TinyModel:
     n_layer_kv_from_start: int  # -1: every attention layer owns its KV; else only layers < this
     n_embd_per_layer: int  # gemma3n per-layer-input width (0 elsewhere)
     causal: bool
-    pooling: str | None  # embedding pooling ("mean", "cls", ...) or None
+    pooling: str | None  # embedding pooling ("mean", "cls", "rank", ...) or None
     tokenizer: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "bert" (WordPiece)
     has_chat_template: bool
     weight_type: str  # ggml type of the matmul weights ("f32", "f16", "q8_0")
     tied_output: bool  # no output.weight: llama.cpp duplicates token_embd as the output
     tensor_bytes: int  # sum of the tensor data sizes (ggml_nbytes), without alignment padding
     n_tensors: int
+
+    @property
+    def reranker(self) -> bool:
+        """Rank pooling with a classification head: scores (query, document) pairs."""
+        return self.pooling == "rank"
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -136,6 +143,7 @@ _BASE: dict[str, Any] = dict(
     weight_type="f16",
     tied_output=False,
     pooling=None,
+    reranker=False,  # bert: rank pooling + classification head (shorthand for pooling="rank")
     chat_template=True,
 )
 
@@ -353,6 +361,14 @@ def _build_bert(b: _Builder) -> None:
         b.norm(T.ATTN_OUT_NORM, il, bias=True)
         b.ffn(il, gated=False, bias=True)
         b.norm(T.LAYER_OUT_NORM, il, bias=True)
+    if p["pooling"] == "rank":
+        # llama.cpp's rank pooling: the [CLS] row -> tanh(cls @ x + b) -> cls.output (one score per
+        # sequence, n_cls_out defaults to 1). A larger scale than the body's spreads the scores.
+        n_embd = p["n_embd"]
+        b.add(T.CLS, [n_embd, n_embd], scale=0.5)
+        b.add(T.CLS, [n_embd], suffix="bias", init="zeros")
+        b.add(T.CLS_OUT, [n_embd, 1], scale=0.5)
+        b.add(T.CLS_OUT, [1], suffix="bias", init="zeros")
 
 
 def _build_gemma3n(b: _Builder) -> None:
@@ -436,6 +452,12 @@ def _resolve(spec: _Spec, overrides: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"unknown tiny-model parameter(s): {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(sorted(_BASE))}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides.pop("reranker", False):
+        if spec.model_arch != MODEL_ARCH.BERT:
+            raise ValueError(f"reranker applies to bert only, not {spec.model_arch.name.lower()}")
+        if overrides.get("pooling", "rank") != "rank":
+            raise ValueError("a reranker pools with 'rank', not " + repr(overrides["pooling"]))
+        overrides["pooling"] = "rank"
     for key in _ARCH_SPECIFIC & set(overrides):
         if not spec.defaults.get(key):
             raise ValueError(f"{key} does not apply to {spec.model_arch.name.lower()}")
@@ -652,7 +674,8 @@ def write_tiny_model(path: str | Path, arch: str, **overrides: Any) -> TinyModel
     head_dim_k / head_dim_v, n_ff, n_vocab, n_ctx_train, sliding_window, swa_pattern (int period
     or per-layer bools; written to the file only when given), n_expert, n_expert_used, n_ff_exp,
     attention_layers (hybrids), shortconv_l_cache, ssm_d_conv, ssm_d_state, ssm_n_group,
-    ssm_dt_rank, weight_type ("f32" | "f16" | "q8_0"), tied_output, pooling, chat_template.
+    ssm_dt_rank, weight_type ("f32" | "f16" | "q8_0"), tied_output, pooling, reranker (bert only:
+    rank pooling and a classification head; the model then needs `--reranking`), chat_template.
     Same arguments, same bytes.
     """
     if arch not in SPECS:
@@ -710,6 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--experts-used", dest="n_expert_used", type=int)
     ap.add_argument("--weight-type", dest="weight_type", choices=sorted(_WEIGHT_TYPES))
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--reranker", action="store_true", default=None, help="bert: a reranker (rank pooling)")
     args = vars(ap.parse_args(argv))
     arch, path = args.pop("arch"), args.pop("path")
     model = write_tiny_model(path, arch, **{k: v for k, v in args.items() if v is not None})

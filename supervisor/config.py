@@ -40,6 +40,8 @@ NodeAddress = NewType("NodeAddress", Address)  # http://HOST:PORT of another ste
 # What speaks on the other side (one module each in adapters/): llama.cpp's llama-server,
 # or any OpenAI-compatible server (vLLM, SGLang, TGI, a llama-server someone else runs).
 RuntimeName = Literal["llama-server", "openai"]
+# supervisor.apis.Api's values: what a model may serve
+ApiName = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "transcription"]
 SleepLevel = Literal[1, 2]
 ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
 LogLevel = Literal["debug", "info", "warning"]
@@ -94,6 +96,9 @@ class ModelConfig:
     devices: list[DeviceIndex] | None = None
     # Stopped (or put to sleep) once it has had no request for this long; null: never.
     idle_unload: PositiveDuration | None = None
+    # The APIs it serves (chat, completions, responses, messages, embeddings, rerank,
+    # transcription); default: what its runtime serves with its args (adapters: `apis`).
+    serves: list[ApiName] | None = None
 
     @property
     def resident(self) -> bool:
@@ -842,6 +847,8 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
     if model.idle_unload is not None and model.resident:
         problems.append(f"{key}.idle_unload: an always-on engine is never unloaded; drop idle_unload, or set "
                         f"always_on: false")
+    if model.serves is not None and not model.serves:
+        problems.append(f"{key}.serves: name the APIs it serves, like [chat, responses, messages], or leave it out")
     if model.always_on is not None and model.pinned and not model.always_on:
         problems.append(f"{key}.always_on: false contradicts pinned: true; keep always_on")
     return problems

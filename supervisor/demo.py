@@ -203,9 +203,14 @@ Try:
        -d '{{"model": "gemma4-e4b@background", "stream": true, "messages": [{{"role": "user", "content": "hi"}}]}}'
   curl -s {base}/embeddings -H 'content-type: application/json' \\
        -d '{{"model": "nomic-embed", "input": ["one", "two"]}}'
+  curl -s {base}/responses -H 'content-type: application/json' \\
+       -d '{{"model": "gpt-4o", "input": "hello"}}'   # OpenAI's Responses API
+  curl -s {base}/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
+       -d '{{"model": "gemma4-12b", "max_tokens": 32, "messages": [{{"role": "user", "content": "hi"}}]}}'   # Anthropic's
 {shared}  curl -s {url}/healthz | python3 -m json.tool
 {tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
+  ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=none python3 your_claude_agent.py   # the Anthropic SDK
 
 Ctrl-C stops it (requests in flight finish first){stops}.
 """

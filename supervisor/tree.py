@@ -50,6 +50,7 @@ from supervisor.engine import EngineHandle, serve_engine
 from supervisor.events import EventLog, serve_event_log
 from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
+from supervisor.gateway.api_routes import error_shape_for
 from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
@@ -228,7 +229,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes,
                                 catalog, reload)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
-                               lambda scope: error_body, gateway_app.is_admin_route)]
+                               error_shape_for, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:
             app = create_ollama_app(config.ollama, client, events, gate, limits, metrics, door, health)
             listeners.append(_listener(config, events, door, "ollama", app, config.ollama.listen, ollama_error_body,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import attrs
 import openai
 import pytest
@@ -34,6 +35,25 @@ class Demo:
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, timeout=60)
+
+    def anthropic(self) -> anthropic.Anthropic:
+        # Anthropic's SDK adds /v1 itself: its base URL is steward's own.
+        return anthropic.Anthropic(base_url=self.base_url.removesuffix("/v1"), api_key="none", max_retries=0,
+                                   timeout=60)
+
+
+def answers_the_agent_apis(demo: Demo, model: str) -> None:
+    """OpenAI's Responses API and Anthropic's Messages through the demo, changed only in the base URL."""
+    answer = demo.client().responses.create(model=model, input="hello", max_output_tokens=3)
+    assert answer.status == "completed" and answer.output_text and answer.model == model
+    streamed = list(demo.client().responses.create(model=model, input="hi", max_output_tokens=2, stream=True))
+    assert streamed[-1].type == "response.completed"
+    claude = demo.anthropic()
+    message = claude.messages.create(model=model, max_tokens=3, messages=[{"role": "user", "content": "hello"}])
+    assert message.content[0].text and message.model == model
+    with claude.messages.stream(model=model, max_tokens=2, messages=[{"role": "user", "content": "hi"}]) as stream:
+        assert stream.get_final_message().usage.output_tokens == 2
+    assert claude.messages.count_tokens(model=model, messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
 
 
 @contextlib.contextmanager
@@ -77,6 +97,7 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
                                                 max_tokens=4)
         assert shared.model == "qwen3-4b-shared" and shared.usage is not None
         assert shared.usage.completion_tokens == 4
+        answers_the_agent_apis(demo, "gemma4-e2b")
         assert RANDOM_WEIGHTS not in demo.banner  # fake engines answer in words
     assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
@@ -99,6 +120,7 @@ def test_the_real_demo_answers_with_the_models_name_and_says_its_weights_are_ran
         assert {chunk.model for chunk in stream} == {"gemma4-e2b"}
         completion = client.completions.create(model="gemma4-e4b", prompt="hi", max_tokens=2)
         assert completion.model == "gemma4-e4b"
+        answers_the_agent_apis(demo, "gemma4-e2b")
     assert not demo.event_log.parent.exists()
 
 

@@ -257,9 +257,21 @@ def _as_json(body: bytes) -> tuple[Any, str | None]:
         return None, "not JSON"
 
 
+def _anthropic_problem(value: Any) -> str | None:
+    if not isinstance(value, dict) or set(value) != {"type", "error"} or value["type"] != "error":
+        return "not Anthropic's {'type': 'error', 'error': {...}}"
+    error = value["error"]
+    if not isinstance(error, dict) or set(error) != {"type", "message"} \
+            or not all(isinstance(error[k], str) for k in ("type", "message")):
+        return "the error object is not exactly a string type and message"
+    return None
+
+
 def openai_shape(path: str, body: bytes) -> str | None:
     value, problem = _as_json(body)
-    return problem or _openai_problem(value)
+    if problem:
+        return problem
+    return _anthropic_problem(value) if path.startswith("/v1/messages") else _openai_problem(value)
 
 
 def ollama_shape(path: str, body: bytes) -> str | None:
@@ -268,6 +280,8 @@ def ollama_shape(path: str, body: bytes) -> str | None:
         return problem
     if path.startswith("/api/"):
         return _ollama_native_problem(value)
+    if path.startswith("/v1/messages"):
+        return _anthropic_problem(value)
     if path.startswith("/v1/"):
         return _openai_problem(value)
     if _ollama_native_problem(value) and _openai_problem(value):

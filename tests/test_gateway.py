@@ -250,7 +250,7 @@ def test_event_log_records_are_json_with_the_common_fields(steward: RunningStewa
 
 
 def test_metadata_fields_are_stripped_before_forwarding() -> None:
-    from supervisor.gateway.inference import route_request
+    from supervisor.gateway.routed import route_request
 
     scope = {"headers": [(b"x-steward-class", b"batch")]}
     routed = route_request(scope, json.dumps({"model": "gpt-4o@background", "steward": {"class": "batch"},

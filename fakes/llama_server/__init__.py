@@ -14,6 +14,13 @@ framework) that copies the behaviour a proxy in front of llama-server has to cop
   ``/v1/embeddings``; like llama-server, ``/completion``, ``/completions``, ``/embedding``
   and ``/embeddings`` are its *native* (non-OpenAI) shapes; ``/v1/models``, ``/slots``,
   ``/props``, ``/metrics``, llama-server's error envelope;
+* the routes llama-server converts to chat, with their own shapes and quirks: OpenAI's
+  Responses (``/v1/responses``, named SSE events), Anthropic's Messages (``/v1/messages``),
+  audio transcription (``/v1/audio/transcriptions``, 501 unless ``--mmproj``), and the
+  token counters (``/v1/responses/input_tokens``, ``/v1/chat/completions/input_tokens``,
+  ``/v1/messages/count_tokens``); rerank (``/v1/rerank`` and three more paths) with
+  ``--reranking``. With ``--embeddings`` (or ``--reranking``) the fake is an encoder model:
+  every generation fails with llama-server's "does not support logits computation" 500;
 * a fixed number of slots with continuous batching; further requests wait, FIFO,
   inside the server ("deferred") instead of being rejected;
 * a context overflow is a plain 400 JSON even for ``stream: true``;
@@ -24,12 +31,17 @@ framework) that copies the behaviour a proxy in front of llama-server has to cop
 
 Deterministic "tokenizer": a prompt costs one token per whitespace-separated word
 (+4 per chat message); generated tokens cycle through ``VOCAB``, each sent as " word".
+Some answers are scripted instead (a transcript; an Anthropic message without
+``max_tokens``): the model says them, then ends with an end-of-generation token (finish
+"stop"), which counts as a token and shows as nothing.
 
 Test hooks in the prompt text: ``FAKE_ERROR_MIDSTREAM`` sends an error event after two
 tokens and ends the stream without ``[DONE]``; ``FAKE_CRASH`` aborts the process
 (exit status 134) after two tokens; ``FAKE_SPLIT_UTF8`` makes the answer start with a
 character split over two byte tokens, so the stream has no role chunk (llama-server sends
-it only with a first token that is whole UTF-8).
+it only with a first token that is whole UTF-8; likewise a Messages stream then has no
+``message_start`` and a Responses stream announces ``response.created`` with every token).
+The error event of ``FAKE_ERROR_MIDSTREAM`` is framed as each route frames its errors.
 
 ``GET /fake/stats`` -> ``{"started","completed","cancelled","active","deferred","connections"}``:
 requests that got a slot, that finished, that the client abandoned while generating,
@@ -40,10 +52,11 @@ Startup and shutdown are logged to stderr like llama.cpp; one line per request o
 ``-v`` (a busy fake must not fill a stderr pipe nobody drains).
 
 Modules: ``cli`` (flags, Config, the stderr log), ``errors`` (the error envelope),
-``parsing`` (request bodies), ``slots`` (slot pool, stats), ``formats`` (response shapes),
-``engine`` (generation and embeddings on the slots), ``placement`` (where ``--memory`` goes on
-several simulated GPUs: ``CUDA_VISIBLE_DEVICES``, ``-dev``, ``-sm``, ``-ts``, ``-mg``), ``server``
-(routes, loading, main).
+``parsing`` (request bodies), ``slots`` (slot pool, stats), ``formats`` (response shapes and
+their SSE framing), ``responses``, ``messages``, ``transcription``, ``rerank`` (one API each:
+its request and its answer), ``engine`` (generation and encoder tasks on the slots),
+``placement`` (where ``--memory`` goes on several simulated GPUs: ``CUDA_VISIBLE_DEVICES``,
+``-dev``, ``-sm``, ``-ts``, ``-mg``), ``server`` (routes, loading, main).
 """
 
 from fakes.llama_server.cli import Config, parse_config

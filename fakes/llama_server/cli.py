@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import re
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,16 @@ N_CTX_TRAIN = 131072          # the fake model's training context; caps the slot
 AUTO_SLOTS = 4                # what --parallel -1 ("auto") means in llama-server
 
 
+class Pooling(enum.Enum):
+    """llama-server's ``--pooling``: how an embedding model pools; RANK scores (query, document) pairs."""
+
+    NONE = "none"
+    MEAN = "mean"
+    CLS = "cls"
+    LAST = "last"
+    RANK = "rank"
+
+
 @attrs.frozen
 class Config:
     host: str
@@ -25,7 +36,7 @@ class Config:
     model_path: str
     n_slots: int
     slot_n_ctx: int
-    embeddings: bool
+    embeddings: bool              # --embeddings or --reranking: an encoder model, it cannot generate
     metrics: bool
     slots_endpoint: bool
     api_key: str | None
@@ -42,6 +53,17 @@ class Config:
     fail_load: str | None
     max_tokens_default: int
     placement: PlacementFlags = PlacementFlags()  # where --memory goes on several simulated GPUs
+    pooling: Pooling | None = None  # --pooling (--reranking: RANK); None: the model's own
+    mmproj: str | None = None       # --mmproj: a multimodal projector (never read: the fake "hears" uploads)
+
+    @property
+    def reranks(self) -> bool:
+        """/rerank is served only by an embedding server that pools by rank (``--reranking``)."""
+        return self.embeddings and self.pooling is Pooling.RANK
+
+    @property
+    def hears_audio(self) -> bool:
+        return self.mmproj is not None
 
     @property
     def token_interval(self) -> float:
@@ -66,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-np", "--parallel", type=int, default=-1)
     g.add_argument("-c", "--ctx-size", type=int, default=4096)
     g.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true")
+    g.add_argument("--rerank", "--reranking", dest="reranking", action="store_true",
+                   help="embeddings with rank pooling: serve /rerank")
+    g.add_argument("--pooling", choices=[pooling.value for pooling in Pooling], default=None)
+    g.add_argument("-mm", "--mmproj", "-mmu", "--mmproj-url", dest="mmproj", default=None,
+                   help="a multimodal projector: the fake then transcribes uploads")
     g.add_argument("--metrics", action="store_true")
     g.add_argument("--slots", dest="slots", action="store_true", default=True)
     g.add_argument("--no-slots", dest="slots", action="store_false")
@@ -131,7 +158,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     return Config(
         host=args.host, port=args.port,
         model_id=args.alias or args.model or "fake-model", model_path=args.model or "fake-model.gguf",
-        n_slots=n_slots, slot_n_ctx=slot_n_ctx, embeddings=args.embeddings, metrics=args.metrics,
+        n_slots=n_slots, slot_n_ctx=slot_n_ctx, embeddings=args.embeddings or args.reranking, metrics=args.metrics,
         slots_endpoint=args.slots, api_key=args.api_key, sse_ping_interval=args.sse_ping_interval,
         verbose=args.verbose, log_disabled=args.log_disable, load_time=args.load_time,
         memory=args.memory, tokens_per_second=args.tokens_per_second, sim_gpu=args.sim_gpu,
@@ -139,6 +166,8 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         embedding_dim=max(1, args.embedding_dim), fail_load=args.fail_load,
         max_tokens_default=args.max_tokens_default,
         placement=PlacementFlags(args.device, SplitMode(args.split_mode), args.tensor_split, args.main_gpu),
+        pooling=Pooling.RANK if args.reranking else Pooling(args.pooling) if args.pooling else None,
+        mmproj=args.mmproj,
     )
 
 

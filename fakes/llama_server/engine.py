@@ -1,25 +1,40 @@
-"""The slots at work: token generation (streamed or not), the test hooks, embeddings.
+"""The slots at work: token generation (streamed or not), the test hooks, encoder tasks.
 
 Work runs while the client stays: it leaves -> the work is cancelled and its slot freed.
+Every generating route (chat, completions, Responses, Anthropic Messages, transcription) runs
+the same token loop; only its Format differs. Encoder tasks (embeddings, rerank) hold one
+slot for all their inputs.
+
+A server in embedding mode (``--embeddings``/``--reranking``) stands for an encoder model: it
+has no KV memory, so, like llama-server, it fails every generation with a 500 once a slot
+picks the task up (a plain JSON error even for ``stream: true``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
 from fakes.http11 import Exchange
 from fakes.llama_server.cli import Config, Log
-from fakes.llama_server.errors import ApiError, exceed_context, input_too_large, respond_error
-from fakes.llama_server.formats import (PREFILL_TOKENS_PER_S, Format, Outcome, embed, make_timings,
-                                        native_embeddings, oai_embeddings, split_utf8_piece, token_piece)
+from fakes.llama_server.errors import ApiError, exceed_context, input_too_large, no_logits, respond_error
+from fakes.llama_server.formats import (
+    PREFILL_TOKENS_PER_S,
+    Finish,
+    Format,
+    Outcome,
+    make_timings,
+    split_utf8_piece,
+    token_piece,
+)
 from fakes.llama_server.parsing import Job
 from fakes.llama_server.slots import Slot, SlotPool, Stats
 
 HOOK_AFTER_TOKENS = 2
-EMBED_TIME_FACTOR = 0.1       # one embedding input costs a tenth of a generated token
+EMBED_TIME_FACTOR = 0.1       # one encoder input (embedding, rerank pair) costs a tenth of a generated token
 
 
 @attrs.define(eq=False)
@@ -42,8 +57,11 @@ class Engine:
     async def _run_job(self, ex: Exchange, job: Job, fmt: Format) -> None:
         async with self.pool.slot() as slot:
             # Checked when a slot picks the task up, so an oversized request waits its turn too.
-            if job.n_prompt >= slot.n_ctx:
-                error: ApiError | None = exceed_context(job.n_prompt, slot.n_ctx)
+            if self.cfg.embeddings and job.n_prompt > 0:
+                error: ApiError | None = no_logits()
+                outcome = None
+            elif job.n_prompt >= slot.n_ctx:
+                error = exceed_context(job.n_prompt, slot.n_ctx)
                 outcome = None
             else:
                 error = None
@@ -54,7 +72,7 @@ class Engine:
             return  # failed on purpose; the error has been sent
         elif job.stream:
             for event in fmt.final_events(outcome):
-                await ex.send_event(event)
+                await ex.send_raw(fmt.frame(event))
             if fmt.ends_with_done:
                 await ex.send_raw(b"data: [DONE]\n\n")
             await ex.end_stream()
@@ -64,9 +82,14 @@ class Engine:
     async def _generate(self, ex: Exchange, job: Job, fmt: Format, slot: Slot) -> Outcome | None:
         """Produce the tokens, streaming them if asked. None after an injected failure."""
         room = slot.n_ctx - job.n_prompt
-        n_target = room if job.budget < 0 else min(job.budget, room)
+        limit = room if job.budget < 0 else min(job.budget, room)
+        if job.answer is not None and len(job.answer) < limit:
+            # The scripted answer fits: an end-of-generation token follows it (counted, shown as nothing).
+            n_target, finished = len(job.answer) + 1, True
+        else:
+            n_target, finished = limit, False
         if job.n_prompt == 0:
-            n_target = 0  # an empty prompt gives an empty answer
+            n_target, finished = 0, False  # an empty prompt gives an empty answer
         hook_at = min(HOOK_AFTER_TOKENS, n_target) if (job.error_hook or job.crash_hook) else -1
         self.stats.started += 1
         slot.n_remain = n_target
@@ -77,24 +100,23 @@ class Engine:
             if job.stream:
                 await ex.start_stream()  # headers go out once a slot has the task
             if hook_at == 0:
-                return await self._inject_failure(ex, job)
+                return await self._inject_failure(ex, job, fmt)
             for i in range(n_target):
                 await self._wait_for_token(ex, job, start + (i + 1) * interval)
-                pieces.append(split_utf8_piece(i) if job.split_utf8_hook and i < 2 else token_piece(i))
+                pieces.append(_piece(job, i))
                 slot.n_decoded, slot.n_remain = i + 1, n_target - i - 1
                 if job.stream and pieces[-1]:  # an incomplete character is held back, as llama-server does
                     for event in fmt.token_events(pieces[-1], i + 1, slot.id):
-                        await ex.send_event(event)
+                        await ex.send_raw(fmt.frame(event))
                 if i + 1 == hook_at:
-                    return await self._inject_failure(ex, job)
+                    return await self._inject_failure(ex, job, fmt)
         except (trio.Cancelled, trio.BrokenResourceError, trio.ClosedResourceError):
             self.stats.cancelled += 1  # the client left (or we are shutting down)
             raise
         elapsed = trio.current_time() - start
         self._account(job.n_prompt, len(pieces), elapsed)
         self.stats.completed += 1
-        # Generation only ever ends on its token budget or a full context: "length".
-        return Outcome("".join(pieces), job.n_prompt, len(pieces), "length",
+        return Outcome("".join(pieces), job.n_prompt, len(pieces), Finish.STOP if finished else Finish.LENGTH,
                        make_timings(job.n_prompt, len(pieces), elapsed), slot.id, job.prompt_text)
 
     async def _wait_for_token(self, ex: Exchange, job: Job, deadline: float) -> None:
@@ -105,13 +127,13 @@ class Engine:
                 await ex.send_raw(b":\n\n")
         await trio.sleep_until(deadline)
 
-    async def _inject_failure(self, ex: Exchange, job: Job) -> None:
+    async def _inject_failure(self, ex: Exchange, job: Job, fmt: Format) -> None:
         if job.crash_hook:
             self.log("ggml/src/ggml.c:1234: GGML_ASSERT(fake) failed (FAKE_CRASH)")
             os._exit(134)  # like abort(): no cleanup, the simulated GPU memory lingers
         error = ApiError(500, "fake mid-stream failure", "server_error")
         if job.stream:
-            await ex.send_event(error.body)
+            await ex.send_raw(fmt.frame_error(error.body))
             await ex.end_stream()  # no [DONE], as llama-server does after an error
         else:
             await respond_error(ex, error)
@@ -123,28 +145,33 @@ class Engine:
         s.predicted_tokens += n_decoded
         s.predicted_seconds += elapsed
 
-    # ---- embeddings
+    # ---- encoder tasks (embeddings, rerank)
 
-    async def embeddings(self, ex: Exchange, inputs: list[tuple[str, int]], encoding: object, *, oai: bool) -> None:
-        await ex.run_until_client_leaves(lambda: self._run_embeddings(ex, inputs, encoding, oai))
+    async def encode(self, ex: Exchange, n_tokens: Sequence[int], answer: Callable[[], object]) -> None:
+        """Run one encoder task per input on a slot, then answer ``answer()`` (400 if an input is too long)."""
+        await ex.run_until_client_leaves(lambda: self._run_encoder(ex, n_tokens, answer))
 
-    async def _run_embeddings(self, ex: Exchange, inputs: list[tuple[str, int]], encoding: object,
-                              oai: bool) -> None:
+    async def _run_encoder(self, ex: Exchange, n_tokens: Sequence[int], answer: Callable[[], object]) -> None:
         async with self.pool.slot() as slot:
-            too_long = next((n for _, n in inputs if n > slot.n_ctx), None)
+            too_long = next((n for n in n_tokens if n > slot.n_ctx), None)
             if too_long is None:
                 self.stats.started += 1
                 try:
-                    await trio.sleep(len(inputs) * EMBED_TIME_FACTOR * self.cfg.token_interval)
+                    await trio.sleep(len(n_tokens) * EMBED_TIME_FACTOR * self.cfg.token_interval)
                 except trio.Cancelled:
                     self.stats.cancelled += 1
                     raise
                 self.stats.completed += 1
         if too_long is not None:
             await respond_error(ex, input_too_large(too_long, slot.n_ctx))
-            return
-        vectors = [embed(text, self.cfg.embedding_dim) for text, _ in inputs]
-        if oai:
-            await ex.respond_json(200, oai_embeddings(self.cfg.model_id, vectors, sum(n for _, n in inputs), encoding))
         else:
-            await ex.respond_json(200, native_embeddings(vectors))
+            await ex.respond_json(200, answer())
+
+
+def _piece(job: Job, index: int) -> str:
+    """The text of generated token *index*."""
+    if job.answer is not None:
+        return job.answer[index] if index < len(job.answer) else ""  # "": the end-of-generation token
+    if job.split_utf8_hook and index < 2:
+        return split_utf8_piece(index)
+    return token_piece(index)

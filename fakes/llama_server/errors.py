@@ -28,6 +28,21 @@ def not_supported(what: str, flag: str) -> ApiError:
     return ApiError(501, f"This server does not support {what}. Start it with `{flag}`", "not_supported_error")
 
 
+def no_audio() -> ApiError:
+    """A transcription on a model without a multimodal projector that hears (the fake: no ``--mmproj``)."""
+    return ApiError(501, "The current model does not support audio input.", "not_supported_error")
+
+
+def server_error(message: str) -> ApiError:
+    """What llama-server's handler wrapper answers for an exception that is not an invalid_argument."""
+    return ApiError(500, message, "server_error")
+
+
+def no_logits() -> ApiError:
+    """Any generation on an encoder (embedding or rerank) model: it has no KV memory to decode with."""
+    return server_error("the current context does not support logits computation. skipping")
+
+
 def loading() -> ApiError:
     return ApiError(503, "Loading model", "unavailable_error")
 

@@ -2,11 +2,14 @@
 
 A format turns tokens into stream events and an Outcome into the final events or the whole
 (non-streamed) response; generated tokens cycle through ``VOCAB``, each sent as " word".
+It also frames its events for the wire: these formats send bare ``data:`` events (the
+Responses and Anthropic formats, in their own modules, send named ``event:`` ones).
 """
 
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import math
 import random
@@ -14,10 +17,11 @@ import secrets
 import string
 import struct
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
+from fakes.http11 import dump_json
 from fakes.llama_server.slots import default_params
 
 BUILD_INFO = "b6500-fake0000"
@@ -27,12 +31,19 @@ PREFILL_TOKENS_PER_S = 4000.0  # only used to report plausible prompt timings
 _ALNUM = string.ascii_letters + string.digits
 
 
+class Finish(enum.StrEnum):
+    """Why generation ended, spelled as OpenAI's finish_reason."""
+
+    LENGTH = "length"  # the token budget or the context ran out
+    STOP = "stop"      # the model ended its answer (an end-of-generation token)
+
+
 @attrs.frozen
 class Outcome:
     text: str
     n_prompt: int
     n_decoded: int
-    finish_reason: str
+    finish_reason: Finish
     timings: dict[str, Any]
     slot_id: int
     prompt_text: str
@@ -64,8 +75,41 @@ def make_timings(n_prompt: int, n_decoded: int, predicted_s: float) -> dict[str,
             "predicted_per_second": n_decoded / predicted_ms * 1000.0 if predicted_ms else 0.0}
 
 
+def random_id(prefix: str) -> str:
+    """llama-server's ids: a prefix and 32 random letters and digits."""
+    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
 def completion_id() -> str:
-    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return random_id("chatcmpl-")
+
+
+def sse_data(value: object) -> bytes:
+    return b"data: " + dump_json(value) + b"\n\n"
+
+
+def sse_event(name: str, value: object) -> bytes:
+    return b"event: " + name.encode() + b"\n" + sse_data(value)
+
+
+class DataEvents:
+    """Bare ``data:`` events; a mid-stream error is ``data: {"error": {...}}``."""
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        return sse_data(event)
+
+    def frame_error(self, body: dict[str, Any]) -> bytes:
+        return sse_data(body)
+
+
+class NamedEvents:
+    """``event: TYPE`` + ``data:`` (the event's own ``type`` names it); errors stay bare ``data:``."""
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        return sse_event(event["type"], event)
+
+    def frame_error(self, body: dict[str, Any]) -> bytes:
+        return sse_data(body)
 
 
 def _common(cmpl_id: str, model: str, obj: str) -> dict[str, Any]:
@@ -74,7 +118,7 @@ def _common(cmpl_id: str, model: str, obj: str) -> dict[str, Any]:
 
 
 @attrs.define(eq=False)
-class ChatFormat:
+class ChatFormat(DataEvents):
     """OpenAI chat: role chunk with the first token, content chunks, finish, usage, [DONE]."""
 
     cmpl_id: str
@@ -109,7 +153,7 @@ class ChatFormat:
 
 
 @attrs.define(eq=False)
-class TextFormat:
+class TextFormat(DataEvents):
     """OpenAI /v1/completions: ``choices[].text``; the final chunk always carries usage."""
 
     cmpl_id: str
@@ -132,7 +176,7 @@ class TextFormat:
 
 
 @attrs.define(eq=False)
-class NativeFormat:
+class NativeFormat(DataEvents):
     """llama-server's own /completion: ``content`` pieces, a ``stop: true`` event, no [DONE]."""
 
     model: str
@@ -150,11 +194,20 @@ class NativeFormat:
         return {"index": 0, "content": out.text, "tokens": [], "id_slot": out.slot_id, "stop": True,
                 "model": self.model, "tokens_predicted": out.n_decoded, "tokens_evaluated": out.n_prompt,
                 "generation_settings": default_params(), "prompt": out.prompt_text, "has_new_line": False,
-                "truncated": False, "stop_type": "eos" if out.finish_reason == "stop" else "limit",
+                "truncated": False, "stop_type": "eos" if out.finish_reason is Finish.STOP else "limit",
                 "stopping_word": "", "tokens_cached": out.n_prompt + out.n_decoded, "timings": out.timings}
 
 
-Format = ChatFormat | TextFormat | NativeFormat
+class Format(Protocol):
+    """What the engine's token loop needs from a response shape."""
+
+    ends_with_done: bool  # a ``data: [DONE]`` after the final events
+
+    def token_events(self, piece: str, n_decoded: int, slot_id: int) -> list[dict[str, Any]]: ...
+    def final_events(self, out: Outcome) -> list[dict[str, Any]]: ...
+    def response(self, out: Outcome) -> object: ...
+    def frame(self, event: dict[str, Any]) -> bytes: ...
+    def frame_error(self, body: dict[str, Any]) -> bytes: ...
 
 
 def embed(text: str, dim: int) -> list[float]:

@@ -1,11 +1,14 @@
 """What a request body asks for: JSON, prompts and their token counts, a Job, embedding inputs.
 
 Deterministic "tokenizer": one token per whitespace-separated word, +4 per chat message.
+The Responses and Anthropic routes turn their requests into a conversation first, as
+llama-server turns them into chat requests, and count it the same way.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -28,6 +31,9 @@ class Job:
     stream: bool
     ping_interval: float
     prompt_text: str
+    # The fake model's whole answer, one piece per token, ended by an end-of-generation token
+    # (finish "stop"); None: VOCAB words until the budget or the context runs out ("length").
+    answer: tuple[str, ...] | None = None
 
     @property
     def error_hook(self) -> bool:
@@ -74,15 +80,18 @@ def message_text(content: object) -> str:
     return ""
 
 
+def conversation(texts: Sequence[str]) -> tuple[str, int]:
+    """The prompt text and its token count for chat messages with these texts."""
+    return "\n".join(texts), sum(count_words(t) for t in texts) + 4 * len(texts)
+
+
 def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
     messages = body.get("messages")
     if messages is None:
         raise invalid_request("'messages' is required")
     if not isinstance(messages, list):
         raise invalid_request("Expected 'messages' to be an array")
-    texts = [message_text(m.get("content")) if isinstance(m, dict) else "" for m in messages]
-    text = "\n".join(texts)
-    return text, sum(count_words(t) for t in texts) + 4 * len(messages)
+    return conversation([message_text(m.get("content")) if isinstance(m, dict) else "" for m in messages])
 
 
 def text_prompt(body: dict[str, Any]) -> tuple[str, int]:

@@ -11,13 +11,34 @@ import trio
 
 from fakes import simgpu
 from fakes.http11 import Exchange, HttpServer, Request
-from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, parse_config
+from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, Pooling, parse_config
 from fakes.llama_server.engine import Engine
-from fakes.llama_server.errors import NOT_FOUND_BODY, ApiError, loading, not_supported, respond_error
-from fakes.llama_server.formats import BUILD_INFO, ChatFormat, NativeFormat, TextFormat, completion_id
+from fakes.llama_server.errors import (
+    NOT_FOUND_BODY,
+    ApiError,
+    invalid_request,
+    loading,
+    no_audio,
+    not_supported,
+    respond_error,
+)
+from fakes.llama_server.formats import (
+    BUILD_INFO,
+    ChatFormat,
+    NativeFormat,
+    TextFormat,
+    completion_id,
+    embed,
+    native_embeddings,
+    oai_embeddings,
+)
+from fakes.llama_server.messages import MessagesFormat, count_tokens, messages_job
 from fakes.llama_server.parsing import body_json, build_job, chat_prompt, embedding_inputs, text_prompt
 from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
+from fakes.llama_server.rerank import rerank_body, rerank_request
+from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_job
 from fakes.llama_server.slots import Slot
+from fakes.llama_server.transcription import TranscriptionFormat, read_upload, transcription_job
 from fakes.runner import run_fake
 
 MIB = 1 << 20
@@ -38,6 +59,7 @@ class FakeLlamaServer:
         self.engine = Engine(self.cfg, self.log)
         self.http = HttpServer(self.dispatch, self.cfg.connection_policy, on_failure=self._connection_failed)
         chat, text, native = self.chat_completions, self.completions, self.native_completion
+        responses, transcriptions, rerank = self.responses, self.transcriptions, self.rerank
         self.routes = {
             ("GET", "/health"): self.health, ("GET", "/v1/health"): self.health,
             ("GET", "/v1/models"): self.models, ("GET", "/models"): self.models,
@@ -48,6 +70,16 @@ class FakeLlamaServer:
             ("POST", "/completion"): native, ("POST", "/completions"): native,
             ("POST", "/v1/embeddings"): self.oai_embeddings,
             ("POST", "/embeddings"): self.native_embeddings, ("POST", "/embedding"): self.native_embeddings,
+            ("POST", "/v1/responses"): responses, ("POST", "/responses"): responses,
+            ("POST", "/v1/messages"): self.messages,
+            ("POST", "/v1/audio/transcriptions"): transcriptions, ("POST", "/audio/transcriptions"): transcriptions,
+            ("POST", "/v1/rerank"): rerank, ("POST", "/v1/reranking"): rerank,
+            ("POST", "/rerank"): rerank, ("POST", "/reranking"): rerank,
+            ("POST", "/v1/responses/input_tokens"): self.responses_input_tokens,
+            ("POST", "/responses/input_tokens"): self.responses_input_tokens,
+            ("POST", "/v1/chat/completions/input_tokens"): self.chat_input_tokens,
+            ("POST", "/chat/completions/input_tokens"): self.chat_input_tokens,
+            ("POST", "/v1/messages/count_tokens"): self.messages_count_tokens,
             ("GET", "/fake/stats"): self.fake_stats,
         }
 
@@ -153,7 +185,7 @@ class FakeLlamaServer:
         await ex.respond_json(200, {
             "default_generation_settings": Slot(0, cfg.slot_n_ctx).to_json(),
             "total_slots": cfg.n_slots, "model_alias": cfg.model_id, "model_path": cfg.model_path,
-            "modalities": {"vision": False, "audio": False}, "chat_template": "{{ messages }}",
+            "modalities": {"vision": False, "audio": cfg.hears_audio}, "chat_template": "{{ messages }}",
             "chat_template_caps": {}, "bos_token": "<s>", "eos_token": "</s>", "media_marker": "<__media__>",
             "build_info": BUILD_INFO, "is_sleeping": False,
         })
@@ -219,11 +251,54 @@ class FakeLlamaServer:
         await self._embeddings(ex, oai=False)
 
     async def _embeddings(self, ex: Exchange, *, oai: bool) -> None:
-        if not self.cfg.embeddings:
+        cfg = self.cfg
+        if not cfg.embeddings:
             raise not_supported("embeddings", "--embeddings")
+        if oai and cfg.pooling is Pooling.NONE:
+            raise invalid_request("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
         body = body_json(ex.request)
         inputs = embedding_inputs(body)
-        await self.engine.embeddings(ex, inputs, body.get("encoding_format", "float"), oai=oai)
+        encoding = body.get("encoding_format", "float")
+
+        def answer() -> object:
+            vectors = [embed(text, cfg.embedding_dim) for text, _ in inputs]
+            if oai:
+                return oai_embeddings(cfg.model_id, vectors, sum(n for _, n in inputs), encoding)
+            return native_embeddings(vectors)
+
+        await self.engine.encode(ex, [n for _, n in inputs], answer)
+
+    async def rerank(self, ex: Exchange) -> None:
+        if not self.cfg.reranks:
+            raise not_supported("reranking", "--reranking")
+        request = rerank_request(body_json(ex.request))
+        await self.engine.encode(ex, request.pair_tokens, lambda: rerank_body(request, self.cfg.model_id))
+
+    # ---- the APIs llama-server converts to chat
+
+    async def responses(self, ex: Exchange) -> None:
+        job = responses_job(body_json(ex.request), self.cfg)
+        await self.engine.complete(ex, job, ResponsesFormat(self.cfg.model_id))
+
+    async def messages(self, ex: Exchange) -> None:
+        job = messages_job(body_json(ex.request), self.cfg)
+        await self.engine.complete(ex, job, MessagesFormat(completion_id(), self.cfg.model_id, job.n_prompt))
+
+    async def transcriptions(self, ex: Exchange) -> None:
+        if not self.cfg.hears_audio:
+            raise no_audio()
+        job = transcription_job(read_upload(ex.request), self.cfg)
+        await self.engine.complete(ex, job, TranscriptionFormat())
+
+    async def responses_input_tokens(self, ex: Exchange) -> None:
+        await ex.respond_json(200, input_tokens(body_json(ex.request)))
+
+    async def chat_input_tokens(self, ex: Exchange) -> None:
+        _, n_prompt = chat_prompt(body_json(ex.request))
+        await ex.respond_json(200, {"input_tokens": n_prompt, "object": "response.input_tokens"})
+
+    async def messages_count_tokens(self, ex: Exchange) -> None:
+        await ex.respond_json(200, count_tokens(body_json(ex.request)))
 
 
 # --------------------------------------------------------------------------- main

@@ -14,6 +14,10 @@ what a proxy in front of Ollama has to cope with (``shared/research/protocols.md
   ``GET /api/tags``, ``/api/ps``, ``/api/version``, ``GET|HEAD /`` ("Ollama is running");
 * OpenAI compatibility: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
   ``/v1/models``, ``/v1/models/{name}``, with OpenAI's error envelope;
+* ``POST /v1/responses`` (OpenAI Responses: one ``response`` object, or named SSE events
+  ``response.created`` ... ``response.completed``; OpenAI's error envelope) and ``POST /v1/messages``
+  (Anthropic Messages: one ``message``, or ``message_start`` ... ``message_stop``; Anthropic's
+  ``{"type": "error", "error": {...}}``), both run through the chat handler like Ollama's middleware;
 * the scheduler (``sched``): a model loads on first use (``load=`` time; listed in ``/api/ps``
   while loading), serves ``--num-parallel`` requests at once, expires ``keep_alive`` after its
   last request (default ``--keep-alive 5m``; ``0`` = at once; negative = never; a JSON number
@@ -24,7 +28,7 @@ what a proxy in front of Ollama has to cope with (``shared/research/protocols.md
   ``keep_alive:0`` it unloads it instead: ``done_reason:"unload"`` (also for embedding-only
   models, which otherwise answer generate/chat with 400 ``"<m>" does not support generate``);
 * errors are ``{"error": "..."}``; a stream that fails after it started sends one more line
-  ``{"error": "..."}`` (status stays 200) and ends;
+  ``{"error": "..."}`` (status stays 200) and ends (/v1/responses and /v1/messages streams just end);
 * a client that goes away stops its generation (or its wait) at once;
 * with ``--sim-gpu DIR`` the process registers the total size of the models it holds with
   ``fakes.simgpu`` (one process, several models), and unregisters on exit.
@@ -44,8 +48,9 @@ SIGTERM/SIGINT -> exit 0 at once (memory unregistered). Startup is logged to std
 line per request only with ``-v``.
 
 Modules: ``cli`` (flags, model specs, Config), ``gotime`` (Go durations, keep_alive, timestamps),
-``errors``, ``parsing`` (request bodies), ``sched`` (runners, keep_alive, queue, memory),
-``formats`` (response shapes), ``engine`` (generation, embeddings), ``server`` (routes, main).
+``errors`` (the three error shapes), ``parsing`` (request bodies), ``sched`` (runners, keep_alive,
+queue, memory), ``formats`` (response shapes), ``openai_responses`` and ``anthropic_messages``
+(those two APIs: requests and answers), ``engine`` (generation, embeddings), ``server`` (routes, main).
 """
 
 from fakes.ollama.cli import Config, ModelSpec, parse_config

@@ -16,7 +16,7 @@ from fakes.http11 import Exchange
 from fakes.llama_server.formats import PREFILL_TOKENS_PER_S, token_piece
 from fakes.llama_server.formats import embed as embedding_vector
 from fakes.ollama.cli import Config, ModelSpec
-from fakes.ollama.errors import OllamaError, respond_error
+from fakes.ollama.errors import ErrorShape, OllamaError, respond_error
 from fakes.ollama.formats import Format, Outcome
 from fakes.ollama.parsing import Job
 from fakes.ollama.sched import Scheduler
@@ -34,18 +34,25 @@ class Engine:
     sched: Scheduler
 
     async def generate(self, ex: Exchange, spec: ModelSpec, keep_alive: float | None, job: Job, fmt: Format) -> None:
-        await self._while_client_stays(ex, fmt.openai, lambda: self._generate(ex, spec, keep_alive, job, fmt))
+        await self._while_client_stays(ex, fmt.error_shape, lambda: self._generate(ex, spec, keep_alive, job, fmt))
 
-    async def load_only(self, ex: Exchange, spec: ModelSpec, keep_alive: float | None, fmt: Format) -> None:
-        """An empty prompt: schedule (load) the model, answer ``done_reason: "load"`` (never streamed)."""
+    async def load_only(self, ex: Exchange, spec: ModelSpec, keep_alive: float | None, fmt: Format, *,
+                        stream: bool = False) -> None:
+        """An empty prompt: schedule (load) the model, answer ``done_reason: "load"``.
+
+        The handler writes one JSON object; only a middleware writer that was asked to stream
+        (Responses, Anthropic) turns it into a stream of its events, hence *stream*.
+        """
         async def work() -> None:
             async with self.sched.use(spec, keep_alive):
                 pass
-            await ex.respond_json(200, fmt.response(Outcome("", 0, 0, "load")))
-        await self._while_client_stays(ex, fmt.openai, work)
+            if stream:
+                await ex.start_stream(fmt.content_type)
+            await self._answer(ex, fmt, Outcome("", 0, 0, "load"), streaming=stream)
+        await self._while_client_stays(ex, fmt.error_shape, work)
 
     async def embed(self, ex: Exchange, spec: ModelSpec, keep_alive: float | None, texts: list[str],
-                    render: Render, *, openai: bool = False) -> None:
+                    render: Render, *, shape: ErrorShape = ErrorShape.NATIVE) -> None:
         """*render(vectors, n_tokens, outcome)* builds the answer; no inputs: load only."""
         async def work() -> None:
             started = trio.current_time()
@@ -58,9 +65,10 @@ class Engine:
             outcome = Outcome("", n_tokens, 0, "stop", total_s=trio.current_time() - started, load_s=use.load_seconds)
             vectors = [embedding_vector(text, spec.embedding_dim) for text in texts]
             await ex.respond_json(200, render(vectors, n_tokens, outcome))
-        await self._while_client_stays(ex, openai, work)
+        await self._while_client_stays(ex, shape, work)
 
-    async def _while_client_stays(self, ex: Exchange, openai: bool, work: Callable[[], Awaitable[None]]) -> None:
+    async def _while_client_stays(self, ex: Exchange, shape: ErrorShape,
+                                  work: Callable[[], Awaitable[None]]) -> None:
         finished = False
 
         async def guarded() -> None:
@@ -68,7 +76,7 @@ class Engine:
             try:
                 await work()
             except OllamaError as err:  # raised before anything was sent (503 from the queue)
-                await respond_error(ex, err, openai=openai)
+                await respond_error(ex, err, shape)
             finished = True
         if await ex.run_until_client_leaves(guarded) and not finished:
             self.sched.stats.cancelled += 1
@@ -78,16 +86,20 @@ class Engine:
         arrived = trio.current_time()
         async with self.sched.use(spec, keep_alive) as use:
             outcome = await self._tokens(ex, spec, job, fmt, use.load_seconds, arrived)
-        if outcome is None:
-            return  # failed on purpose; the error has been sent
-        if job.stream:
-            for event in fmt.final_events(outcome):
-                await ex.send_raw(fmt.frame(event))
-            if fmt.trailer:
-                await ex.send_raw(fmt.trailer)
-            await ex.end_stream()
-        else:
+        if outcome is not None:  # None: failed on purpose, the error has been sent
+            await self._answer(ex, fmt, outcome, streaming=job.stream)
+
+    @staticmethod
+    async def _answer(ex: Exchange, fmt: Format, outcome: Outcome, *, streaming: bool) -> None:
+        """The end of an answer: the final events of a stream already started, or the whole response."""
+        if not streaming:
             await ex.respond_json(200, fmt.response(outcome))
+            return
+        for event in fmt.final_events(outcome):
+            await ex.send_raw(fmt.frame(event))
+        if fmt.trailer:
+            await ex.send_raw(fmt.trailer)
+        await ex.end_stream()
 
     async def _tokens(self, ex: Exchange, spec: ModelSpec, job: Job, fmt: Format, load_s: float,
                       arrived: float) -> Outcome | None:
@@ -118,8 +130,9 @@ class Engine:
 
     async def _fail(self, ex: Exchange, job: Job, fmt: Format) -> None:
         self.sched.stats.failed += 1
-        if job.stream:  # status 200 already went out: one more line with the error, then the end
-            await ex.send_raw(fmt.error_frame(HOOK_MESSAGE))
+        if job.stream:  # status 200 already went out: the format's error line (if it has one), then the end
+            if last := fmt.error_frame(HOOK_MESSAGE):
+                await ex.send_raw(last)
             await ex.end_stream()
         else:
-            await respond_error(ex, OllamaError(500, HOOK_MESSAGE), openai=fmt.openai)
+            await respond_error(ex, OllamaError(500, HOOK_MESSAGE), fmt.error_shape)

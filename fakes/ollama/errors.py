@@ -1,10 +1,29 @@
-"""Ollama's errors: ``{"error": "<message>"}`` natively, OpenAI's envelope on ``/v1``."""
+"""Ollama's errors in the three shapes its routes answer with.
+
+Native routes write ``{"error": "<message>"}``; the OpenAI middleware (``openai.NewError``) and
+the Anthropic middleware (``anthropic.NewError``) turn that same message and status into their
+own envelopes. Which one a request gets follows its route: :class:`ErrorShape`.
+"""
 
 from __future__ import annotations
+
+import enum
+import secrets
 
 from fakes.http11 import Exchange
 
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"  # ErrMaxQueue
+
+_OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error",
+                    529: "overloaded_error"}
+
+
+class ErrorShape(enum.Enum):
+    NATIVE = "native"          # /api/*: {"error": "..."}
+    OPENAI = "openai"          # /v1/* except /v1/messages: {"error": {"message", "type", "param", "code"}}
+    ANTHROPIC = "anthropic"    # /v1/messages: {"type": "error", "error": {"type", "message"}, "request_id"}
 
 
 class OllamaError(Exception):
@@ -20,12 +39,27 @@ class OllamaError(Exception):
 
     def openai(self) -> dict[str, object]:
         """``openai.NewError``: the type follows the status code, which is kept."""
-        kind = {400: "invalid_request_error", 404: "not_found_error"}.get(self.status, "api_error")
+        kind = _OPENAI_TYPES.get(self.status, "api_error")
         return {"error": {"message": self.message, "type": kind, "param": None, "code": None}}
 
+    def anthropic(self) -> dict[str, object]:
+        """``anthropic.NewError``: a type per status and a fresh ``req_<24 hex>`` request id."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message},
+                "request_id": "req_" + secrets.token_hex(12)}
 
-async def respond_error(ex: Exchange, err: OllamaError, *, openai: bool = False) -> None:
-    await ex.respond_json(err.status, err.openai() if openai else err.native())
+    def body(self, shape: ErrorShape) -> dict[str, object]:
+        match shape:
+            case ErrorShape.NATIVE:
+                return self.native()
+            case ErrorShape.OPENAI:
+                return self.openai()
+            case ErrorShape.ANTHROPIC:
+                return self.anthropic()
+
+
+async def respond_error(ex: Exchange, err: OllamaError, shape: ErrorShape = ErrorShape.NATIVE) -> None:
+    await ex.respond_json(err.status, err.body(shape))
 
 
 def bad_request(message: str) -> OllamaError:

@@ -1,20 +1,22 @@
 """Response shapes: native NDJSON generate/chat, OpenAI-compatible chat/text (SSE), the model catalogue.
 
-A format frames stream events (an NDJSON line or an SSE ``data:`` event), builds the token
-events, the final events and the whole non-streamed response from an :class:`Outcome`.
+A format (:class:`Format`) frames stream events (an NDJSON line, an SSE ``data:`` event or a
+named SSE ``event:``), builds the token events, the final events and the whole non-streamed
+response from an :class:`Outcome`. The Responses and Anthropic Messages formats live in
+``openai_responses`` and ``anthropic_messages``.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import attrs
 
 from fakes.http11 import dump_json
 from fakes.ollama.cli import ModelSpec
-from fakes.ollama.errors import OllamaError
+from fakes.ollama.errors import ErrorShape, OllamaError
 from fakes.ollama.gotime import nanoseconds, rfc3339
 
 NO_METRICS = ("load", "unload")
@@ -45,8 +47,28 @@ class Outcome:
                 "total_tokens": self.n_prompt + self.n_eval}
 
 
+class Format(Protocol):
+    """What the engine needs of a response shape; one instance serves one request (it may keep state)."""
+
+    error_shape: ClassVar[ErrorShape]
+    content_type: ClassVar[bytes]
+    trailer: ClassVar[bytes]           # after the final events of a stream
+
+    def frame(self, value: dict[str, Any]) -> bytes: ...
+
+    def error_frame(self, message: str) -> bytes:
+        """What a stream that fails after it started sends last (b"": nothing)."""
+        ...
+
+    def token_events(self, piece: str) -> list[dict[str, Any]]: ...
+
+    def final_events(self, out: Outcome) -> list[dict[str, Any]]: ...
+
+    def response(self, out: Outcome) -> dict[str, Any]: ...
+
+
 class NdjsonFraming:
-    openai = False
+    error_shape = ErrorShape.NATIVE
     content_type = b"application/x-ndjson"
     trailer = b""
 
@@ -58,7 +80,7 @@ class NdjsonFraming:
 
 
 class SseFraming:
-    openai = True
+    error_shape = ErrorShape.OPENAI
     content_type = b"text/event-stream"
     trailer = b"data: [DONE]\n\n"
 
@@ -67,6 +89,25 @@ class SseFraming:
 
     def error_frame(self, message: str) -> bytes:
         return self.frame(OllamaError(500, message).openai())
+
+
+class NamedEventFraming:
+    """``event: <type>`` + ``data: <json>`` (the Responses and Anthropic writers' ``writeEvent``), no trailer.
+
+    A failure after the stream started: Ollama's chat handler writes ``{"error": ...}`` through the
+    middleware, which reads it as an empty chat chunk that makes no event, so the stream just ends
+    without its closing events.
+    """
+
+    error_shape: ClassVar[ErrorShape]
+    content_type = b"text/event-stream"
+    trailer = b""
+
+    def frame(self, value: dict[str, Any]) -> bytes:
+        return b"event: " + str(value["type"]).encode() + b"\ndata: " + dump_json(value) + b"\n\n"
+
+    def error_frame(self, message: str) -> bytes:
+        return b""
 
 
 class NativeFormat(NdjsonFraming):
@@ -176,9 +217,6 @@ class OpenAITextFormat(SseFraming):
     def response(self, out: Outcome) -> dict[str, Any]:
         choice = {"text": out.text, "index": 0, "logprobs": None, "finish_reason": out.done_reason}
         return self._body([choice], usage=out.usage())
-
-
-Format = GenerateFormat | ChatFormat | OpenAIChatFormat | OpenAITextFormat
 
 
 # ---- the catalogue

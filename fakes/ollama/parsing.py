@@ -18,6 +18,11 @@ from fakes.ollama.gotime import keep_alive_seconds
 _GO_KINDS = {bool: "bool", int: "number", float: "number", str: "string", list: "array", dict: "object"}
 
 
+def go_kind(value: object) -> str:
+    """The JSON kind Go's decoder names in its errors: ``string``, ``number``, ``object``..."""
+    return _GO_KINDS.get(type(value), "value")
+
+
 def body_json(request: Request, struct: str) -> dict[str, Any]:
     """The body as a JSON object; Go's errors (as gin's ShouldBindJSON reports them) otherwise."""
     if not request.body.strip():
@@ -31,19 +36,24 @@ def body_json(request: Request, struct: str) -> dict[str, Any]:
         # Go's decoder message; it gives it past 10,000 levels, the fake past what Python parses (~1,000).
         raise bad_request("exceeded max depth") from None
     if not isinstance(value, dict):
-        raise bad_request(f"json: cannot unmarshal {_GO_KINDS.get(type(value), 'value')} "
-                          f"into Go value of type {struct}")
+        raise bad_request(f"json: cannot unmarshal {go_kind(value)} into Go value of type {struct}")
     return value
+
+
+def typed_field(body: dict[str, Any], key: str, where: str, go_type: str, kinds: tuple[type, ...]) -> Any:
+    """``body[key]`` if its JSON type is one of *kinds* (exactly: a bool is no number); None when absent or null.
+
+    Otherwise Go's decoder error as gin's ShouldBindJSON reports it, *where* naming the struct field
+    (``MessagesRequest.max_tokens``) and *go_type* its Go type.
+    """
+    value = body.get(key)
+    if value is None or type(value) in kinds:
+        return value
+    raise bad_request(f"json: cannot unmarshal {go_kind(value)} into Go struct field {where} of type {go_type}")
 
 
 def string_field(body: dict[str, Any], key: str, struct: str) -> str:
-    value = body.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise bad_request(f"json: cannot unmarshal {_GO_KINDS.get(type(value), 'value')} "
-                          f"into Go struct field {struct.rsplit('.', 1)[-1]}.{key} of type string")
-    return value
+    return typed_field(body, key, f"{struct.rsplit('.', 1)[-1]}.{key}", "string", (str,)) or ""
 
 
 def model_name(body: dict[str, Any], struct: str) -> str:
@@ -91,9 +101,13 @@ def chat_messages(body: dict[str, Any]) -> tuple[str, int, int]:
     messages = body.get("messages") or []
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise bad_request("json: cannot unmarshal messages: expected an array of objects")
-    texts = [message_text(m.get("content")) for m in messages]
+    return conversation([message_text(m.get("content")) for m in messages])
+
+
+def conversation(texts: list[str]) -> tuple[str, int, int]:
+    """(prompt text, prompt tokens, number of messages) of the messages' texts, as the chat handler gets them."""
     text = "\n".join(texts)
-    return text, count_words(text) + 4 * len(messages), len(messages)
+    return text, count_words(text) + 4 * len(texts), len(texts)
 
 
 def embed_inputs(value: object, *, openai: bool = False) -> list[str]:
@@ -111,5 +125,5 @@ def embed_inputs(value: object, *, openai: bool = False) -> list[str]:
     raise bad_request("invalid input type")
 
 
-__all__ = ["Job", "body_json", "chat_messages", "count_words", "embed_inputs", "keep_alive", "model_name",
-           "num_predict", "stream_flag", "string_field"]
+__all__ = ["Job", "body_json", "chat_messages", "conversation", "count_words", "embed_inputs", "go_kind",
+           "keep_alive", "model_name", "num_predict", "stream_flag", "string_field", "typed_field"]

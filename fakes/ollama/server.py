@@ -1,4 +1,4 @@
-"""The routes (Ollama's ``server/routes.go`` and its OpenAI middleware), signals and ``main``."""
+"""The routes (Ollama's ``server/routes.go``, its OpenAI and Anthropic middleware), signals and ``main``."""
 
 from __future__ import annotations
 
@@ -9,20 +9,51 @@ from typing import Any
 import attrs
 import trio
 
-from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, watch_signals
 from fakes.llama_server.cli import Log
 from fakes.llama_server.formats import oai_embeddings
+from fakes.ollama.anthropic_messages import STRUCT as MESSAGES_STRUCT
+from fakes.ollama.anthropic_messages import MessagesFormat, parse_messages_request
 from fakes.ollama.cli import Config, ModelSpec, parse_config
 from fakes.ollama.engine import Engine
-from fakes.ollama.errors import (OllamaError, bad_request, model_not_found, model_not_pulled, respond_error,
-                                 unsupported)
-from fakes.ollama.formats import (ChatFormat, Format, GenerateFormat, OpenAIChatFormat, OpenAITextFormat,
-                                  Outcome, openai_model, show, tags_entry)
+from fakes.ollama.errors import (
+    ErrorShape,
+    OllamaError,
+    bad_request,
+    model_not_found,
+    model_not_pulled,
+    respond_error,
+    unsupported,
+)
+from fakes.ollama.formats import (
+    ChatFormat,
+    Format,
+    GenerateFormat,
+    OpenAIChatFormat,
+    OpenAITextFormat,
+    Outcome,
+    openai_model,
+    show,
+    tags_entry,
+)
 from fakes.ollama.gotime import nanoseconds
-from fakes.ollama.parsing import (Job, body_json, chat_messages, count_words, embed_inputs, keep_alive,
-                                  model_name, num_predict, stream_flag, string_field)
+from fakes.ollama.openai_responses import STRUCT as RESPONSES_STRUCT
+from fakes.ollama.openai_responses import ResponsesFormat, parse_responses_request
+from fakes.ollama.parsing import (
+    Job,
+    body_json,
+    chat_messages,
+    conversation,
+    count_words,
+    embed_inputs,
+    keep_alive,
+    model_name,
+    num_predict,
+    stream_flag,
+    string_field,
+)
 from fakes.ollama.sched import Scheduler
+from fakes.runner import run_fake
 
 TEXT = b"text/plain; charset=utf-8"
 Route = Callable[[Exchange], Awaitable[None]]
@@ -52,6 +83,7 @@ class FakeOllama:
             ("POST", "/api/embed"): self.embed, ("POST", "/api/embeddings"): self.embeddings_legacy,
             ("POST", "/v1/chat/completions"): self.oai_chat, ("POST", "/v1/completions"): self.oai_completions,
             ("POST", "/v1/embeddings"): self.oai_embeddings, ("GET", "/v1/models"): self.oai_models,
+            ("POST", "/v1/responses"): self.oai_responses, ("POST", "/v1/messages"): self.anthropic_messages,
             ("GET", "/fake/stats"): self.fake_stats,
         }
 
@@ -63,7 +95,7 @@ class FakeOllama:
 
     async def dispatch(self, ex: Exchange) -> None:
         req, started = ex.request, time.monotonic()
-        openai = req.path.startswith("/v1/")
+        shape = error_shape(req.path)
         handler = self.routes.get((req.method, req.path))
         if handler is None and req.method == "GET" and req.path.startswith("/v1/models/"):
             handler = self.oai_model
@@ -75,7 +107,7 @@ class FakeOllama:
             else:
                 await ex.respond(404, b"404 page not found", TEXT)
         except OllamaError as err:  # raised before anything was sent
-            await respond_error(ex, err, openai=openai)
+            await respond_error(ex, err, shape)
         except Exception:  # noqa: BLE001 - gin's Recovery middleware: a panic is a 500 with no body
             if ex.status:
                 raise
@@ -146,8 +178,12 @@ class FakeOllama:
                                      lambda: Job(n_prompt, self._num_predict(body), stream_flag(body, True), text))
 
     async def _generate_or_load(self, ex: Exchange, spec: ModelSpec, name: str, what: str, empty: bool,
-                                ka: float | None, fmt: Format, job: Callable[[], Job]) -> None:
-        """The order of routes.go: unload request, capability check, load-only, generation."""
+                                ka: float | None, fmt: Format, job: Callable[[], Job], *,
+                                stream_load: bool = False) -> None:
+        """The order of routes.go: unload request, capability check, load-only, generation.
+
+        *stream_load*: the load-only answer goes out as a stream (a middleware writer asked to stream).
+        """
         if empty and ka == 0:
             self.sched.expire(spec)
             await ex.respond_json(200, fmt.response(Outcome("", 0, 0, "unload")))
@@ -155,7 +191,7 @@ class FakeOllama:
         if spec.embedding_only:
             raise unsupported(name, what)
         if empty:
-            await self.engine.load_only(ex, spec, ka, fmt)
+            await self.engine.load_only(ex, spec, ka, fmt, stream=stream_load)
         else:
             await self.engine.generate(ex, spec, ka, job(), fmt)
 
@@ -227,7 +263,26 @@ class FakeOllama:
         spec = self._model(name)
         encoding = body.get("encoding_format", "float")
         await self.engine.embed(ex, spec, None, texts,
-                                lambda vectors, n, _out: oai_embeddings(name, vectors, n, encoding), openai=True)
+                                lambda vectors, n, _out: oai_embeddings(name, vectors, n, encoding),
+                                shape=ErrorShape.OPENAI)
+
+    async def oai_responses(self, ex: Exchange) -> None:
+        req = parse_responses_request(body_json(ex.request, RESPONSES_STRUCT))
+        await self._chat_through_middleware(ex, req.model, req.messages, num_predict(req.max_output_tokens),
+                                            req.stream, ResponsesFormat(req))
+
+    async def anthropic_messages(self, ex: Exchange) -> None:
+        req = parse_messages_request(body_json(ex.request, MESSAGES_STRUCT))
+        await self._chat_through_middleware(ex, req.model, req.messages, req.max_tokens, req.stream,
+                                            MessagesFormat(req.model, req.estimated_input_tokens))
+
+    async def _chat_through_middleware(self, ex: Exchange, name: str, messages: Sequence[str], limit: int | None,
+                                       stream: bool, fmt: Format) -> None:
+        """A request a middleware turned into a chat request: the chat handler runs it, *fmt* writes it back."""
+        text, n_prompt, n_messages = conversation(list(messages))
+        spec = self._model(name)
+        await self._generate_or_load(ex, spec, name, "chat", n_messages == 0, None, fmt,
+                                     lambda: Job(n_prompt, limit, stream, text), stream_load=stream)
 
     async def oai_models(self, ex: Exchange) -> None:
         await ex.respond_json(200, {"object": "list",
@@ -236,6 +291,13 @@ class FakeOllama:
     async def oai_model(self, ex: Exchange) -> None:
         spec = self._model(ex.request.path.removeprefix("/v1/models/"))
         await ex.respond_json(200, openai_model(spec, self.modified))
+
+
+def error_shape(path: str) -> ErrorShape:
+    """The envelope a route's errors come in: the middleware in front of its handler decides."""
+    if path == "/v1/messages":
+        return ErrorShape.ANTHROPIC
+    return ErrorShape.OPENAI if path.startswith("/v1/") else ErrorShape.NATIVE
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

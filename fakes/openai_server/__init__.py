@@ -13,6 +13,9 @@ what a supervisor in front of vLLM has to cope with (``shared/research/real_runt
   ``data: [DONE]``, a usage chunk with ``stream_options.include_usage``), vLLM's error
   envelope (404 ``NotFoundError`` for an unknown model, 400 ``BadRequestError``), FastAPI's
   ``{"detail": "Not Found"}`` for unknown paths, ``/version``, ``/ping``;
+* Anthropic's ``/v1/messages`` (JSON, or SSE events each with an ``event:`` line, one
+  ``content_block_delta`` per token, ending ``message_stop``) and ``/v1/messages/count_tokens``,
+  with vLLM 0.32's errors there (``messages``);
 * at most ``--max-num-seqs`` requests generate at once, the rest wait inside the engine;
 * ``/metrics`` with vLLM's families (labels ``model_name`` and ``engine="0"``) plus the
   fake's peak gauges ``fake:max_num_requests_running`` / ``fake:max_num_requests_waiting``;
@@ -32,9 +35,10 @@ turn); generated tokens cycle through ``formats.VOCAB``, one per SSE chunk.
 "sleep_level", "held_bytes", "holder_pid"}``.
 
 Modules: ``cli`` (flags, Config, the log), ``errors`` (error shapes), ``parsing`` (request
-bodies), ``formats`` (response shapes), ``memory`` (what is held, and by whom),
-``engine_core`` (the child's main), ``engine`` (scheduling, sleep, faults), ``metrics``
-(Prometheus text), ``reply`` (uvicorn's habits), ``server`` (routes, start, main).
+bodies), ``formats`` (response shapes), ``messages`` (Anthropic's Messages API: its bodies
+and shapes), ``memory`` (what is held, and by whom), ``engine_core`` (the child's main),
+``engine`` (scheduling, sleep, faults), ``metrics`` (Prometheus text), ``reply`` (uvicorn's
+habits), ``server`` (routes, start, main).
 """
 
 from fakes.openai_server.cli import Config, parse_config

@@ -2,16 +2,20 @@
 
 Like vLLM (pydantic ``model_dump_json(exclude_unset=True)`` for chunks), a stream's chunks carry
 only the fields that were set; the whole answers carry all of them, nulls included.
+
+Every route's answer is an ``AnswerShape`` (this module's ``Format``, ``messages.MessagesFormat``):
+the server generates and the shape says what goes out around each token, so one loop serves all.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
+from fakes.http11 import dump_json
 from fakes.openai_server.parsing import Job
 
 VOCAB = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog",
@@ -20,6 +24,35 @@ VOCAB = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", "
 
 def token_piece(index: int) -> str:
     return VOCAB[index % len(VOCAB)]
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(value: object, event: str | None = None) -> bytes:
+    """One SSE event; vLLM names it (an ``event:`` line) on the Messages routes only."""
+    head = b"" if event is None else b"event: " + event.encode() + b"\n"
+    return head + b"data: " + dump_json(value) + b"\n\n"
+
+
+class AnswerShape(Protocol):
+    """What one request's answer looks like; each event is written apart, as vLLM yields them."""
+
+    job: Job
+
+    def opening(self) -> list[bytes]:
+        """The events that go out with the first token, before it."""
+        ...
+
+    def token(self, piece: str, n_done: int, last: bool) -> list[bytes]: ...
+
+    def closing(self, n_completion: int) -> list[bytes]:
+        """The events after the last token; the stream ends after them."""
+        ...
+
+    def response(self, text: str, n_completion: int) -> dict[str, Any]:
+        """The whole answer of a request that did not ask to stream."""
+        ...
 
 
 def usage(n_prompt: int, n_completion: int) -> dict[str, Any]:
@@ -49,14 +82,15 @@ class Format:
             chunk["usage"] = usage(self.job.n_prompt, n_completion)
         return chunk
 
-    def first_chunks(self) -> list[dict[str, Any]]:
+    def opening(self) -> list[bytes]:
         """Chat streams open with the role, before any token."""
         if not self.chat:
             return []
-        return [self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}], 0)]
+        return [sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                  "logprobs": None, "finish_reason": None}], 0))]
 
-    def token_chunk(self, piece: str, n_done: int, finish_reason: str | None) -> dict[str, Any]:
+    def token(self, piece: str, n_done: int, last: bool) -> list[bytes]:
+        finish_reason = "length" if last else None  # the fake only stops at max_tokens
         choice: dict[str, Any]
         if self.chat:
             choice = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish_reason}
@@ -65,25 +99,25 @@ class Format:
         else:
             choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason,
                       "stop_reason": None}
-        return self._chunk([choice], n_done)
+        return [sse(self._chunk([choice], n_done))]
 
-    def usage_chunk(self, n_completion: int) -> dict[str, Any] | None:
+    def closing(self, n_completion: int) -> list[bytes]:
         if not self.job.include_usage:
-            return None
-        return {**self._chunk([]), "usage": usage(self.job.n_prompt, n_completion)}
+            return [DONE]
+        return [sse({**self._chunk([]), "usage": usage(self.job.n_prompt, n_completion)}), DONE]
 
-    def response(self, text: str, n_completion: int, finish_reason: str) -> dict[str, Any]:
+    def response(self, text: str, n_completion: int) -> dict[str, Any]:
         whole_usage = {**usage(self.job.n_prompt, n_completion), "prompt_tokens_details": None}
         if self.chat:
             message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
                        "function_call": None, "tool_calls": [], "reasoning_content": None}
             return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.job.model,
-                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason,
+                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
                                  "stop_reason": None, "token_ids": None}],
                     "service_tier": None, "system_fingerprint": None, "usage": whole_usage,
                     "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.job.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
                              "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
                              "prompt_token_ids": None}],
                 "service_tier": None, "system_fingerprint": None, "usage": whole_usage, "kv_transfer_params": None}

@@ -7,6 +7,7 @@ message and +3 for the assistant turn (a chat template's overhead); a token-id p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -16,6 +17,7 @@ from fakes.openai_server.errors import ApiError, bad_request, model_not_found, v
 
 MESSAGE_OVERHEAD = 4
 ASSISTANT_PREFIX = 3
+InvalidField = Callable[..., ApiError]  # (kind, loc, msg, given[, ctx]): errors.validation_error's
 
 
 @attrs.frozen
@@ -28,15 +30,16 @@ class Job:
     continuous_usage: bool  # stream_options.continuous_usage_stats: usage in every chunk
 
 
-def body_json(raw: bytes) -> dict[str, Any]:
+def body_json(raw: bytes, invalid: InvalidField = validation_error) -> dict[str, Any]:
+    """The body as a JSON object; else the error *invalid* makes (the route's validation shape)."""
     try:
         body = json.loads(raw)
     except ValueError as exc:  # also bytes that are not UTF-8
-        position = exc.pos if isinstance(exc, json.JSONDecodeError) else 0
-        raise validation_error("json_invalid", (position,), "JSON decode error", {}) from None
+        position, why = (exc.pos, exc.msg) if isinstance(exc, json.JSONDecodeError) else (0, str(exc))
+        raise invalid("json_invalid", (position,), "JSON decode error", {}, {"error": why}) from None
     if not isinstance(body, dict):
-        raise validation_error("model_attributes_type", (),
-                               "Input should be a valid dictionary or object to extract fields from", body)
+        raise invalid("model_attributes_type", (),
+                      "Input should be a valid dictionary or object to extract fields from", body)
     return body
 
 

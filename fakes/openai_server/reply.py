@@ -67,9 +67,9 @@ class Reply:
         self._access(200)
         await self.ex.start_stream(SSE)
 
-    async def event(self, value: object) -> None:
-        await self.ex.send_event(value)
+    async def send(self, data: bytes) -> None:
+        """Part of a started stream (one SSE event: one write, as each of vLLM's yields is)."""
+        await self.ex.send_raw(data)
 
-    async def done(self) -> None:
-        await self.ex.send_raw(b"data: [DONE]\n\n")
+    async def end(self) -> None:
         await self.ex.end_stream()

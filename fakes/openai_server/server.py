@@ -17,8 +17,9 @@ from fakes.http11 import Exchange, HttpServer, watch_signals
 from fakes.openai_server.cli import VERSION, Config, Log, parse_config
 from fakes.openai_server.engine import Engine
 from fakes.openai_server.errors import METHOD_NOT_ALLOWED, NOT_FOUND, UNAUTHORIZED, ApiError, server_error
-from fakes.openai_server.formats import Format, model_cards
+from fakes.openai_server.formats import AnswerShape, Format, model_cards
 from fakes.openai_server.memory import ALL_TAGS, EngineMemory
+from fakes.openai_server.messages import MessagesFormat, count_body, messages_body, messages_job, token_count
 from fakes.openai_server.metrics import CONTENT_TYPE, Metrics
 from fakes.openai_server.parsing import body_json, build_job, chat_tokens, prompt_tokens
 from fakes.openai_server.reply import Reply
@@ -46,6 +47,7 @@ class FakeVllm:
             ("GET", "/health"): self.health, ("GET", "/ping"): self.health, ("POST", "/ping"): self.health,
             ("GET", "/version"): self.version, ("GET", "/v1/models"): self.models, ("GET", "/metrics"): self.prom,
             ("POST", "/v1/chat/completions"): self.chat, ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/messages"): self.messages, ("POST", "/v1/messages/count_tokens"): self.count_tokens,
             ("GET", "/fake/stats"): self.fake_stats,
         }
         if self.cfg.dev_mode:  # vLLM registers these routes only in dev mode: 404 otherwise
@@ -151,30 +153,38 @@ class FakeVllm:
         body = body_json(reply.ex.request.body)
         n_prompt = chat_tokens(body) if chat else prompt_tokens(body)
         job = build_job(body, self.cfg, n_prompt, chat=chat)
-        self.engine.arrive()
-        fmt = Format(job, chat)
-        await reply.ex.run_until_client_leaves(lambda: self._answer(reply, fmt))
+        await self._generate(reply, Format(job, chat))
 
-    async def _answer(self, reply: Reply, fmt: Format) -> None:
-        if not fmt.job.stream:
+    async def messages(self, reply: Reply) -> None:
+        job = messages_job(messages_body(reply.ex.request), self.cfg)
+        await self._generate(reply, MessagesFormat(job))
+
+    async def count_tokens(self, reply: Reply) -> None:
+        await reply.json(200, token_count(count_body(reply.ex.request), self.cfg))
+
+    async def _generate(self, reply: Reply, shape: AnswerShape) -> None:
+        self.engine.arrive()
+        await reply.ex.run_until_client_leaves(lambda: self._answer(reply, shape))
+
+    async def _answer(self, reply: Reply, shape: AnswerShape) -> None:
+        if not shape.job.stream:
             async def keep(piece: str, n_done: int, last: bool) -> None:
                 pass  # a whole answer: generate() returns its text at the end
 
-            text, n = await self.engine.generate(fmt.job, keep)
-            await reply.json(200, fmt.response(text, n, "length"))
+            text, n = await self.engine.generate(shape.job, keep)
+            await reply.json(200, shape.response(text, n))
             return
 
         async def send(piece: str, n_done: int, last: bool) -> None:
-            if n_done == 1:  # the role chunk comes with the first output, as in vLLM
-                for chunk in fmt.first_chunks():
-                    await reply.event(chunk)
-            await reply.event(fmt.token_chunk(piece, n_done, "length" if last else None))
+            # What opens the stream comes with the first output, as in vLLM (its role chunk).
+            for event in [*(shape.opening() if n_done == 1 else []), *shape.token(piece, n_done, last)]:
+                await reply.send(event)
 
         await reply.start_stream()  # StreamingResponse: the head goes out before the engine answers
-        _text, n = await self.engine.generate(fmt.job, send)
-        if (usage := fmt.usage_chunk(n)) is not None:
-            await reply.event(usage)
-        await reply.done()
+        _text, n = await self.engine.generate(shape.job, send)
+        for event in shape.closing(n):
+            await reply.send(event)
+        await reply.end()
 
 
 # --------------------------------------------------------------------------- main

@@ -6,6 +6,7 @@ middleware on ``app.asgi_app``), everything else by ordinary Quart routes.
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any
 
@@ -13,13 +14,15 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from supervisor.apis import ModelKind, api_names, model_kind
 from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
+from supervisor.gateway.api_routes import error_shape_for
 from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.door import FrontDoor, exchange_of
-from supervisor.gateway.errors import error_body
+from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.quart_app import add_health_routes, json_error, new_quart_app
@@ -41,13 +44,13 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
                metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu",
                nodes: NodeRouter | None = None, catalog: ModelCatalog | None = None,
                reload: Reload | None = None) -> QuartTrio:
-    app = new_quart_app("steward", error_body, events)
+    app = new_quart_app("steward", error_body, events, lambda path: error_shape_for({"path": path}))
     started = int(time.time())
     catalog = catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes)
+                                 catalog.served, nodes, catalog.apis)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,9 +75,26 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         target = aliases[name]
         engines = {e.name: e for e in scheduler.snapshot().engines}
         engine = engines[target]
+        apis = catalog.apis.get(target, frozenset())
+        kind = model_kind(apis)
+        # What the model is for: steward's own field, and llama-server's `capabilities` (Ollama's words).
         return {"id": name, "object": "model", "created": started, "owned_by": "steward",
-                "steward": {"alias_of": None if target == name else target, "status": engine.status,
-                            "memory": engine.memory, "slots": engine.slots, "pinned": engine.pinned}}
+                "capabilities": [_CAPABILITY[kind]],
+                "steward": {"alias_of": None if target == name else target, "kind": kind.value,
+                            "serves": api_names(apis), "status": engine.status, "memory": engine.memory,
+                            "slots": engine.slots, "pinned": engine.pinned}}
+
+    def anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
+        """A model as Anthropic's GET /v1/models lists it (asked with an anthropic-version header)."""
+        created = datetime.datetime.fromtimestamp(entry["created"], datetime.UTC).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": created}
+
+    def for_anthropic() -> bool:
+        return request.headers.get("anthropic-version") is not None
+
+    def wanted(entry: dict[str, Any]) -> bool:
+        kind = request.args.get("kind")  # ?kind=chat: only the models a chat client may offer
+        return kind is None or entry.get("steward", {}).get("kind", ModelKind.CHAT.value) == kind
 
     def visible(name: str) -> bool:
         """A key limited to some models sees only those (and their aliases)."""
@@ -90,14 +110,21 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         local = [model_entry(name) for name in aliases if visible(name)]
         remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
                   if entry["id"] not in aliases and visible_remote(entry["id"])]
-        return {"object": "list", "data": local + remote}
+        entries = [entry for entry in local + remote if wanted(entry)]
+        if for_anthropic():
+            data = [anthropic_entry(entry) for entry in entries]
+            return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None}
+        return {"object": "list", "data": entries}
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:
         if model_id not in aliases or not visible(model_id):
-            return json_error(error_body, 404, f"The model '{model_id}' does not exist.", param="model",
+            shape = anthropic_error_body if for_anthropic() else error_body
+            return json_error(shape, 404, f"The model '{model_id}' does not exist.", param="model",
                               code="model_not_found")
-        return model_entry(model_id)
+        entry = model_entry(model_id)
+        return anthropic_entry(entry) if for_anthropic() else entry
 
     def health_details() -> dict[str, Any]:
         snapshot, now = scheduler.snapshot(explained=True), trio.current_time()
@@ -126,6 +153,10 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     add_health_routes(app, health, metrics, health_details)
     add_admin_routes(app, scheduler, health, events, device, reload)  # type: ignore[arg-type]
     return app
+
+
+_CAPABILITY = {ModelKind.CHAT: "completion", ModelKind.EMBEDDING: "embedding", ModelKind.RERANK: "rerank",
+               ModelKind.TRANSCRIPTION: "audio"}
 
 
 def is_admin_route(scope: Scope) -> bool:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import attrs
 
-from adapters import model_runtime
+from adapters import model_apis, model_runtime
+from supervisor.apis import Api
 from supervisor.config import Config
 
 
@@ -14,6 +15,7 @@ from supervisor.config import Config
 class ModelCatalog:
     aliases: dict[str, str] = attrs.Factory(dict)  # every accepted name -> its model
     served: dict[str, str] = attrs.Factory(dict)  # model -> the name its engine checks (vLLM's --served-model-name)
+    apis: dict[str, frozenset[Api]] = attrs.Factory(dict)  # model -> the APIs it serves
 
     @classmethod
     def of(cls, config: Config) -> ModelCatalog:
@@ -25,8 +27,9 @@ class ModelCatalog:
         aliases = config.alias_table()
         served = {name: model.served_name or name for name, model in config.models.items()
                   if model_runtime(model).checks_model_name}
+        apis = {name: model_apis(model) for name, model in config.models.items()}
         # In place, names that go first: no moment in which a removed model is still routed.
-        for table, new in ((self.aliases, aliases), (self.served, served)):
+        for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)

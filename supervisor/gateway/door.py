@@ -46,13 +46,17 @@ MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", 
 _TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
 _TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
-# The last event of a whole stream (OpenAI's SSE, Ollama's NDJSON): a client may rightly close
-# on it before the relay's own end of the body, and that answer was still served in full.
-_STREAM_END = re.compile(rb'(data: \[DONE\]|"done":\s*true[^\n]*)\r?\n(\r?\n)?$')
+# The last event of a whole stream (OpenAI's SSE, Ollama's NDJSON, Anthropic's message_stop, the
+# Responses API's response.completed): a client may rightly close on it before the relay's own
+# end of the body, and that answer was still served in full.
+_STREAM_END = re.compile(rb'(data: \[DONE\]|"done":\s*true[^\n]*|data: \{"type":\s*"message_stop"\}'
+                         rb'|"type":\s*"response\.(completed|incomplete|failed)"[^\n]*)\r?\n(\r?\n)?$')
 # Token counts as OpenAI, Ollama and Anthropic name them; an escaped quote is inside a string, not a key.
 _TOKENS = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|input_tokens|'
-                     rb'output_tokens)"\s*:\s*(\d{1,12})')
+                     rb'output_tokens|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d{1,12})')
 _PROMPT = frozenset({b"prompt_tokens", b"prompt_eval_count", b"input_tokens"})
+# Anthropic's input beside its input_tokens (which leave the cached part out): added to the prompt.
+_CACHED_INPUT = frozenset({b"cache_read_input_tokens", b"cache_creation_input_tokens"})
 CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key"})
 
 
@@ -148,11 +152,16 @@ def exchange_of(scope: Scope) -> Exchange:
 
 def _read_tokens(tail: bytes) -> tuple[int | None, int | None]:
     prompt = completion = None
+    cached: dict[bytes, int] = {}
     for name, value in _TOKENS.findall(tail):  # the last count of each kind wins: the final chunk's
         if name in _PROMPT:
             prompt = int(value)
+        elif name in _CACHED_INPUT:
+            cached[name] = int(value)
         else:
             completion = int(value)
+    if prompt is not None:
+        prompt += sum(cached.values())
     return prompt, completion
 
 

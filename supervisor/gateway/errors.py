@@ -1,7 +1,9 @@
 """Error objects in each listener's own shape.
 
 OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (all four keys) on the OpenAI
-listener and Ollama's /v1 routes; Ollama's ``{"error": message}`` on its native /api routes;
+listener and Ollama's /v1 routes; Anthropic's ``{"type": "error", "error": {"type", "message"}}``
+on the Messages routes (/v1/messages, on either listener); Ollama's ``{"error": message}`` on
+its native /api routes;
 ComfyUI's ``{"error": {"type", "message", "details", "extra_info"}, "node_errors": {}}``.
 """
 
@@ -21,6 +23,34 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
                type: str | None = None) -> bytes:  # noqa: A002 - the OpenAI field is called `type`
     kind = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+
+# Anthropic's error types by status (docs: "Errors"); 529 is its overload, steward's is 503.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                    504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
+    """Anthropic's error shape; steward's own code has no field there (the usage log keeps it)."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+def anthropic_stream_error(content_type: bytes, message: str, *, code: str = "engine_error") -> bytes:
+    """The end of a Messages stream that cannot be completed: Anthropic's ``error`` event."""
+    if not content_type.startswith(b"text/event-stream"):
+        return error_in_stream(content_type, message, code=code)
+    return b"event: error\ndata: " + anthropic_error_body(502, message) + b"\n\n"
+
+
+def responses_stream_error(content_type: bytes, message: str, *, code: str = "engine_error") -> bytes:
+    """The end of a Responses stream that cannot be completed: the Responses API's ``error`` event."""
+    if not content_type.startswith(b"text/event-stream"):
+        return error_in_stream(content_type, message, code=code)
+    event = {"type": "error", "code": code, "message": message, "param": None}
+    return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
 
 
 def ollama_error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
@@ -45,6 +75,9 @@ def error_headers(body: bytes, retry_after: float | None = None) -> list[tuple[b
     if retry_after is not None:
         headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
     return headers
+
+
+StreamError = Callable[..., bytes]  # (content_type, message, *, code) -> the stream's last bytes
 
 
 def error_in_stream(content_type: bytes, message: str, *, code: str = "engine_error") -> bytes:

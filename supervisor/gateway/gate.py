@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 import trio
 
-from supervisor.gateway.errors import error_body, error_headers, error_in_stream
+from supervisor.gateway.api_routes import stream_error_for
+from supervisor.gateway.errors import StreamError, error_body, error_headers, error_in_stream
 
 Message = dict[str, Any]
 ASGI = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -79,6 +80,7 @@ class _Response:
     """What a handler has sent so far, so that a cut can end it properly."""
 
     send: Callable[[Message], Awaitable[None]]
+    stream_error: StreamError = error_in_stream  # the route's (Anthropic's event on /v1/messages)
     content_type: bytes | None = None  # set once the response started
     complete: bool = False
 
@@ -99,7 +101,7 @@ class _Response:
                     await self.send({"type": "http.response.start", "status": 503,
                                      "headers": [*error_headers(body, 5), (b"connection", b"close")]})
                 else:
-                    body = error_in_stream(self.content_type, CUT_MESSAGE, code="shutting_down")
+                    body = self.stream_error(self.content_type, CUT_MESSAGE, code="shutting_down")
                 await self.send({"type": "http.response.body", "body": body, "more_body": False})
             except Exception:  # noqa: BLE001 - the connection is already gone: nothing to tell
                 pass
@@ -120,7 +122,7 @@ def gated(gate: RequestGate, route: ASGI, other: ASGI) -> ASGI:
                         "headers": [*error_headers(body, 5), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        response = _Response(send)
+        response = _Response(send, stream_error_for(scope))
         try:
             with gate.open_cuttable() as running:
                 await route(scope, receive, response.forward)

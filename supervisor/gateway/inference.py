@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
 from supervisor.address import Address
+from supervisor.apis import Api, api_names
 from supervisor.events import EventLog
+from supervisor.gateway.api_routes import API_PATHS, API_ROUTES, ApiRoute, api_route
 from supervisor.gateway.asgi import (
     BodyLimits,
     Disconnect,
@@ -30,44 +31,23 @@ from supervisor.gateway.asgi import (
     TrackedSend,
     dump_json,
     open_disconnect_watch,
-    parse_json,
     read_body,
     send_error,
     send_refusal,
     send_whole,
 )
-from supervisor.gateway.classes import choose_class
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
-from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
+from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
+from supervisor.gateway.routed import RoutedRequest, UnknownModel, route_request
+from supervisor.gateway.stream_usage import UsageChunkKept
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
-EMBEDDINGS_PATH = "/v1/embeddings"
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-INFERENCE_PATHS = GENERATION_PATHS | {EMBEDDINGS_PATH}
+INFERENCE_PATHS = frozenset(API_ROUTES)
 _FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | CREDENTIAL_HEADERS
-
-
-class UnknownModel(RequestError):
-    """No model here by that name: a front door may still have a node that serves it."""
-
-    def __init__(self, name: str, payload: dict[str, Any], klass: str) -> None:
-        super().__init__(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
-        self.name, self.payload, self.klass = name, payload, klass
-
-
-@attrs.frozen
-class RoutedRequest:
-    model: str
-    klass: str
-    stream: bool
-    body: bytes
-    payload: dict[str, Any]
-    # Steward asked the engine for the stream's usage chunk, which the client did not ask for.
-    keep_usage_chunk: bool = False
 
 
 @attrs.define(eq=False)
@@ -82,39 +62,56 @@ class InferenceHandler:
     # model -> the name its server knows it by, for servers that check it (runtime openai)
     served_names: Mapping[str, str] = attrs.Factory(dict)
     nodes: NodeRouter | None = None  # a front door's: the models its nodes serve
+    # model -> the APIs it serves (supervisor.apis); a model missing here serves them all
+    apis: Mapping[str, frozenset[Api]] = attrs.Factory(dict)
 
-    async def _serve_remote(self, scope: Scope, receive: Receive, send: Send, unknown: UnknownModel,
+    async def _serve_remote(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
                             exchange: Exchange) -> None:
         assert self.nodes is not None
-        exchange.model, exchange.klass = unknown.name, unknown.klass
-        with self.door.admit(exchange, model=unknown.name, klass=unknown.klass):
+        exchange.model, exchange.klass = routed.name, routed.klass
+        with self.door.admit(exchange, model=routed.name, klass=routed.klass):
             async with open_disconnect_watch(receive):
-                await self.nodes.serve(scope, unknown.payload, unknown.klass, exchange, send)
+                await self.nodes.serve(scope, routed, exchange, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
+        route = api_route(scope)
         try:
             body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return  # the client left while sending
-            routed = route_request(scope, body, self.aliases, self.served_names,
+            routed = route_request(scope, body, self.aliases, self.served_names, route=route,
                                    default_class=self.door.default_class(exchange, "interactive"))
+            assert routed.model is not None
+            self._check_served(routed.model, route)
             exchange.model, exchange.klass = routed.model, routed.klass
             with self.door.admit(exchange, model=routed.model, klass=routed.klass):
                 await self._serve_admitted(scope, receive, send, routed, exchange)
         except UnknownModel as exc:
             if self.nodes is None or not self.nodes.serves(exc.name):
-                await send_refusal(send, exc)
+                await self._refuse(send, exc, route, exchange)
                 return
             try:
-                await self._serve_remote(scope, receive, send, exc, exchange)
+                await self._serve_remote(scope, receive, send, exc.routed, exchange)
             except RequestError as refused:
-                await send_refusal(send, refused)
+                await self._refuse(send, refused, route, exchange)
         except RequestError as exc:
             if not isinstance(exc, Refusal):  # the door's refusals are `refused` events already
                 self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
                                  detail=exc.message)
-            await send_refusal(send, exc)
+            await self._refuse(send, exc, route, exchange)
+
+    def _check_served(self, model: str, route: ApiRoute) -> None:
+        served = self.apis.get(model)
+        if served is None or route.api in served:
+            return
+        others = ", ".join(API_PATHS[api] for api in Api if api in served)
+        raise RequestError(400, f"The model '{model}' does not serve {API_PATHS[route.api]}: it serves {others} "
+                                f"({', '.join(api_names(served))}).", param="model", code="model_not_supported")
+
+    async def _refuse(self, send: Send, exc: RequestError, route: ApiRoute, exchange: Exchange) -> None:
+        exchange.error = exchange.error or exc.code  # Anthropic's error shape has no field for it
+        await send_refusal(send, exc, route.error_shape)
 
     async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
                               exchange: Exchange) -> None:
@@ -124,10 +121,11 @@ class InferenceHandler:
     async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect,
                      exchange: Exchange) -> None:
         chunks = None
-        if scope["path"] == EMBEDDINGS_PATH:
+        if routed.route.api is Api.EMBEDDINGS and routed.payload is not None:
             chunks = split_inputs(routed.payload, self.embedding_chunk)
         try:
             if chunks is not None:
+                assert routed.payload is not None
                 try:
                     # Written before the first step is queued: a body too deep to write again is a 400 now.
                     bodies = [dump_json({**routed.payload, "input": chunk}) for chunk in chunks]
@@ -136,23 +134,37 @@ class InferenceHandler:
                     return
                 await self._serve_embedding_steps(scope, routed, bodies, send, exchange)
                 return
+            assert routed.model is not None
             async with self.scheduler.open_grant(routed.model, routed.klass, on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
                 tracked = TrackedSend(send)
                 try:
-                    await self._proxy(scope, routed, UsageChunkKept(tracked, exchange.count_tokens)
-                                      if routed.keep_usage_chunk else tracked, lease)
+                    await self._proxy(scope, routed, self._answer_send(tracked, routed, exchange), lease)
                 finally:
                     if disconnect.happened and not tracked.complete:
                         lease.status = 499  # the client left before the answer ended
         except JobFailed as exc:
             failure = exc.failure
-            await send_error(send, failure.status, failure.message, code=failure.code,
+            exchange.error = failure.code
+            await send_error(send, failure.status, failure.message, shape=routed.route.error_shape, code=failure.code,
                              retry_after=failure.retry_after)
+
+    def _answer_send(self, send: Send, routed: RoutedRequest, exchange: Exchange) -> Send:
+        """What reads the answer on its way: the usage it carries, and errors in the route's words."""
+        if not routed.route.does_work:
+            exchange.count_tokens(0, 0)  # the answer's input_tokens is what it counted, not what it computed
+        if routed.keep_usage_chunk:
+            send = UsageChunkKept(send, exchange.count_tokens)
+        if routed.route.api is Api.MESSAGES and routed.stream:
+            send = MessagesUsageRead(send, exchange.count_tokens)
+        if routed.route.anthropic:
+            send = ErrorsReshaped(send, routed.route.error_shape)
+        return send
 
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send, exchange: Exchange) -> None:
         """One step per chunk, in order; a failing step fails the request, no partial answer."""
+        assert routed.model is not None
         async with self.scheduler.open_request() as request:
             await self._run_embedding_steps(scope, routed, chunks, send, request, exchange)
 
@@ -160,6 +172,7 @@ class InferenceHandler:
                                    request: Request, exchange: Exchange) -> None:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
+            assert routed.model is not None
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
                                                  steps=len(chunks), on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
@@ -169,7 +182,7 @@ class InferenceHandler:
                     try:
                         status, headers, body = await fetch_upstream(
                             host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                            self._request_headers(scope), chunk, self.timeouts)
+                            self._request_headers(scope, routed), chunk, self.timeouts)
                     except UpstreamStalled as exc:
                         self._report_stall(lease, str(exc))
                         lease.status = 504
@@ -201,12 +214,13 @@ class InferenceHandler:
     async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
         host, port = self._endpoint(lease.grant.endpoint)
         request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                                  self._request_headers(scope), routed.body)
+                                  self._request_headers(scope, routed), routed.body)
 
         def on_status(status: int) -> None:
             lease.status = status
 
         await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
+                    error_shape=routed.route.error_shape, stream_error=routed.route.stream_error,
                     timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
                     abort=lease.abort)
 
@@ -218,35 +232,7 @@ class InferenceHandler:
         assert endpoint is not None
         return endpoint.host, endpoint.port
 
-    def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
-        forwarded = [(k, v) for k, v in scope["headers"] if k in _FORWARDED_REQUEST_HEADERS]
-        return [(b"content-type", b"application/json")] + self.door.forwardable("openai", forwarded)
-
-
-def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
-                  served_names: Mapping[str, str] | None = None, *, default_class: str = "interactive",
-                  ) -> RoutedRequest:
-    """Parse and validate; strip steward's own class field and model suffix; name the model
-    as its engine knows it where the engine checks (*served_names*: model -> that name); ask a
-    stream for its usage chunk. Pure."""
-    payload = parse_json(body)
-    if not isinstance(payload, dict):
-        raise RequestError(400, "The request body must be a JSON object.")
-    name = payload.get("model")
-    if not isinstance(name, str) or not name:
-        raise RequestError(400, "You must provide a model parameter.", param="model")
-    choice = choose_class(scope, payload, default_class)
-    model = aliases.get(payload["model"])
-    if model is None:
-        raise UnknownModel(payload["model"], payload, choice.klass)
-    stream = payload.get("stream") is True
-    changed = choice.changed
-    served = (served_names or {}).get(model)
-    if served is not None and payload["model"] != served:
-        payload["model"] = served  # vLLM refuses a name it does not serve, an alias included
-        changed = True
-    keep_usage_chunk = scope.get("path") in GENERATION_PATHS and ask_for_usage(payload)
-    return RoutedRequest(model=model, klass=choice.klass, stream=stream,
-                         body=dump_json(payload) if changed or keep_usage_chunk else body, payload=payload,
-                         keep_usage_chunk=keep_usage_chunk)
-
+    def _request_headers(self, scope: Scope, routed: RoutedRequest) -> list[tuple[bytes, bytes]]:
+        wanted = _FORWARDED_REQUEST_HEADERS | routed.route.forwarded
+        forwarded = [(k, v) for k, v in scope["headers"] if k in wanted]
+        return [(b"content-type", routed.content_type)] + self.door.forwardable("openai", forwarded)

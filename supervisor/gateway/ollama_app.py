@@ -16,9 +16,11 @@ import attrs
 import trio
 from quart_trio import QuartTrio
 
+from supervisor.apis import Api
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
+from supervisor.gateway.api_routes import API_ROUTES, error_shape_for, stream_error_for
 from supervisor.gateway.asgi import (
     BodyLimits,
     Receive,
@@ -34,11 +36,11 @@ from supervisor.gateway.asgi import (
 )
 from supervisor.gateway.classes import CLASS_HEADER, choose_class
 from supervisor.gateway.door import MONITORING_PATHS, FrontDoor, exchange_of
-from supervisor.gateway.errors import ErrorShape, error_body, ollama_error_body
+from supervisor.gateway.errors import ErrorShape, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
-from supervisor.gateway.inference import GENERATION_PATHS
 from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
+from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
 from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
@@ -47,7 +49,7 @@ from supervisor.scheduler.actor import JobFailed, SchedulerClient
 
 INFERENCE_PATHS = frozenset({
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
 })
 # What changes the models Ollama has, not what it answers: an admin key's business.
 ADMIN_PATHS = frozenset({"/api/pull", "/api/push", "/api/delete", "/api/create", "/api/copy"})
@@ -64,6 +66,7 @@ class OllamaRoute:
     model: str | None = None  # as Ollama knows it, steward's class suffix removed
     # Steward asked its OpenAI-style stream for the usage chunk, which the client did not ask for.
     keep_usage_chunk: bool = False
+    stream: bool = False
 
 
 def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
@@ -78,14 +81,15 @@ def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> Ollam
         return OllamaRoute(choose_class(scope, {}, default_class).klass, body)
     choice = choose_class(scope, payload, default_class)
     model = payload.get("model")
-    keep_usage_chunk = scope.get("path") in GENERATION_PATHS and ask_for_usage(payload)
+    route = API_ROUTES.get(scope.get("path", ""))
+    keep_usage_chunk = route is not None and route.asks_usage and ask_for_usage(payload)
     return OllamaRoute(choice.klass, dump_json(payload) if choice.changed or keep_usage_chunk else body,
-                       model if isinstance(model, str) else None, keep_usage_chunk)
+                       model if isinstance(model, str) else None, keep_usage_chunk, payload.get("stream") is True)
 
 
 def error_shape(scope: Scope) -> ErrorShape:
-    """Ollama's own shape on its native /api routes, OpenAI's on its /v1 routes."""
-    return ollama_error_body if scope["path"].startswith("/api/") else error_body
+    """Ollama's own shape on its native /api routes; on its /v1 routes the API's (OpenAI's, Anthropic's)."""
+    return ollama_error_body if scope["path"].startswith("/api/") else error_shape_for(scope)
 
 
 @attrs.define(eq=False)
@@ -135,11 +139,11 @@ class OllamaListener:
                         lease.status = status
 
                     tracked = TrackedSend(send)
-                    relayed = UsageChunkKept(tracked, exchange.count_tokens) if route.keep_usage_chunk else tracked
                     try:
-                        await relay(relayed, self._request(scope, route.body), what="Ollama", on_status=on_status,
-                                    retry=self.backoff, on_retry=self._log_retry, error_shape=shape,
-                                    timeouts=self.timeouts, abort=lease.abort)
+                        await relay(self._answer_send(scope, tracked, route), self._request(scope, route.body),
+                                    what="Ollama", on_status=on_status, retry=self.backoff, on_retry=self._log_retry,
+                                    error_shape=shape, stream_error=stream_error_for(scope), timeouts=self.timeouts,
+                                    abort=lease.abort)
                     finally:
                         if disconnect.happened and not tracked.complete:
                             lease.status = 499
@@ -148,6 +152,17 @@ class OllamaListener:
                 exchange.error = failure.code  # Ollama's own error shape has no field for it
                 await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
                                  retry_after=failure.retry_after)
+
+    def _answer_send(self, scope: Scope, send: Send, route: OllamaRoute) -> Send:
+        """What reads the answer on its way, as on the OpenAI listener (supervisor.gateway.inference)."""
+        api_route = API_ROUTES.get(scope["path"])
+        if route.keep_usage_chunk:
+            send = UsageChunkKept(send, exchange_of(scope).count_tokens)
+        if api_route is not None and api_route.api is Api.MESSAGES:
+            if route.stream:
+                send = MessagesUsageRead(send, exchange_of(scope).count_tokens)
+            send = ErrorsReshaped(send, api_route.error_shape)
+        return send
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Not timed: a pull or a push may rightly take an hour.

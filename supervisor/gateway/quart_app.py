@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -24,21 +24,27 @@ from supervisor.metrics import StewardMetrics
 _MESSAGES = {404: "Unknown route.", 405: "Method not allowed on this route."}
 
 
-def new_quart_app(name: str, shape: ErrorShape, events: EventLog) -> QuartTrio:
+def new_quart_app(name: str, shape: ErrorShape, events: EventLog,
+                  shape_of: Callable[[str], ErrorShape] | None = None) -> QuartTrio:
+    """*shape_of* names the shape by the request's path where the listener speaks several (Anthropic's routes)."""
     app = QuartTrio(name)
+
+    def shape_here() -> ErrorShape:
+        return shape_of(request.path) if shape_of is not None else shape
+
     app.url_map.merge_slashes = False  # `//v1/models` is not `/v1/models`: 404, not a redirect
     app.url_map.strict_slashes = False
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
-        return json_error(shape, status, _MESSAGES.get(status, exc.description or exc.name))
+        return json_error(shape_here(), status, _MESSAGES.get(status, exc.description or exc.name))
 
     @app.errorhandler(Exception)
     async def internal_error(exc: Exception) -> Response:
         # A bug of ours: logged with what failed, answered in the listener's shape.
         events.emit("internal_error", "error", source=name, error=f"{type(exc).__name__}: {exc}")
-        return json_error(shape, 500, f"steward failed to handle this request ({type(exc).__name__}).")
+        return json_error(shape_here(), 500, f"steward failed to handle this request ({type(exc).__name__}).")
 
     return app
 

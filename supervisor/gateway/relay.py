@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from supervisor.backoff import Backoff
-from supervisor.gateway.errors import ErrorShape, error_body, error_headers, error_in_stream
+from supervisor.gateway.errors import ErrorShape, StreamError, error_body, error_headers, error_in_stream
 from supervisor.gateway.upstream import (
     NO_TIMEOUTS,
     Timeouts,
@@ -54,17 +54,19 @@ Reroute = Callable[[str], Awaitable[tuple[UpstreamRequest, str] | None]]
 
 async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
                 retry: Backoff | None = None, on_retry: Callable[[float, str], None] | None = None,
-                error_shape: ErrorShape = error_body, timeouts: Timeouts = NO_TIMEOUTS,
+                error_shape: ErrorShape = error_body, stream_error: StreamError = error_in_stream,
+                timeouts: Timeouts = NO_TIMEOUTS,
                 on_stall: Callable[[str], None] | None = None, abort: Abort | None = None,
                 reroute: Reroute | None = None) -> None:
     """Send *request* upstream and stream the answer to *send*; *what* names the upstream in
-    errors, which *error_shape* writes (OpenAI's shape unless the route speaks another).
+    errors, which *error_shape* writes (OpenAI's shape unless the route speaks another), and
+    *stream_error* once a stream has begun.
 
     An upstream silent past *timeouts* gets 504 (or an error event in an open stream) and
     *on_stall* is told; *abort* lets the scheduler end the request early (its engine is unhealthy).
     An upstream that cannot be reached is retried with *retry*, or, with *reroute*, replaced by
     the request it returns (another node), until it returns None."""
-    answer = _Answer(send, error_shape, on_status)
+    answer = _Answer(send, error_shape, stream_error, on_status)
     with abort.scope if abort is not None else contextlib.nullcontext():
         await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall, reroute)
     if abort is not None and abort.scope.cancelled_caught:
@@ -111,6 +113,7 @@ class _Answer:
 
     send: Send
     error_shape: ErrorShape
+    stream_error: StreamError
     on_status: Callable[[int], None]
     framing: bytes | None = None  # the content type, once the response started
     length_declared: bool = False  # by the upstream: the body must then go through whole
@@ -136,7 +139,7 @@ class _Answer:
             await self.send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
             await self.body(body, more=False)
         elif not self.length_declared:
-            await self.body(error_in_stream(self.framing, message, code=code), more=False)
+            await self.body(self.stream_error(self.framing, message, code=code), more=False)
         else:
             # A body of announced length cannot take an error; ending here without its last
             # bytes closes the connection, so the client sees the answer is incomplete.

@@ -16,7 +16,7 @@ its ``x-steward-model`` header.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -24,12 +24,15 @@ import trio
 from supervisor.address import Address
 from supervisor.events import EventLog
 from supervisor.gateway.answer_model import ModelNamed
-from supervisor.gateway.asgi import Scope, Send, dump_json, send_error
+from supervisor.gateway.asgi import Scope, Send, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.relay import UpstreamRequest, relay
 from supervisor.gateway.upstream import Timeouts
 from supervisor.nodes.directory import NodeDirectory
 from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
+
+if TYPE_CHECKING:
+    from supervisor.gateway.routed import RoutedRequest
 
 NODE_ENGINE_PREFIX = "node:"  # how a node is named as the engine of a request in the usage log
 _FORWARDED = frozenset({b"accept"})
@@ -61,26 +64,27 @@ class NodeRouter:
                              "steward": {"capability": list(models)}}
         return list(entries.values())
 
-    async def serve(self, scope: Scope, payload: dict[str, Any], klass: str, exchange: Exchange, send: Send) -> None:
-        requested = payload["model"]
+    async def serve(self, scope: Scope, routed: RoutedRequest, exchange: Exchange, send: Send) -> None:
+        requested, klass, shape = routed.name, routed.klass, routed.route.error_shape
         model = resolve_capability(requested, self.capabilities, self.directory.views()) or requested
         if model != requested:
             self.events.emit("capability", "info", capability=requested, model=model,
                              request_id=exchange.request_id)
         exchange.model = model
-        body = dump_json({**payload, "model": model})
+        body = routed.body_naming(model)
         deadline = trio.current_time() + self.queue_timeout[klass]
         while True:
             decision = choose_node(model, self.directory.views())
             if isinstance(decision, Route):
-                await self._send_to(decision, scope, body, klass, exchange, send)
+                await self._send_to(decision, scope, body, routed, exchange, send)
                 return
             if isinstance(decision, NoRoute):
-                await self._no_route(decision, send)
+                await self._no_route(decision, send, routed)
                 return
             if not await self._wait_for(decision, klass, deadline, exchange):
+                exchange.error = "node_asleep"
                 await send_error(send, 503, f"node {decision.node!r}, the only one that serves {model!r}, did not "
-                                 f"wake in time", code="node_asleep", retry_after=WAKE_RETRY_AFTER)
+                                 f"wake in time", shape=shape, code="node_asleep", retry_after=WAKE_RETRY_AFTER)
                 return
 
     async def _wait_for(self, wake: Wake, klass: str, deadline: float, exchange: Exchange) -> bool:
@@ -94,7 +98,7 @@ class NodeRouter:
         exchange.waited(trio.current_time() - started)
         return awake
 
-    async def _send_to(self, route: Route, scope: Scope, body: bytes, klass: str, exchange: Exchange,
+    async def _send_to(self, route: Route, scope: Scope, body: bytes, routed: RoutedRequest, exchange: Exchange,
                        send: Send) -> None:
         tried = {route.node}
 
@@ -106,7 +110,7 @@ class NodeRouter:
             if not isinstance(again, Route):
                 return None
             tried.add(again.node)
-            return self._request(again, scope, body, klass, exchange), f"node {again.node!r}"
+            return self._request(again, scope, body, routed, exchange), f"node {again.node!r}"
 
         def on_status(status: int) -> None:
             exchange.status = status
@@ -118,17 +122,20 @@ class NodeRouter:
 
         # The node's engine names itself in the answer; the client is told steward's name for it.
         named = ModelNamed(naming_the_model, route.model)
-        await relay(named, self._request(route, scope, body, klass, exchange),
-                    what=f"node {route.node!r}", on_status=on_status, timeouts=self.timeouts, reroute=elsewhere)
+        await relay(named, self._request(route, scope, body, routed, exchange),
+                    what=f"node {route.node!r}", on_status=on_status, timeouts=self.timeouts, reroute=elsewhere,
+                    error_shape=routed.route.error_shape, stream_error=routed.route.stream_error)
         await named.send_held()
 
-    def _request(self, route: Route, scope: Scope, body: bytes, klass: str, exchange: Exchange) -> UpstreamRequest:
+    def _request(self, route: Route, scope: Scope, body: bytes, routed: RoutedRequest,
+                 exchange: Exchange) -> UpstreamRequest:
+        klass = routed.klass
         self.events.emit("route", "info", node=route.node, model=route.model, reason=route.reason.value,
                          **{"class": klass}, request_id=exchange.request_id)
         exchange.engine = f"{NODE_ENGINE_PREFIX}{route.node}"
         address = Address.parse(self.directory.url(route.node).removeprefix("http://"))
-        headers = [(b"content-type", b"application/json"), (b"x-steward-class", klass.encode())]
-        headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
+        headers = [(b"content-type", routed.content_type), (b"x-steward-class", klass.encode())]
+        headers += [(k, v) for k, v in scope["headers"] if k in _FORWARDED | routed.route.forwarded]
         if (key := self.directory.key(route.node)) is not None:
             headers.append((b"authorization", f"Bearer {key}".encode()))
         if exchange.key is not None:
@@ -136,9 +143,10 @@ class NodeRouter:
         return UpstreamRequest(address.host, address.port, b"POST", scope["raw_path"] or scope["path"].encode(),
                                headers, body)
 
-    async def _no_route(self, decision: NoRoute, send: Send) -> None:
+    async def _no_route(self, decision: NoRoute, send: Send, routed: RoutedRequest) -> None:
+        shape = routed.route.error_shape
         if any(decision.model in view.serves for view in self.directory.views()):
-            await send_error(send, 503, decision.message, code="node_unavailable", retry_after=5.0)
+            await send_error(send, 503, decision.message, shape=shape, code="node_unavailable", retry_after=5.0)
         else:
-            await send_error(send, 404, f"The model '{decision.model}' does not exist.", param="model",
+            await send_error(send, 404, f"The model '{decision.model}' does not exist.", shape=shape, param="model",
                              code="model_not_found")
