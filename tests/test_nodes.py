@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -148,3 +149,30 @@ def test_a_node_that_does_not_wake_in_time_is_503_with_retry_after(start_steward
     assert int(reply.headers["retry-after"]) >= 1
     assert udp.receive() == magic_packet(MacAddress.parse(MAC))
     door.wait_event("node_wake_timeout", node="sleepy")
+
+
+def test_a_front_door_serves_every_api_of_its_nodes(start_steward: StewardFactory) -> None:
+    node = start_steward({"chat": fake_model("2GiB"), "asr": fake_model("1GiB", extra=["--mmproj", "/m/audio.gguf"])},
+                         gpu=GPU)
+    door = front_door(start_steward, {"lab": node})
+    door.wait_event("node_state", node="lab", availability="awake")
+    claude = anthropic.Anthropic(base_url=door.url, api_key="none", max_retries=0, timeout=30)
+    message = claude.messages.create(model="chat", max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+    assert message.model == "chat" and message.content[0].text  # named as the door names it
+    with claude.messages.stream(model="chat@background", max_tokens=3,
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
+        started = next(event for event in stream if event.type == "message_start")
+        assert started.message.model == "chat"
+        assert stream.get_final_message().usage.output_tokens == 3
+    client = openai.OpenAI(base_url=door.base_url, api_key="none", max_retries=0, timeout=30)
+    events = list(client.responses.create(model="chat", input="hi", max_output_tokens=2, stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.model == "chat"
+    heard = client.audio.transcriptions.create(model="asr", file=("a.wav", b"RIFF" + b"\0" * 64, "audio/wav"))
+    assert heard.text == "transcript of 68 bytes"
+    assert [(node, model) for node, model, _ in routes(door)] == [("lab", "chat")] * 3 + [("lab", "asr")]
+    assert [d["class"] for d in node.events("dispatch") if d["model"] == "chat"][-3:] == [
+        "interactive", "background", "interactive"]  # the class travels to the node
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.messages.create(model="nowhere", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.body == {"type": "error", "error": {"type": "not_found_error",
+                                                             "message": "The model 'nowhere' does not exist."}}

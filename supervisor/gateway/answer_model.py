@@ -1,6 +1,7 @@
 """The answer names the model that served it: the top-level ``"model"`` of a routed answer.
 
-OpenAI's answers say in ``model`` which model produced them; a node's engine says its own
+OpenAI's answers say in ``model`` which model produced them (Anthropic's stream in its
+``message_start``'s message, the Responses API's events in their response); a node's engine says its own
 name there (llama-server its alias or GGUF path), and a client that asked for a capability
 would never learn what served it. So the front door rewrites that one field to steward's
 name of the model, in the answer's own framing:
@@ -177,15 +178,32 @@ def _renamed(text: bytes, model: str) -> bytes | None:
         value = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(value, dict) or "model" not in value or value["model"] == model:
+    holder = _model_holder(value)
+    if holder is None or holder["model"] == model:
         return None
-    value["model"] = model  # in its place: the keys keep their order
+    holder["model"] = model  # in its place: the keys keep their order
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
     except UnicodeEncodeError:  # a lone surrogate, escaped in what came: escaped again
         return json.dumps(value, separators=(",", ":")).encode()
     except (ValueError, RecursionError):
         return None
+
+
+def _model_holder(value: Any) -> dict[str, Any] | None:
+    """The object whose ``model`` names the model: the answer itself, or the message (Anthropic's
+    ``message_start``) or response (the Responses API's events) it carries."""
+    if not isinstance(value, dict):
+        return None
+    if "model" in value:
+        return value
+    for key in _NESTED_HOLDERS:
+        if isinstance(value.get(key), dict) and "model" in value[key]:
+            return value[key]
+    return None
+
+
+_NESTED_HOLDERS = ("message", "response")
 
 
 def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
