@@ -192,6 +192,8 @@ class StewardMetrics:
         self.rejected = Counter("steward_rejected", "Steps refused or timed out", ["class", "reason"], registry=r)
         self.loads = Counter("steward_loads", "Engine loads decided", ["engine"], registry=r)
         self.evictions = Counter("steward_evictions", "Engines chosen for eviction", ["engine"], registry=r)
+        self.evictions_undone = Counter("steward_evictions_undone", "Drains undone: what they were for went away",
+                                        ["engine"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
         self.failed_checks = Counter("steward_health_check_failures", "Failed health checks of ready engines",
                                      ["engine"], registry=r)
@@ -259,6 +261,8 @@ class StewardMetrics:
                 self.loads.labels(f["engine"]).inc()
             case "evict":
                 self.evictions.labels(f["engine"]).inc()
+            case "evict_undone":
+                self.evictions_undone.labels(f["engine"]).inc()
             case "crash":
                 self.crashes.labels(f["engine"]).inc()
             case "ollama_unload":

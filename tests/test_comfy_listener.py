@@ -225,20 +225,28 @@ async def test_websocket_progress_passes_through_without_the_lock(start_steward:
     assert len(steward.events("image_queued")) == 1  # the prompt took the GPU; the websocket never did
 
 
-def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_supervised(
-        start_steward: StewardFactory, tmp_path: Path) -> None:
-    gpu = simgpu.create_device(tmp_path / "gpu2", total_bytes=parse_size("16GiB"), linger_s=0.1)
+def both_services(start_steward: StewardFactory, gpu_dir: Path, ollama_model: str, comfy_args: list[str],
+                  **comfyui: Any) -> tuple[RunningSteward, int]:
+    """A steward that supervises a fake Ollama and a fake ComfyUI on one simulated 16 GiB GPU;
+    returns it and Ollama's own port."""
+    gpu = simgpu.create_device(gpu_dir, total_bytes=parse_size("16GiB"), linger_s=0.1)
     ollama_port, comfy_port = free_port(), free_port()
     steward = start_steward({}, gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"},
                             ollama={"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{free_port()}",
                                     "memory": "4GiB", "ps_poll": "0.2s", "unload_poll": "0.1s",
                                     "command": [sys.executable, "-m", "fakes.ollama", "--port", str(ollama_port),
-                                                "--sim-gpu", str(gpu), "--model", "gemma3:4b,size=4GiB,load=0.2s"]},
+                                                "--sim-gpu", str(gpu), "--model", ollama_model]},
                             comfyui={"upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{free_port()}",
-                                     "history_poll": "0.1s", "free_timeout": "5s", "warm_model": "gemma3:4b",
+                                     "history_poll": "0.1s", "free_timeout": "5s", **comfyui,
                                      "command": [sys.executable, "-m", "fakes.comfyui", "--port", str(comfy_port),
-                                                 "--sim-gpu", str(gpu), "--model-memory", "6GiB",
-                                                 "--free-delay", "0.3s"]})
+                                                 "--sim-gpu", str(gpu), "--model-memory", "6GiB", *comfy_args]})
+    return steward, ollama_port
+
+
+def test_an_ollama_chat_during_an_image_is_held_until_free_with_both_services_supervised(
+        start_steward: StewardFactory, tmp_path: Path) -> None:
+    steward, ollama_port = both_services(start_steward, tmp_path / "gpu2", "gemma3:4b,size=4GiB,load=0.2s",
+                                         ["--free-delay", "0.3s"], warm_model="gemma3:4b")
     listening = steward.wait_event("listening")
     ollama_url, comfy_url = listening["ollama"][0], listening["comfyui"][0]
     # Both children up. A service steward spawned gets time to bind its port: no warning.
@@ -311,3 +319,34 @@ def test_ollama_dying_before_an_image_does_not_block_it(start_steward: StewardFa
     crash = steward.wait_event("crash", engine="ollama")
     assert "killed by SIGKILL" in crash["detail"]
     steward.wait_event("image_released", prompt_id=answer.json()["prompt_id"], timeout=15)
+
+
+def test_an_image_whose_client_leaves_while_a_chat_runs_unloads_nothing(start_steward: StewardFactory,
+                                                                         tmp_path: Path) -> None:
+    """Issue 15: the image job drained Ollama behind a running chat; its client left while it
+    waited: when the chat ends, Ollama keeps its model (no keep_alive: 0), the next chat needs no load."""
+    steward, ollama_port = both_services(start_steward, tmp_path / "gpu3", "gemma3:4b,size=4GiB,load=0.2s,tps=10",
+                                         [], memory="14GiB")
+    listening = steward.wait_event("listening")
+    ollama_url, comfy_url = listening["ollama"][0], listening["comfyui"][0]
+    for service in ("ollama", "comfyui"):
+        steward.wait_event("upstream_probe", service=service, timeout=30)
+    chat = {"model": "gemma3:4b", "messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "options": {"num_predict": 30}}  # three seconds at 10 tokens/s
+    answers: list[int] = []
+    running = threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{ollama_url}/api/chat", json=chat, timeout=60).status_code))
+    running.start()
+    wait_until(lambda: any(e["model"] == "ollama" for e in steward.events("dispatch")))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{comfy_url}/prompt", json=workflow(0.5), timeout=0.5)  # waits behind the chat, then leaves
+    steward.wait_event("evict", engine="ollama")
+    undone = steward.wait_event("evict_undone", engine="ollama")
+    assert undone["why"].startswith("exclusive job")
+    running.join()
+    assert answers == [200]
+    assert [m["name"] for m in httpx.get(f"http://127.0.0.1:{ollama_port}/api/ps").json()["models"]] == ["gemma3:4b"]
+    assert not steward.events("ollama_unload") and not steward.events("image_forwarded")
+    quick = {**chat, "options": {"num_predict": 1}}
+    assert httpx.post(f"{ollama_url}/api/chat", json=quick, timeout=30).status_code == 200
+    assert not steward.events("ollama_unload")

@@ -14,6 +14,7 @@ from supervisor.scheduler.types import (
     BackoffPolicy,
     Emit,
     EngineProfile,
+    EngineStatus,
     Fail,
     Grant,
     SchedulingPolicy,
@@ -435,3 +436,71 @@ def test_regression_a_guard_step_whose_load_was_undone_gets_a_new_load() -> None
     assert [e for e in effects if isinstance(e, StartEngine)] == [StartEngine("small", 2)]
     granted = s.engine_ready("small", 2, "http://127.0.0.1:3", 21.0)
     assert Grant(5, "small", "http://127.0.0.1:3") in granted
+
+
+def test_a_waiting_image_job_whose_client_leaves_unloads_nothing() -> None:
+    """Issue 15: an image job at the head of its class drains Ollama (a chat runs on it); its
+    client leaves while it waits: the drain is undone, and the chat's end unloads nothing."""
+    s = Scheduler.create(10 * GIB, [EngineProfile("ollama", 6 * GIB, 2)])
+    s.submit(1, "ollama", "interactive", 0.0)
+    s.engine_ready("ollama", 1, "http://127.0.0.1:1", 1.0)
+    s.submit(2, None, "interactive", 2.0, exclusive_memory=8 * GIB)  # needs Ollama's memory
+    assert s.engines["ollama"].draining and s.engines["ollama"].drained_for == 2
+    effects = s.finish(2, 3.0)  # its client left while it waited
+    assert [e.fields for e in effects if getattr(e, "event", None) == "evict_undone"] == [
+        {"engine": "ollama", "in_flight": 1, "why": "exclusive job 2 no longer waits"}]
+    assert not s.engines["ollama"].draining
+    assert not [e for e in s.finish(1, 4.0) if isinstance(e, StopEngine)]  # the chat ends: no unload
+    assert s.engines["ollama"].status is EngineStatus.READY
+    assert [e for e in s.submit(3, "ollama", "interactive", 5.0) if isinstance(e, Grant)] == [
+        Grant(3, "ollama", "http://127.0.0.1:1", 1)]  # the next chat is served at once, no reload
+
+
+def test_an_image_job_that_times_out_waiting_undoes_its_drain_at_the_exact_deadline() -> None:
+    s = Scheduler.create(10 * GIB, [EngineProfile("ollama", 6 * GIB, 2)])
+    s.submit(1, "ollama", "interactive", 0.0)
+    s.engine_ready("ollama", 1, "http://127.0.0.1:1", 1.0)
+    s.submit(2, None, "interactive", 2.0, exclusive_memory=8 * GIB, timeout=5.0)
+    assert s.engines["ollama"].draining
+    assert s.engines["ollama"].draining and not [e for e in s.tick(6.999) if getattr(e, "event", "") == "timeout"]
+    effects = s.tick(7.0)
+    assert [getattr(e, "event", None) for e in effects if getattr(e, "event", None) in ("timeout", "evict_undone")] \
+        == ["timeout", "evict_undone"]
+    assert not s.engines["ollama"].draining
+    assert not [e for e in s.finish(1, 8.0) if isinstance(e, StopEngine)]
+
+
+def test_a_drain_for_a_load_nobody_waits_for_any_more_is_undone_and_one_still_wanted_is_not() -> None:
+    s = Scheduler.create(8 * GIB, [EngineProfile("a", 5 * GIB, 1), EngineProfile("b", 5 * GIB, 1)])
+    s.submit(1, "a", "interactive", 0.0)
+    s.engine_ready("a", 1, "http://127.0.0.1:1", 1.0)
+    s.submit(2, "b", "interactive", 2.0)  # a is busy: drained for b
+    s.submit(3, "b", "interactive", 2.5)
+    assert s.engines["a"].drained_for == "b"
+    s.finish(2, 3.0)  # one of b's clients left: b is still wanted
+    assert s.engines["a"].draining
+    s.finish(3, 3.5)  # the other too: nobody waits for b
+    assert not s.engines["a"].draining
+    assert not [e for e in s.finish(1, 4.0) if isinstance(e, StopEngine)]
+    assert s.engines["a"].status is EngineStatus.READY
+    # Wanted again, with a idle now: evicted for it, and this time it goes.
+    assert [e for e in s.submit(4, "b", "interactive", 5.0) if isinstance(e, StopEngine)] == [StopEngine("a", 1)]
+
+
+def test_an_exclusive_job_unloads_a_pinned_engine_only_when_nothing_else_frees_enough() -> None:
+    """One rule: an exclusive job frees what it needs, unpinned engines first, pinned ones last
+    and only when needed."""
+    s = Scheduler.create(16 * GIB, [EngineProfile("embed", 4 * GIB, 1, pinned=True),
+                                    EngineProfile("chat", 6 * GIB, 1)])
+    s.start(0.0)
+    s.engine_ready("embed", 1, "http://127.0.0.1:1", 1.0)
+    s.submit(1, "chat", "interactive", 1.0)
+    s.engine_ready("chat", 1, "http://127.0.0.1:2", 2.0)
+    s.finish(1, 3.0)
+    effects = s.submit(2, None, "interactive", 4.0, exclusive_memory=10 * GIB)  # 6 free: chat's 6 is enough
+    assert [e for e in effects if isinstance(e, StopEngine)] == [StopEngine("chat", 1)]
+    assert Grant(2, None, None) in s.engine_exited("chat", 1, 5.0, "stopped")  # chat's memory was enough
+    assert s.engines["embed"].status is EngineStatus.READY
+    s.finish(2, 6.0)
+    effects = s.submit(3, None, "interactive", 7.0, exclusive_memory=14 * GIB)  # only the pinned one's 4 more
+    assert [e for e in effects if isinstance(e, StopEngine)] == [StopEngine("embed", 1)]

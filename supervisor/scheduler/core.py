@@ -628,6 +628,7 @@ class Scheduler:
     def _decide(self, now: float) -> list[Effect]:
         self.now = now
         self._expire(now)
+        self._undo_stale_drains()
         self._release_overdue(now)
         self._restart_unhealthy(now)
         self._unload_idle(now)
@@ -896,8 +897,10 @@ class Scheduler:
         return sum(self.ledger.held_on(e.name, device) for e in self.engines.values()
                    if self.ledger.releasing(e.name) or e.status in (EngineStatus.STOPPING, EngineStatus.DRAINING))
 
-    def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int, free: int) -> None:
+    def _evict(self, victim: EngineState, now: float, *, for_what: str, need: int, free: int,
+               for_job: int | None = None) -> None:
         victim.status = EngineStatus.DRAINING
+        victim.drained_for = for_job if for_job is not None else for_what if for_what in self.engines else None
         self._emit("evict", "info", engine=victim.name, memory=self.ledger.held(victim.name),
                    for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
                    idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window),
@@ -945,8 +948,28 @@ class Scheduler:
                     taken[device] = taken.get(device, 0) + nbytes
         return taken
 
+    def _undo_stale_drains(self) -> None:
+        """A drain whose reason is gone is undone while the engine still serves (rule 8: a
+        client that leaves while waiting never causes an unload)."""
+        for engine in self.engines.values():
+            cause = engine.drained_for
+            if engine.status is not EngineStatus.DRAINING or cause is None:
+                continue
+            if isinstance(cause, int):
+                stale = cause not in self.waiting and cause not in self.running
+                gone = f"exclusive job {cause} no longer waits"
+            else:
+                target = self.engines.get(cause)
+                stale = target is None or (target.status is not EngineStatus.STARTING and not target.requested
+                                           and not any(self.queues[klass].count(cause) for klass in CLASSES))
+                gone = f"nobody waits for {cause!r} any more"
+            if stale:
+                engine.status, engine.drained_for = EngineStatus.READY, None
+                self._emit("evict_undone", "info", engine=engine.name, in_flight=engine.in_flight, why=gone)
+
     def _stop(self, engine: EngineState) -> None:
         engine.status = EngineStatus.STOPPING
+        engine.drained_for = None
         engine.outside_baseline = self.outside_memory
         self._emit("stop", "info", engine=engine.name, generation=engine.generation)
         self._effects.append(StopEngine(engine.name, engine.generation))
@@ -1014,7 +1037,7 @@ class Scheduler:
                 if gain >= need:
                     break
                 gain += self.ledger.held_on(candidate.name, device)
-                self._evict(candidate, now, for_what="exclusive", need=need, free=unreserved)
+                self._evict(candidate, now, for_what="exclusive", need=need, free=unreserved, for_job=job.id)
         still_running = sum(self.running_by_class[k] for k in CLASSES[rank:])
         if self.exclusive_holder is None and still_running == 0 and need <= unreserved:
             self._unqueue(job)

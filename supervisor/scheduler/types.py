@@ -130,6 +130,10 @@ class EngineState:
     # A reload removes it or changes it: it takes no new work, drains, stops, and then its
     # engine task is retired (a changed one gets a new task, and this profile).
     retiring: Retirement | None = None
+    # What its drain was decided for, while it drains: an exclusive job (its id) or the load of
+    # another engine (its name). Once that no longer wants the memory (the job left or timed
+    # out, nobody waits for that engine), the drain is undone: it must not unload for no one.
+    drained_for: int | str | None = None
 
     @property
     def unhealthy(self) -> bool:
