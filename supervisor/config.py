@@ -288,6 +288,9 @@ class ComfyConfig:
     history_poll: PositiveDuration = PositiveDuration(1.0)
     free_timeout: Duration = Duration(30.0)
     prompt_capture_limit: Size = Size(65536)
+    # The largest body of a request passed through (image and video uploads), streamed on as it
+    # comes; limits.max_body_size still bounds /prompt.
+    max_body_size: Size = Size(512 * 2**20)
     retry_initial: PositiveDuration = PositiveDuration(1.0)
     retry_max: PositiveDuration = PositiveDuration(60.0)
     # An Ollama model to load again after an image job, once the GPU is idle (batch class).

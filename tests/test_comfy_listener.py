@@ -350,3 +350,23 @@ def test_an_image_whose_client_leaves_while_a_chat_runs_unloads_nothing(start_st
     quick = {**chat, "options": {"num_predict": 1}}
     assert httpx.post(f"{ollama_url}/api/chat", json=quick, timeout=30).status_code == 200
     assert not steward.events("ollama_unload")
+
+
+def test_an_image_upload_larger_than_the_chat_body_limit_streams_through(start_steward: StewardFactory,
+                                                                         comfy) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15: a 19 MiB upload got no answer (the listener took the 16 MiB chat limit). The
+    ComfyUI listener has its own limit, streams the body on, and refuses beyond it in ComfyUI's shape."""
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu, max_body_size="24MiB")
+    image = bytes(range(256)) * (19 * 4096)  # 19 MiB
+    stored = httpx.post(f"{url}/upload/image", files={"image": ("big.png", image, "image/png")},
+                        data={"overwrite": "true"}, timeout=60)
+    assert stored.status_code == 200, stored.text
+    assert stored.json() == {"name": "big.png", "subfolder": "", "type": "input"}
+    viewed = httpx.get(f"{url}/view", params={"filename": "big.png", "type": "input"}, timeout=60)
+    assert viewed.status_code == 200 and viewed.content == image
+    too_big = httpx.post(f"{url}/upload/image", files={"image": ("huge.png", image + image[: 6 * 2**20])},
+                         timeout=60)
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["type"] == "request_too_large" and "node_errors" in too_big.json()
+    assert not steward.events("internal_error")

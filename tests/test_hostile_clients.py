@@ -66,6 +66,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
                             OLLAMA_MODEL, "--sim-gpu", str(gpu)]},
         comfyui={"upstream": f"127.0.0.1:{comfy_port}", "listen": f"127.0.0.1:{free_port()}",
                  "history_poll": "0.1s", "free_timeout": "5s", "retry_initial": "0.1s", "retry_max": "0.5s",
+                 "max_body_size": "64KiB",
                  "command": [sys.executable, "-m", "fakes.comfyui", "--port", str(comfy_port), "--sim-gpu",
                              str(gpu), "--model-memory", "4GiB", "--job-time", "0.1s", "--free-delay", "0.05s"]})
     steward = registry[0]

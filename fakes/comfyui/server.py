@@ -19,6 +19,7 @@ from fakes.comfyui.cli import VERSION, Config, parse_config
 from fakes.comfyui.memory import Gpu
 from fakes.comfyui.prompts import Prompts
 from fakes.comfyui.workflow import PromptRejected, no_prompt, validate
+from fakes.comfyui.uploads import parse_upload
 from fakes.comfyui.ws import Hub
 from fakes.runner import run_fake
 from fakes.http11 import Exchange, HttpServer, watch_signals
@@ -80,6 +81,8 @@ class FakeComfyUI:
     prompts: Prompts = attrs.field(init=False)
     http: HttpServer = attrs.field(init=False)
     routes: dict[tuple[str, str], Route] = attrs.field(init=False)
+    # Images posted to /upload/image, by (subfolder, name): what /view?type=input serves.
+    uploads: dict[tuple[str, str], tuple[bytes, str]] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.gpu = Gpu(self.cfg)
@@ -96,7 +99,7 @@ class FakeComfyUI:
             ("GET", "/system_stats"): self.system_stats, ("GET", "/features"): self.features,
             ("GET", "/object_info"): self.object_info, ("GET", "/object_info/"): self.object_info_item,
             ("GET", "/embeddings"): self.empty_list, ("GET", "/extensions"): self.empty_list,
-            ("GET", "/view"): self.view,
+            ("GET", "/view"): self.view, ("POST", "/upload/image"): self.upload_image,
             ("POST", "/fake/drop"): self.fake_drop, ("POST", "/fake/restart"): self.fake_restart,
             ("GET", "/fake/stats"): self.fake_stats,
         }
@@ -282,11 +285,37 @@ class FakeComfyUI:
             await ex.respond(400, b"", EMPTY)
         elif ".." in subfolder.split("/") or subfolder.startswith("/"):
             await ex.respond(403, b"", EMPTY)
+        elif query.get("type") == "input" and (subfolder, filename) in self.uploads:
+            data, mimetype = self.uploads[(subfolder, filename)]
+            await ex.respond(200, data, mimetype.encode())
         elif not self.prompts.produced(filename, subfolder, query.get("type", "output")):
             await ex.respond(404, b"", EMPTY)
         else:
             ex.headers.append((b"content-disposition", f'filename="{filename}"'.encode()))
             await ex.respond(200, PNG, b"image/png")
+
+    async def upload_image(self, ex: Exchange, _rest: str) -> None:
+        """ComfyUI's image upload (server.py image_upload): a form with `image` (the file) and
+        optional `subfolder`, `type`, `overwrite`; answers the name it was stored under."""
+        try:
+            fields, files = parse_upload(ex.request)
+        except ValueError:
+            await ex.respond(400, b"", EMPTY)
+            return
+        image = files.get("image")
+        if image is None or not image.filename:
+            await ex.respond(400, b"", EMPTY)
+            return
+        subfolder, kind = fields.get("subfolder", ""), fields.get("type", "input")
+        name = image.filename
+        if fields.get("overwrite", "").lower() not in ("true", "1"):
+            stem, dot, ext = name.rpartition(".")
+            counter = 1
+            while (subfolder, name) in self.uploads:
+                name = f"{stem} ({counter}){dot}{ext}" if dot else f"{name} ({counter})"
+                counter += 1
+        self.uploads[(subfolder, name)] = (image.read(), image.mimetype or "application/octet-stream")
+        await ex.respond_json(200, {"name": name, "subfolder": subfolder, "type": kind})
 
     # ---- test hooks
 

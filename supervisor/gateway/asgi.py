@@ -69,6 +69,72 @@ async def read_body(scope: Scope, receive: Receive, limits: BodyLimits) -> bytes
                        code="request_timeout", close=True)
 
 
+class ClientLeft(Exception):
+    """The client went away while it sent its body."""
+
+
+@attrs.define(eq=False)
+class StreamedRequestBody:
+    """A request body read as it arrives (an upload sent on as it comes), within the limits:
+    413 past ``max_size``, 408 when the client is silent for ``timeout`` between two chunks.
+    Once it ended, ``receive_after`` hands on what follows (the client's disconnect)."""
+
+    receive: Receive
+    limits: BodyLimits
+    length: int | None  # the client's Content-Length
+    ended: trio.Event = attrs.Factory(trio.Event)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        size = 0
+        while True:
+            with trio.move_on_after(self.limits.timeout) as waiting:
+                message = await self.receive()
+            if waiting.cancelled_caught:
+                raise RequestError(408, f"The request body stopped arriving for {self.limits.timeout:g}s.",
+                                   code="request_timeout", close=True)
+            if message["type"] == "http.disconnect":
+                raise ClientLeft()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limits.max_size:
+                raise RequestError(413, f"Request body is larger than the limit of {self.limits.max_size} bytes.",
+                                   code="request_too_large", close=True)
+            yield chunk
+            if not message.get("more_body", False):
+                self.ended.set()
+                return
+
+    async def receive_after(self) -> dict[str, Any]:
+        await self.ended.wait()
+        return await self.receive()
+
+
+async def open_streamed_body(scope: Scope, receive: Receive, limits: BodyLimits) -> StreamedRequestBody:
+    """The body to stream on; a declared length past the limit is a 413 now, once the body
+    was read and dropped (a client still sending would never read an answer sent before)."""
+    declared = header_value(scope, b"content-length")
+    length = int(declared) if declared is not None and declared.isdigit() else None
+    if length is not None and length > limits.max_size:
+        whole = await discard_body(receive, limits, cap=2 * limits.max_size)
+        raise RequestError(413, f"Request body of {length} bytes is larger than the limit of {limits.max_size} "
+                                f"bytes.", code="request_too_large", close=not whole)
+    return StreamedRequestBody(receive, limits, length)
+
+
+async def discard_body(receive: Receive, limits: BodyLimits, *, cap: int) -> bool:
+    """Read and drop the body, at most *cap* bytes and as long as it keeps arriving; whether it ended."""
+    size = 0
+    while size <= cap:
+        with trio.move_on_after(limits.timeout) as waiting:
+            message = await receive()
+        if waiting.cancelled_caught or message["type"] == "http.disconnect":
+            return False
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return False
+
+
 def parse_json(body: bytes) -> Any:
     """The JSON value of a body; RequestError(400) for anything that is not (too deep included)."""
     try:
@@ -125,10 +191,13 @@ class TrackedSend:
     the disconnect that follows may cancel the handler before its last send returns)."""
 
     send: Send
+    started: bool = False
     complete: bool = False
 
     async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.complete = True
         await self.send(message)
 

@@ -30,11 +30,14 @@ from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
     BodyLimits,
+    ClientLeft,
     Receive,
     RequestError,
     Scope,
     Send,
+    TrackedSend,
     open_disconnect_watch,
+    open_streamed_body,
     read_body,
     send_refusal,
     send_whole,
@@ -45,7 +48,7 @@ from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.ollama_app import turnstile_health
 from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
-from supervisor.gateway.upstream import UpstreamError, UpstreamUnreachable, fetch_upstream
+from supervisor.gateway.upstream import StreamedBody, UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
@@ -218,23 +221,34 @@ class ComfyListener:
         return len(self.running)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Everything but /prompt, as it is; a body (an image upload) goes on as it arrives,
+        within comfyui.max_body_size, never held whole."""
+        limits = BodyLimits(self.config.max_body_size, self.body_limits.timeout)
         try:
-            body = await read_body(scope, receive, self.body_limits)
+            body = await open_streamed_body(scope, receive, limits)
         except RequestError as exc:
             await send_refusal(send, exc, comfy_error_body)
-            return
-        if body is None:
             return
         upstream = self.config.upstream
         target = scope["raw_path"] or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         headers = self.door.forwardable("comfyui", upstream_headers(scope["headers"], self.config.upstream))
-        request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target, headers, body)
-        async with open_disconnect_watch(receive):
-            await relay(send, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
-                        error_shape=comfy_error_body, on_retry=lambda delay, detail: self.events.emit(
-                            "upstream_retry", "warning", service="comfyui", detail=detail, retry_in_s=delay))
+        request = UpstreamRequest(upstream.host, upstream.port, scope["method"].encode(), target, headers,
+                                  StreamedBody(body.length, body.chunks()))
+        tracked = TrackedSend(send)
+        refusal: RequestError | None = None
+        async with open_disconnect_watch(body.receive_after):
+            try:
+                await relay(tracked, request, what="ComfyUI", on_status=lambda status: None, retry=self.backoff,
+                            error_shape=comfy_error_body, on_retry=lambda delay, detail: self.events.emit(
+                                "upstream_retry", "warning", service="comfyui", detail=detail, retry_in_s=delay))
+            except ClientLeft:
+                return  # gone while uploading: the upstream request was dropped with it
+            except RequestError as exc:  # past the limit, or stalled, while streaming on
+                refusal = exc
+        if refusal is not None and not tracked.started:
+            await send_refusal(send, refusal, comfy_error_body)
 
 
 def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> list[tuple[bytes, bytes]]:

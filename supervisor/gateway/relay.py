@@ -20,6 +20,7 @@ from supervisor.backoff import Backoff
 from supervisor.gateway.errors import ErrorShape, StreamError, error_body, error_headers, error_in_stream
 from supervisor.gateway.upstream import (
     NO_TIMEOUTS,
+    StreamedBody,
     Timeouts,
     UpstreamError,
     UpstreamStalled,
@@ -45,7 +46,7 @@ class UpstreamRequest:
     method: bytes
     target: bytes
     headers: Sequence[tuple[bytes, bytes]]
-    body: bytes
+    body: bytes | StreamedBody
 
 
 # Told why the upstream cannot be reached; the request to send elsewhere and what to call it, or None.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -43,6 +43,17 @@ class Timeouts:
 NO_TIMEOUTS = Timeouts()
 
 
+@attrs.frozen
+class StreamedBody:
+    """A request body sent as it arrives from the client (an image upload), not held whole.
+
+    *length* is the client's Content-Length (None: sent chunked). The chunks may raise to
+    stop the request (the body went past its limit): the upstream connection is dropped."""
+
+    length: int | None
+    chunks: AsyncIterable[bytes]
+
+
 @attrs.define(eq=False)
 class UpstreamResponse:
     status: int
@@ -68,7 +79,7 @@ class UpstreamResponse:
 
 @asynccontextmanager
 async def open_upstream_request(host: str, port: int, method: bytes, target: bytes,
-                                headers: Sequence[tuple[bytes, bytes]], body: bytes,
+                                headers: Sequence[tuple[bytes, bytes]], body: bytes | StreamedBody,
                                 timeouts: Timeouts = NO_TIMEOUTS) -> AsyncIterator[UpstreamResponse]:
     sock = trio.socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -79,12 +90,8 @@ async def open_upstream_request(host: str, port: int, method: bytes, target: byt
         except OSError as exc:
             raise UpstreamUnreachable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         conn = h11.Connection(h11.CLIENT)
-        request_headers = [(b"host", f"{host}:{port}".encode()), (b"content-length", str(len(body)).encode()),
-                           (b"connection", b"close"), *headers]
-        data = conn.send(h11.Request(method=method, target=target, headers=request_headers))
-        data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
         try:
-            await stream.send_all(data)
+            await _send_request(stream, conn, f"{host}:{port}", method, target, headers, body)
         except trio.BrokenResourceError as exc:
             raise UpstreamError(f"connection to {host}:{port} broke while sending: {exc}") from None
         with trio.move_on_after(timeouts.first_byte) as waiting:
@@ -99,6 +106,22 @@ async def open_upstream_request(host: str, port: int, method: bytes, target: byt
     finally:
         with trio.CancelScope(shield=True):
             await stream.aclose()
+
+
+async def _send_request(stream: trio.SocketStream, conn: h11.Connection, host: str, method: bytes, target: bytes,
+                        headers: Sequence[tuple[bytes, bytes]], body: bytes | StreamedBody) -> None:
+    length = len(body) if isinstance(body, bytes) else body.length
+    framing = (b"content-length", str(length).encode()) if length is not None else (b"transfer-encoding", b"chunked")
+    request_headers = [(b"host", host.encode()), framing, (b"connection", b"close"), *headers]
+    data = conn.send(h11.Request(method=method, target=target, headers=request_headers))
+    if isinstance(body, bytes):
+        await stream.send_all(data + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+        return
+    await stream.send_all(data)
+    async for chunk in body.chunks:
+        if chunk:
+            await stream.send_all(conn.send(h11.Data(data=chunk)))
+    await stream.send_all(conn.send(h11.EndOfMessage()))
 
 
 async def _next_event(conn: h11.Connection, stream: trio.SocketStream, timeout: float = math.inf,
