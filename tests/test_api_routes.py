@@ -22,9 +22,8 @@ import pytest
 
 from supervisor.auth.keys import add_key
 from tests.conftest import RunningSteward, fake_model, free_port, launch_steward
-from tests.test_ollama_listener import CHAT
+from tests.test_ollama_listener import CHAT, ollama_section
 from tests.test_ollama_listener import listener as ollama_listener
-from tests.test_ollama_listener import ollama_section
 
 pytestmark = pytest.mark.slow
 OLLAMA_CHAT = CHAT.partition(",")[0]  # the fake Ollama's model, without its settings
@@ -80,42 +79,36 @@ def claude(steward: RunningSteward, key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=steward.url, api_key=key, max_retries=0, timeout=30)
 
 
-def last_request(steward: RunningSteward, route: str) -> dict[str, Any]:
-    """The `request` event of the latest request on *route* (written once its answer ended)."""
-    deadline = time.monotonic() + 10
-    while True:
-        rows = [r for r in steward.events("request") if r["route"] == route]
-        if rows or time.monotonic() > deadline:
-            assert rows, f"no request event for {route}"
-            return rows[-1]
-        time.sleep(0.02)
+def requests_so_far(steward: RunningSteward, route: str, listener: str = "openai") -> list[dict[str, Any]]:
+    return [r for r in steward.events("request") if r["route"] == route and r["listener"] == listener]
 
 
-def wait_requests(steward: RunningSteward, route: str, count: int) -> list[dict[str, Any]]:
+def request_after(steward: RunningSteward, route: str, before: int, listener: str = "openai") -> dict[str, Any]:
+    """The `request` event of the request after the first *before* on *route*: it is written once
+    its answer ended, which may be a moment after the client has the answer."""
     deadline = time.monotonic() + 10
-    while len(rows := [r for r in steward.events("request") if r["route"] == route]) < count:
-        assert time.monotonic() < deadline, f"{len(rows)} request events for {route}, wanted {count}"
+    while len(rows := requests_so_far(steward, route, listener)) <= before:
+        assert time.monotonic() < deadline, f"{len(rows)} request events for {route}, wanted {before + 1}"
         time.sleep(0.02)
-    return rows
+    return rows[before]
 
 
 def test_the_responses_api_with_the_openai_client(oai: openai.OpenAI, steward: RunningSteward) -> None:
+    before = len(requests_so_far(steward, "/v1/responses"))
     answer = oai.responses.create(model="chat", input="hello", max_output_tokens=4)
     assert answer.status == "completed" and answer.output_text
     assert answer.usage is not None and answer.usage.output_tokens == 4
-    row = last_request(steward, "/v1/responses")
+    row = request_after(steward, "/v1/responses", before)
     assert (row["status"], row["model"], row["completion_tokens"]) == (200, "chat", 4)
     assert row["prompt_tokens"] == answer.usage.input_tokens
 
-    before = len(steward.events("request"))
     events = list(oai.responses.create(model="chat", input=[{"role": "user", "content": "hi"}],
                                        instructions="be brief", max_output_tokens=3, stream=True))
     kinds = [event.type for event in events]
     assert kinds == RESPONSES_EVENTS[:4] + ["response.output_text.delta"] * 3 + RESPONSES_EVENTS[5:]
     assert events[-1].response.usage.output_tokens == 3
-    rows = wait_requests(steward, "/v1/responses", 2)
-    assert len(steward.events("request")) > before
-    assert (rows[-1]["status"], rows[-1]["completion_tokens"]) == (200, 3)
+    row = request_after(steward, "/v1/responses", before + 1)
+    assert (row["status"], row["completion_tokens"]) == (200, 3)
 
     counted = httpx.post(f"{steward.base_url}/responses/input_tokens", json={"model": "chat", "input": "hello"},
                          headers={"authorization": f"Bearer {oai.api_key}"}, timeout=30)
@@ -123,11 +116,12 @@ def test_the_responses_api_with_the_openai_client(oai: openai.OpenAI, steward: R
 
 
 def test_the_messages_api_with_the_anthropic_client(claude: anthropic.Anthropic, steward: RunningSteward) -> None:
+    before = len(requests_so_far(steward, "/v1/messages"))
     message = claude.messages.create(model="claude-sonnet-4-5", max_tokens=4, system="be brief",
                                      messages=[{"role": "user", "content": "hello"}])
     assert message.type == "message" and message.content[0].type == "text" and message.content[0].text
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 4
-    row = last_request(steward, "/v1/messages")
+    row = request_after(steward, "/v1/messages", before)
     assert (row["status"], row["model"], row["completion_tokens"]) == (200, "chat", 4)
     cached = message.usage.cache_read_input_tokens or 0
     assert row["prompt_tokens"] == message.usage.input_tokens + cached
@@ -139,35 +133,37 @@ def test_the_messages_api_with_the_anthropic_client(claude: anthropic.Anthropic,
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert "content_block_delta" in kinds and "message_delta" in kinds
     assert final.usage.output_tokens == 5 and final.content[0].text
-    rows = wait_requests(steward, "/v1/messages", 2)
-    assert (rows[-1]["status"], rows[-1]["completion_tokens"]) == (200, 5)
-    assert rows[-1]["prompt_tokens"] and rows[-1]["prompt_tokens"] > 0  # message_start's, the cached part included
+    row = request_after(steward, "/v1/messages", before + 1)
+    assert (row["status"], row["completion_tokens"]) == (200, 5)
+    assert row["prompt_tokens"] and row["prompt_tokens"] > 0  # message_start's, the cached part included
 
+    counting = len(requests_so_far(steward, "/v1/messages/count_tokens"))
     counted = claude.messages.count_tokens(model="chat", messages=[{"role": "user", "content": "hello there"}])
     assert counted.input_tokens > 0
-    row = last_request(steward, "/v1/messages/count_tokens")
+    row = request_after(steward, "/v1/messages/count_tokens", counting)
     assert (row["status"], row["prompt_tokens"], row["completion_tokens"]) == (200, 0, 0)  # counted, not computed
 
 
 def test_rerank_on_each_of_its_paths(steward: RunningSteward, key: str) -> None:
     body = {"model": "rank", "query": "a cat", "documents": ["a dog", "a cat sat", "the stock market"], "top_n": 2}
     for path in ("/v1/rerank", "/v1/reranking", "/rerank"):
+        before = len(requests_so_far(steward, path))
         answer = httpx.post(f"{steward.url}{path}", json=body, headers={"authorization": f"Bearer {key}"}, timeout=30)
         assert answer.status_code == 200, answer.text
         results = answer.json()["results"]
         assert len(results) == 2
         assert results[0]["relevance_score"] >= results[1]["relevance_score"]
-        assert last_request(steward, path)["model"] == "rank"
+        assert request_after(steward, path, before)["model"] == "rank"
 
 
 def test_a_transcription_through_the_openai_client(oai: openai.OpenAI, steward: RunningSteward) -> None:
     audio = b"RIFF" + bytes(range(256)) * 8
-    before = len(steward.events("dispatch"))
+    before, rows = len(steward.events("dispatch")), len(requests_so_far(steward, "/v1/audio/transcriptions"))
     text = oai.audio.transcriptions.create(model="asr@batch", file=("talk.wav", audio, "audio/wav"))
     assert text.text
     dispatched = steward.events("dispatch")[before:]
     assert [(d["model"], d["class"]) for d in dispatched] == [("asr", "batch")]
-    row = last_request(steward, "/v1/audio/transcriptions")
+    row = request_after(steward, "/v1/audio/transcriptions", rows)
     assert (row["status"], row["model"], row["class"]) == (200, "asr", "batch")
 
 
@@ -224,12 +220,13 @@ def test_a_route_the_model_does_not_serve_is_a_400_in_the_route_s_shape(
 def test_an_engine_s_own_error_on_messages_comes_in_anthropic_s_shape(claude: anthropic.Anthropic,
                                                                      steward: RunningSteward) -> None:
     # Its config says it serves messages; its engine (started with --embeddings) answers 500.
+    before = len(requests_so_far(steward, "/v1/messages"))
     with pytest.raises(anthropic.InternalServerError) as failed:
         claude.messages.create(model="misled", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
     assert failed.value.status_code == 500
     assert failed.value.body == {"type": "error", "error": {
         "type": "api_error", "message": "the current context does not support logits computation. skipping"}}
-    assert last_request(steward, "/v1/messages")["error"] == "api_error"
+    assert request_after(steward, "/v1/messages", before)["error"] == "api_error"
 
 
 def anthropic_error(answer: httpx.Response) -> dict[str, Any]:
@@ -285,6 +282,7 @@ def test_without_a_key_each_route_refuses_in_its_own_shape(steward: RunningStewa
 def test_a_client_leaving_a_messages_stream_cancels_the_engine_s_request(steward: RunningSteward, key: str) -> None:
     stats_url = steward.engine_endpoint("chat") + "/fake/stats"
     cancelled_before = httpx.get(stats_url).json()["cancelled"]
+    before = len(requests_so_far(steward, "/v1/messages"))
     body = {"model": "chat", "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "go"}]}
     with httpx.stream("POST", f"{steward.base_url}/messages", json=body, headers={"x-api-key": key}) as response:
         for line in response.iter_lines():
@@ -294,7 +292,7 @@ def test_a_client_leaving_a_messages_stream_cancels_the_engine_s_request(steward
     while httpx.get(stats_url).json()["cancelled"] == cancelled_before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert httpx.get(stats_url).json()["cancelled"] == cancelled_before + 1
-    row = last_request(steward, "/v1/messages")
+    row = request_after(steward, "/v1/messages", before)
     assert row["status"] == 499 and row["error"] == "client_left"
 
 
@@ -342,8 +340,7 @@ def test_the_ollama_listener_s_responses_and_messages_go_through_the_same_code(
     with pytest.raises(anthropic.NotFoundError) as missing:
         via_anthropic.messages.create(model="not-pulled:1b", max_tokens=3, messages=[{"role": "user", "content": "x"}])
     assert missing.value.body["type"] == "error"
-    rows = [r for r in steward.events("request") if r["listener"] == "ollama" and r["route"] == "/v1/messages"]
-    assert rows and rows[0]["completion_tokens"] == 3
+    assert request_after(steward, "/v1/messages", 0, listener="ollama")["completion_tokens"] == 3
 
 
 def test_module_left_no_5xx_of_steward_s_own(steward: RunningSteward) -> None:

@@ -7,6 +7,7 @@ comes back in the route's shape).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,10 @@ def test_responses_and_messages_with_the_official_clients(steward: RunningStewar
         kinds = [event.type for event in stream]
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert claude.messages.count_tokens(model="chat", messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
-    rows = [r for r in steward.events("request") if r["route"] == "/v1/messages"]
+    deadline = time.monotonic() + 10  # a request's event is written once its answer ended: a moment later
+    while len(rows := [r for r in steward.events("request") if r["route"] == "/v1/messages"]) < 2:
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.02)
     assert [r["status"] for r in rows] == [200, 200]
     assert rows[-1]["class"] == "background" and rows[-1]["completion_tokens"] is not None
 
