@@ -28,10 +28,14 @@ sys.exit(main(["install", "--quiet", path]))
 PY
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extra}"
-# the tests also run a real llama.cpp llama-server and a real vLLM (CPU build): built and
-# installed once into the cache (~5 min and ~3 min on 2 cores), reused after
+# the tests also run a real llama.cpp llama-server, a real vLLM (CPU build) and, when
+# STEWARD_COMFYUI_SRC names its source, a real ComfyUI: built and installed once into the
+# cache (~5 min, ~3 min and ~2 min on 2 cores), reused after
 if [ "${1:-}" = "test" ]; then
     sh deploy/build-llama-server.sh
     sh deploy/install-vllm.sh >/dev/null
+    if [ -n "${STEWARD_COMFYUI_SRC:-}" ]; then
+        sh deploy/install-comfyui.sh >/dev/null
+    fi
 fi
 echo "install.sh: installed into $(pwd)/.venv" >&2
