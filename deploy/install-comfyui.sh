@@ -37,9 +37,7 @@ src=$(cd "$(dirname "$src")" && echo "$(pwd)/$(basename "$src")")
 . deploy/install-lib.sh
 dest="$cache_root/comfyui-$version"
 done_mark="$dest/.complete"
-finish_if_installed "$done_mark" "$dest/venv/bin/python" "$dest"
-lock_install "comfyui-$version"
-finish_if_installed "$done_mark" "$dest/venv/bin/python" "$dest"
+claim_install "comfyui-$version" "$done_mark" "$dest/venv/bin/python" "$dest"
 
 started=$(date +%s)
 mkdir -p "$dest"

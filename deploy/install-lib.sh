@@ -10,11 +10,14 @@ finish_if_installed() {
     fi
 }
 
-# lock_install NAME: wait for any other install of NAME to end (where flock exists).
-lock_install() {
+# claim_install NAME DONE_MARK EXECUTABLE ANSWER: print ANSWER and exit when NAME is installed,
+# else wait for any other install of it to end (where flock exists) and look again.
+claim_install() {
+    finish_if_installed "$2" "$3" "$4"
     mkdir -p "$cache_root"
     if command -v flock >/dev/null 2>&1; then
         exec 9>"$cache_root/.install-$1.lock"
         flock 9
     fi
+    finish_if_installed "$2" "$3" "$4"
 }

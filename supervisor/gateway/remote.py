@@ -16,7 +16,7 @@ its ``x-steward-model`` header.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
@@ -27,12 +27,10 @@ from supervisor.gateway.answer_model import ModelNamed
 from supervisor.gateway.asgi import Scope, Send, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.relay import UpstreamRequest, relay
+from supervisor.gateway.routed import RoutedRequest
 from supervisor.gateway.upstream import Timeouts
 from supervisor.nodes.directory import NodeDirectory
 from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
-
-if TYPE_CHECKING:
-    from supervisor.gateway.routed import RoutedRequest
 
 NODE_ENGINE_PREFIX = "node:"  # how a node is named as the engine of a request in the usage log
 _FORWARDED = frozenset({b"accept"})

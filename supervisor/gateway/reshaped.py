@@ -7,6 +7,8 @@
   and rewritten; everything else goes through as it came.
 * ``MessagesUsageRead``: a Messages stream's token counts, which it gives in two events
   (``message_start``: the input, ``message_delta``: the output), for the usage log.
+
+``reading_answer`` puts in place what a route's answer needs, the same on every listener.
 """
 
 from __future__ import annotations
@@ -18,13 +20,32 @@ from typing import Any
 
 import attrs
 
+from supervisor.apis import Api
+from supervisor.gateway.api_routes import ApiRoute
 from supervisor.gateway.asgi import Send
 from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.gateway.stream_usage import UsageChunkKept
+
+Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
 
 MAX_ERROR_BYTES = 64 * 1024
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 # Anthropic counts cached input apart from the rest; the usage log's prompt is all of it.
 _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def reading_answer(send: Send, route: ApiRoute, counted: Counted, *, keep_usage_chunk: bool, stream: bool) -> Send:
+    """*send* with what reads the answer on its way: the usage it carries (the usage chunk steward
+    asked for, a Messages stream's two counts) and errors in the route's words (Anthropic's)."""
+    if not route.does_work:
+        counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
+    if keep_usage_chunk:
+        send = UsageChunkKept(send, counted)
+    if route.api is Api.MESSAGES and stream:
+        send = MessagesUsageRead(send, counted)
+    if route.anthropic:
+        send = ErrorsReshaped(send, route.error_shape)
+    return send
 
 
 @attrs.define(eq=False)
@@ -86,7 +107,7 @@ def _error_message(body: bytes) -> str | None:
 @attrs.define(eq=False)
 class MessagesUsageRead:
     send: Send
-    counted: Callable[[int | None, int | None], None]  # (prompt, completion) tokens
+    counted: Counted
     _streaming: bool = False
     _prompt: int | None = None
     _completion: int | None = None
