@@ -35,6 +35,7 @@ class ModelKind(enum.Enum):
     EMBEDDING = "embedding"
     RERANK = "rerank"
     TRANSCRIPTION = "transcription"
+    IMAGE = "image"  # a ComfyUI workflow (runtime: comfyui): /v1/images/generations
 
 
 def model_kind(apis: Iterable[Api]) -> ModelKind:

@@ -110,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="how often steward's RSS and fds are sampled (5s)")
     simulate = commands.add_parser("simulate", help="replay a workload in virtual time: steward vs baseline policies")
     simulate.add_argument("scenario", nargs="?", help="scenario YAML (default: the built-in GridCore load test)")
+    simulate.add_argument("--scenario", dest="builtin", metavar="NAME",
+                          help="a built-in scenario: gridcore, thrash, family, or all (one after another)")
+    simulate.add_argument("--seeds", metavar="SEEDS",
+                          help="replay on each of these seeds (1-8, or 1,3,5): one row per seed, targets on every seed")
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,lru-count,keepalive")
+    simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,collate,lru-count,keepalive")
     estimate = commands.add_parser("estimate", help="memory a llama-server would take: GGUF header + its flags",
                                    usage="steward estimate [--json] [--device {gpu,cpu}] [--gpus N] "
                                          "MODEL.gguf [-- LLAMA_SERVER_ARGS ...]")
@@ -495,7 +499,15 @@ def _demo(port: int, *, real: bool = False, keep: bool = False) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     import json
 
-    from supervisor.simulate import default_scenario, format_report, load_scenario, simulate
+    from supervisor.simulate import (
+        BUILTIN_SCENARIOS,
+        builtin_scenario,
+        format_report,
+        load_scenario,
+        parse_seeds,
+        simulate,
+        simulate_seeds,
+    )
     from supervisor.simulate.policies import POLICIES
 
     chosen = list(POLICIES) if args.policies is None else [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -504,15 +516,36 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"steward: --policies: unknown {', '.join(unknown) or '(none given)'}; choose from "
               f"{', '.join(POLICIES)}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.scenario is not None and args.builtin is not None:
+        print("steward: simulate takes a scenario file or --scenario NAME, not both", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.builtin == "all":
+        names = list(BUILTIN_SCENARIOS)
+    else:
+        names = [BUILTIN_SCENARIOS[0] if args.builtin is None else args.builtin]
+    if not set(names) <= set(BUILTIN_SCENARIOS):
+        print(f"steward: --scenario: no built-in scenario {args.builtin!r}; choose from "
+              f"{', '.join(BUILTIN_SCENARIOS)} or all (a scenario file of your own is the positional argument)",
+              file=sys.stderr)
+        return EXIT_CONFIG
     try:
-        scenario = load_scenario(args.scenario) if args.scenario is not None else default_scenario()
+        seeds = None if args.seeds is None else parse_seeds(args.seeds)
+    except ValueError as exc:
+        print(f"steward: --seeds: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        scenarios = [load_scenario(args.scenario)] if args.scenario is not None else list(map(builtin_scenario, names))
     except ConfigError as exc:
         print(f"steward: {args.scenario} is not a valid scenario:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    report = simulate(scenario, chosen)
-    print(json.dumps(report.as_json()) if args.json else format_report(report))
+    results = [simulate(s, chosen) if seeds is None else simulate_seeds(s, seeds, chosen) for s in scenarios]
+    if args.json:
+        objects = [result.as_json() for result in results]
+        print(json.dumps(objects[0] if len(objects) == 1 else {"scenarios": objects}))
+    else:
+        print("\n\n".join(map(format_report, results)))
     return 0
 
 

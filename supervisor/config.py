@@ -39,7 +39,7 @@ NodeAddress = NewType("NodeAddress", Address)  # http://HOST:PORT of another ste
 
 # What speaks on the other side (one module each in adapters/): llama.cpp's llama-server,
 # or any OpenAI-compatible server (vLLM, SGLang, TGI, a llama-server someone else runs).
-RuntimeName = Literal["llama-server", "openai"]
+RuntimeName = Literal["llama-server", "openai", "comfyui"]  # comfyui: ImageModelConfig
 # supervisor.apis.Api's values: what a model may serve
 ApiName = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "transcription"]
 SleepLevel = Literal[1, 2]
@@ -106,6 +106,25 @@ class ModelConfig:
         if self.always_on is not None:
             return self.always_on
         return self.pinned or self.upstream is not None
+
+
+IMAGE_RUNTIME = "comfyui"  # a model of this runtime is an image workflow, not an engine (ImageModelConfig)
+ImageSize = NewType("ImageSize", str)  # WIDTHxHEIGHT, like 1024x1024
+
+
+@attrs.frozen
+class ImageModelConfig:
+    """A text-to-image model (`runtime: comfyui`): an API-format ComfyUI workflow that steward
+    fills (prompt, size, seed, steps) and runs as an image job for POST /v1/images/generations."""
+
+    runtime: Literal["comfyui"]
+    # ComfyUI's "Export (API)" JSON with {{prompt}} and, where it takes them, {{negative_prompt}},
+    # {{width}}, {{height}}, {{seed}} and {{steps}}; beside the config unless absolute.
+    workflow: str
+    aliases: list[str] = attrs.Factory(list)
+    size: ImageSize = ImageSize("1024x1024")  # when a request asks for none, or for "auto"
+    steps: PositiveInt = PositiveInt(20)  # {{steps}} when a request asks for none
+    negative_prompt: str = ""  # {{negative_prompt}} when a request asks for none
 
 
 @attrs.frozen
@@ -211,6 +230,13 @@ class SchedulerConfig:
     guard_share: Fraction = Fraction(0.5)
     guard_gap_wait: Duration = Duration(15.0)
     hot_window: Duration = Duration(300.0)
+    # Within a class, a request whose model would have to evict another may be overtaken by
+    # younger requests for loaded models for up to this long after it arrived, so a swap
+    # serves a batch, not one request. 30 s: about one large model's load, so a held request
+    # waits about one load more at most while agents' bursts (tool loops of a few seconds)
+    # finish on the loaded models; well under every queue_timeout (interactive: 60 s).
+    # 0s: strict arrival order, as before.
+    swap_hold: Duration = Duration(30.0)
     embedding_chunk: PositiveInt = PositiveInt(32)
     release_timeout: Duration = Duration(10.0)
 
@@ -343,6 +369,8 @@ class Config:
     # A front door: the nodes it routes to, and names callers may use instead of a model.
     nodes: dict[str, NodeConfig] = attrs.Factory(dict)
     capabilities: dict[str, list[str]] = attrs.Factory(dict)
+    # The models of `runtime: comfyui`, split from `models` as they are read (parse_config).
+    image_models: dict[str, ImageModelConfig] = attrs.Factory(dict)
 
     def alias_table(self) -> dict[str, str]:
         """Every name a client may send, mapped to the model it means."""
@@ -350,6 +378,13 @@ class Config:
         for name, model in self.models.items():
             table.update(dict.fromkeys(model.aliases, name))
         table.update(self.aliases)
+        return table
+
+    def image_alias_table(self) -> dict[str, str]:
+        """Every name a client may send for an image model, mapped to that model."""
+        table = {name: name for name in self.image_models}
+        for name, model in self.image_models.items():
+            table.update(dict.fromkeys(model.aliases, name))
         return table
 
 
@@ -366,6 +401,12 @@ def _structure_positive_duration(value: Any, _: Any) -> float:
     if seconds > 0:
         return seconds
     raise ValueError(f"must be a positive duration like 1s or 250ms, got {show(value)}")
+
+
+def _structure_image_size(value: Any, _: Any) -> str:
+    if isinstance(value, str) and (match := re.fullmatch(r"([1-9][0-9]{0,5})x([1-9][0-9]{0,5})", value)):
+        return f"{match.group(1)}x{match.group(2)}"
+    raise ValueError(f"must be WIDTHxHEIGHT like 1024x1024, got {show(value)}")
 
 
 def _structure_positive_int(value: Any, _: Any) -> int:
@@ -513,6 +554,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(NodeAddress, _structure_node_address)
     converter.register_structure_hook(MacAddress, _structure_mac)
     converter.register_structure_hook(Fraction, _structure_fraction)
+    converter.register_structure_hook(ImageSize, _structure_image_size)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook_factory(lambda t: get_origin(t) is Literal, _literal_hook)
@@ -541,7 +583,23 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: cannot read config: not UTF-8 text (byte {exc.start})"]) from None
-    return resolve_paths(parse_config(_read_yaml(text, str(path))), path.parent)
+    config = resolve_paths(parse_config(_read_yaml(text, str(path))), path.parent)
+    if problems := workflow_problems(config):
+        raise ConfigError(problems)
+    return config
+
+
+def workflow_problems(config: Config) -> list[str]:
+    """What is wrong with the image models' workflow files (read here, and again when served)."""
+    from adapters.comfyui_workflow import load_workflow  # adapters import this module
+
+    problems = []
+    for name, model in config.image_models.items():
+        try:
+            load_workflow(model.workflow)
+        except ValueError as exc:
+            problems.append(f"models.{name}.workflow: {model.workflow} {exc}")
+    return problems
 
 
 def load_config_for_command(path: str | Path) -> Config | None:
@@ -564,6 +622,8 @@ def resolve_paths(config: Config, folder: Path) -> Config:
 
     return attrs.evolve(
         config, state_file=beside(config.state_file),
+        image_models={name: attrs.evolve(model, workflow=beside(model.workflow))
+                      for name, model in config.image_models.items()},
         log=attrs.evolve(config.log, file=beside(config.log.file)),
         auth=attrs.evolve(config.auth, keys_file=beside(config.auth.keys_file)),
         usage=attrs.evolve(config.usage, db=beside(config.usage.db)))
@@ -678,14 +738,37 @@ def parse_config(raw: object) -> Config:
         raise ConfigError([f"(top level): must be a mapping of keys, got {show(raw)}"])
     if "models" not in raw:
         raise ConfigError(["models: required key is missing (a mapping of model name to its engine)"])
+    if "image_models" in raw:
+        raise ConfigError(["image_models: unknown key (an image model goes under models, with runtime: comfyui)"])
+    raw, images = _split_image_models(raw)
+    problems = []
     try:
         config = converter.structure(raw, Config)
     except ClassValidationError as exc:
-        raise ConfigError(_describe(exc, "")) from None
+        problems = _describe(exc, "")
+    image_models = {}
+    for name, entry in images.items():
+        try:
+            image_models[name] = converter.structure(entry, ImageModelConfig)
+        except ClassValidationError as exc:
+            problems += _describe(exc, f"models.{name}")
+    if problems:
+        raise ConfigError(problems)
+    config = attrs.evolve(config, image_models=image_models)
     problems = _check_semantics(config)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _split_image_models(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config without its image models, and those (they are workflows, not engines)."""
+    models = raw["models"]
+    if not isinstance(models, dict):
+        return raw, {}
+    images = {name: entry for name, entry in models.items()
+              if isinstance(entry, dict) and entry.get("runtime") == IMAGE_RUNTIME}
+    return {**raw, "models": {name: entry for name, entry in models.items() if name not in images}}, images
 
 
 def _describe(exc: BaseException, path: str) -> list[str]:
@@ -719,7 +802,8 @@ def _key_text(key: object) -> str:
 
 def _check_semantics(config: Config) -> list[str]:
     problems = []
-    if not config.models and config.ollama is None and config.comfyui is None and not config.nodes:
+    if not (config.models or config.image_models) and config.ollama is None and config.comfyui is None \
+            and not config.nodes:
         problems.append("models: must name at least one model (or configure ollama, comfyui or nodes)")
     seen: dict[str, str] = {}
     for name, model in config.models.items():
@@ -757,10 +841,34 @@ def _check_semantics(config: Config) -> list[str]:
         problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
-    problems += _front_door_problems(config) + _node_problems(config)
+    problems += _front_door_problems(config) + _node_problems(config) + _image_model_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _image_model_problems(config: Config) -> list[str]:
+    problems = []
+    names = config.alias_table()
+    seen: dict[str, str] = {}
+    for name, model in config.image_models.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name):
+            problems.append(f"models.{name}: a model name may hold letters, digits and ._:/- (no '@')")
+        if config.comfyui is None:
+            problems.append(f"models.{name}.runtime: comfyui runs the workflow in the ComfyUI of the comfyui "
+                            f"section, and there is none")
+        if not model.workflow:
+            problems.append(f"models.{name}.workflow: must be the path of an API-format workflow file")
+        for alias in model.aliases:
+            if (why := _alias_problem(alias)) is not None:
+                problems.append(f"models.{name}.aliases: {why}")
+            if alias in names or alias in seen or alias in config.image_models:
+                problems.append(f"models.{name}.aliases: {alias!r} already names "
+                                f"{names.get(alias) or seen.get(alias, alias)!r}")
+            seen[alias] = name
+        if name in names:
+            problems.append(f"models.{name}: the name is already an alias of {names[name]!r}")
+    return problems
 
 
 def _device_problems(where: str, model: ModelConfig) -> list[str]:

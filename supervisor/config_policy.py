@@ -50,6 +50,7 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
                     "batch": config.scheduler.batch_max_starvation},
         hot_window=config.scheduler.hot_window,
+        swap_hold=config.scheduler.swap_hold,
         guard_share=config.scheduler.guard_share,
         guard_gap_wait=config.scheduler.guard_gap_wait,
         max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
@@ -82,9 +83,11 @@ def _devices(spec: EngineSpec) -> tuple[int, ...] | None:
 
 
 def build_scheduler(config: Config, specs: Mapping[str, EngineSpec], plans: Mapping[str, MemoryPlan],
-                    budgets: list[int], *, observe_memory: bool) -> Scheduler:
+                    budgets: list[int], *, observe_memory: bool,
+                    load_times: Mapping[str, float] | None = None) -> Scheduler:
+    """*load_times*: each engine's load time measured before (MeasurementStore.load_time)."""
     return Scheduler.create(budgets, engine_profiles(config, specs, plans), scheduling_policy(config),
-                            observe_memory=observe_memory)
+                            observe_memory=observe_memory, load_times=load_times)
 
 
 def listen_addresses(config: Config) -> dict[str, Address]:

@@ -2,7 +2,8 @@
 
 Needs no GPU, no model files and no config: four fake llama-servers shaped like the
 GridCore article's models (research: seeds/gridcore-article.md) and one always-on fake
-vLLM behind one gateway and one queue.
+vLLM behind one gateway and one queue, and a fake Ollama and a fake ComfyUI on the same
+GPU; ``sketch`` is an image model (a ComfyUI workflow) for ``/v1/images/generations``.
 ``--real``: the same four names on real llama-server engines (CPU) with tiny models
 written on the fly; their memory is estimated, then measured. Each is served under its
 name (``--alias``), so answers say ``gemma4-12b``, not the path of a GGUF in a temporary
@@ -13,6 +14,7 @@ the banner says so.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import sys
@@ -26,6 +28,20 @@ from supervisor.config import Config, parse_config
 GIB = 1024**3
 DEMO_GPU_BYTES = 16 * GIB
 SHARED_MODEL = "qwen3-4b-shared"  # the demo's always-on engine (runtime openai)
+IMAGE_MODEL = "sketch"  # the demo's image model: a text-to-image workflow run by the fake ComfyUI
+# Shaped as ComfyUI's default text-to-image workflow, exported with "Export (API)".
+DEMO_WORKFLOW = {
+    "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "fake.safetensors"}},
+    "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "{{prompt}}", "clip": ["4", 1]}},
+    "7": {"class_type": "CLIPTextEncode", "inputs": {"text": "{{negative_prompt}}", "clip": ["4", 1]}},
+    "5": {"class_type": "EmptyLatentImage", "inputs": {"width": "{{width}}", "height": "{{height}}", "batch_size": 1}},
+    "3": {"class_type": "KSampler", "inputs": {"seed": "{{seed}}", "steps": "{{steps}}", "cfg": 7.0,
+                                               "sampler_name": "euler", "scheduler": "normal", "denoise": 1.0,
+                                               "model": ["4", 0], "positive": ["6", 0], "negative": ["7", 0],
+                                               "latent_image": ["5", 0]}},
+    "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
+    "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "steward"}},
+}
 
 # name: (memory, fake flags, extra config)
 DEMO_MODELS: dict[str, dict[str, object]] = {
@@ -68,6 +84,11 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
                     SHARED_MODEL, "--memory", "3GiB", "--sim-gpu", str(gpu_dir), "--memory-in-child",
                     "--max-num-seqs", "64", "--tokens-per-second", "150"],
     }
+    workflow = workdir / "workflows" / f"{IMAGE_MODEL}.json"
+    workflow.parent.mkdir(parents=True, exist_ok=True)
+    workflow.write_text(json.dumps(DEMO_WORKFLOW, indent=2))
+    models[IMAGE_MODEL] = {"runtime": "comfyui", "workflow": str(workflow), "size": "512x512",
+                           "aliases": ["dall-e-3"]}
     ollama_port, comfy_port = _free_port(), _free_port()
     return {
         "listen": f"127.0.0.1:{port}",
@@ -184,6 +205,9 @@ def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, o
 The tiny models are random weights written on the fly: their answers are gibberish by
 design. They show steward at work (queue, loads, measured memory), not a model.
 """
+    images = "" if real else f"""  curl -s {base}/images/generations -H 'content-type: application/json' \\
+       -d '{{"model": "{IMAGE_MODEL}", "prompt": "a lighthouse", "response_format": "b64_json"}}'   # via ComfyUI
+"""
     shared = "" if real else f"""  curl -s {base}/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "agents@batch", "messages": [{{"role": "user", "content": "plan"}}]}}'   # the always-on engine
 """
@@ -207,7 +231,7 @@ Try:
        -d '{{"model": "gpt-4o", "input": "hello"}}'   # OpenAI's Responses API
   curl -s {base}/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
        -d '{{"model": "gemma4-12b", "max_tokens": 32, "messages": [{{"role": "user", "content": "hi"}}]}}'   # Anthropic's
-{shared}  curl -s {url}/healthz | python3 -m json.tool
+{shared}{images}  curl -s {url}/healthz | python3 -m json.tool
 {tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
   ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=none python3 your_claude_agent.py   # the Anthropic SDK

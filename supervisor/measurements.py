@@ -1,8 +1,9 @@
-"""Measured memory per model and arguments, kept across restarts of steward.
+"""Measured memory and load times per model and arguments, kept across restarts of steward.
 
 After an engine's first load its measured memory (NVML per process, or RSS on a
-CPU-only host) replaces the estimate. The key is the model file (path, size, mtime)
-and the engine's arguments, so a changed file or changed flags are measured afresh.
+CPU-only host) replaces the estimate, and its load time (decision to ready) tells the
+scheduler what evicting it costs. The key is the model file (path, size, mtime) and the
+engine's arguments, so a changed file or changed flags are measured afresh.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def measurement_key(model: ModelConfig) -> str:
 
 @attrs.define(eq=False)
 class MeasurementStore:
-    """A small JSON file: key -> {"bytes", "engine", "measured_at"}. Written atomically."""
+    """A small JSON file: key -> {"bytes", "load_s", "engine", "measured_at"} (either figure may
+    be missing). Written atomically."""
 
     path: Path | None
     _entries: dict[str, dict[str, object]] = attrs.Factory(dict)
@@ -56,10 +58,30 @@ class MeasurementStore:
             return int(entry["bytes"])  # type: ignore[arg-type]
         return None
 
+    def load_time(self, key: str) -> float | None:
+        entry = self._entries.get(key)
+        load_s = entry.get("load_s") if isinstance(entry, dict) else None
+        if isinstance(load_s, int | float) and not isinstance(load_s, bool) and 0 <= load_s < float("inf"):
+            return float(load_s)
+        return None
+
     def record(self, key: str, engine: str, nbytes: int) -> str | None:
-        """Keep a measurement; returns what failed if the file could not be written (the
-        measurement still counts for this run: a read-only disk must not stop steward)."""
-        self._entries[key] = {"bytes": nbytes, "engine": engine, "measured_at": round(time.time(), 3)}
+        """Keep a measurement of memory; returns what failed if the file could not be written
+        (the measurement still counts for this run: a read-only disk must not stop steward)."""
+        return self._update(key, engine, bytes=nbytes)
+
+    def record_load_time(self, key: str, engine: str, seconds: float) -> str | None:
+        """Keep how long a load took, as ``record`` keeps memory. One within a tenth of the
+        figure kept is not written again: the file is not rewritten at every load."""
+        kept = self.load_time(key)
+        if kept is not None and abs(seconds - kept) <= kept / 10:
+            return None
+        return self._update(key, engine, load_s=round(seconds, 3))
+
+    def _update(self, key: str, engine: str, **figures: object) -> str | None:
+        entry = self._entries.get(key)
+        kept = entry if isinstance(entry, dict) else {}
+        self._entries[key] = kept | figures | {"engine": engine, "measured_at": round(time.time(), 3)}
         if self.path is None:
             return None
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")

@@ -185,6 +185,10 @@ class StewardMetrics:
         self.lock_wait = Histogram("gpu_turnstile_lock_wait_seconds", "Time a request waited for the GPU",
                                    ["kind"], buckets=WAIT_BUCKETS, registry=r)
         self.image_jobs = Counter("gpu_turnstile_image_jobs", "Image jobs that held the GPU", registry=r)
+        self.images = Counter("steward_images_generated", "Images handed out by /v1/images/generations",
+                              ["model"], registry=r)
+        self.image_failures = Counter("steward_image_failures", "/v1/images/generations jobs that gave no image",
+                                      ["code"], registry=r)
         self.unload = Histogram("gpu_turnstile_unload_seconds", "Time Ollama took to unload its models",
                                 buckets=WAIT_BUCKETS, registry=r)
         self.waited = Histogram("steward_wait_seconds", "Time a step waited in steward's queue", ["class"],
@@ -192,6 +196,8 @@ class StewardMetrics:
         self.rejected = Counter("steward_rejected", "Steps refused or timed out", ["class", "reason"], registry=r)
         self.loads = Counter("steward_loads", "Engine loads decided", ["engine"], registry=r)
         self.evictions = Counter("steward_evictions", "Engines chosen for eviction", ["engine"], registry=r)
+        self.swap_holds = Counter("steward_swap_holds", "Requests whose load was held so that requests for "
+                                  "loaded models go first (scheduler.swap_hold)", ["class"], registry=r)
         self.evictions_undone = Counter("steward_evictions_undone", "Drains undone: what they were for went away",
                                         ["engine"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
@@ -261,6 +267,8 @@ class StewardMetrics:
                 self.loads.labels(f["engine"]).inc()
             case "evict":
                 self.evictions.labels(f["engine"]).inc()
+            case "swap_held":
+                self.swap_holds.labels(f["class"]).inc()
             case "evict_undone":
                 self.evictions_undone.labels(f["engine"]).inc()
             case "crash":
@@ -269,6 +277,10 @@ class StewardMetrics:
                 self.unload.observe(f["seconds"])
             case "image_released":
                 self.image_jobs.inc()
+            case "images_generated":
+                self.images.labels(f["model"]).inc(f["images"])
+            case "images_failed":
+                self.image_failures.labels(f["code"]).inc()
             case "health_check_failed":
                 self.failed_checks.labels(f["engine"]).inc()
             case "engine_unhealthy":

@@ -30,6 +30,7 @@ import attrs
 import httpx
 import trio
 
+from adapters.comfyui import NodeCatalog
 from adapters.ollama import warm_model
 from supervisor.address import Address
 from supervisor.alerts import AlertPolicy, serve_alerts
@@ -47,7 +48,7 @@ from supervisor.config_policy import (
     slo_waits,
 )
 from supervisor.engine import EngineHandle, serve_engine
-from supervisor.events import EventLog, serve_event_log
+from supervisor.events import Event, EventLog, serve_event_log
 from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.api_routes import error_shape_for
@@ -55,10 +56,12 @@ from supervisor.gateway.app import body_limits, create_app
 from supervisor.gateway.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.comfy_app import create_comfy_app
+from supervisor.gateway.comfy_jobs import ComfyTurnstile
 from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
 from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
 from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
+from supervisor.gateway.images import ImageHandler
 from supervisor.gateway.ollama_app import create_ollama_app
 from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
 from supervisor.gateway.remote import NodeRouter
@@ -182,7 +185,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
                     source=plan.source)
     if problems := budget_problems(config, engine_profiles(config, specs, plans), [d.nbytes for d in budgets]):
         raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
-    core = build_scheduler(config, specs, plans, [d.nbytes for d in budgets], observe_memory=probe is not None)
+    load_times = {name: seconds for name, plan in plans.items() if (seconds := store.load_time(plan.key)) is not None}
+    core = build_scheduler(config, specs, plans, [d.nbytes for d in budgets], observe_memory=probe is not None,
+                           load_times=load_times)
     client, mailbox = open_scheduler_mailbox(core)
     catalog = ModelCatalog.of(config)
     door = FrontDoor(events, usage, exposed=exposed_listeners(config), open_paths=frozenset(config.auth.open_paths),
@@ -191,10 +196,23 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         reloader = Reloader(config_path or Path(), config, [d.nbytes for d in budgets], memory_device(probe), store,
                             plans, engines, catalog, client, events, http, root)
 
-        def remember(engine: str, nbytes: int) -> None:
-            plan = reloader.plans.get(engine)  # the running config's (a reload replaces them)
-            if plan is not None and (problem := store.record(plan.key, engine, nbytes)) is not None:
+        def kept(problem: str | None) -> None:
+            if problem is not None:
                 events.emit("state_write_failed", "warning", path=config.state_file, detail=problem)
+
+        # The running config's plans (a reload replaces them) say where each figure is kept.
+        def remember(engine: str, nbytes: int) -> None:
+            if (plan := reloader.plans.get(engine)) is not None:
+                kept(store.record(plan.key, engine, nbytes))
+
+        def remember_load(event: Event) -> None:
+            """Each load's time (a `ready` that is not a wake's) tells what evicting it costs."""
+            if event.name == "ready" and not event.fields.get("wake"):
+                engine = str(event.fields["engine"])
+                if (plan := reloader.plans.get(engine)) is not None:
+                    kept(store.record_load_time(plan.key, engine, float(event.fields["load_s"])))
+
+        events.listeners.append(remember_load)
 
         keys = await root.start(functools.partial(serve_key_file, config.auth.keys_file, events, door.replace_keys,
                                                   interval=config.auth.reload_interval))
@@ -226,8 +244,17 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
         nodes = await _start_nodes(config, root, http, events) if config.nodes else None
+        turnstile = comfy_nodes = None
+        if config.comfyui is not None:
+            warm = None
+            if config.ollama is not None and config.comfyui.warm_model is not None:
+                warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
+            turnstile = ComfyTurnstile(config.comfyui, client, events, http, await root.start(_serve_job_nursery),
+                                       warm)
+            comfy_nodes = NodeCatalog(http, config.comfyui.upstream.url)
         openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes,
-                                catalog, reload)
+                                catalog, reload, ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
+                                if turnstile is not None and comfy_nodes is not None else None)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                error_shape_for, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:
@@ -240,13 +267,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         if config.comfyui is not None:
             root.start_soon(probe_upstream, http, "comfyui", f"{config.comfyui.upstream.url}/system_stats", events,
                             bool(config.comfyui.command))
-        if config.comfyui is not None and config.comfyui.listen is not None:
-            jobs = await root.start(_serve_job_nursery)
-            warm = None
-            if config.ollama is not None and config.comfyui.warm_model is not None:
-                warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
-            app = create_comfy_app(config.comfyui, client, events, gate, http, jobs, limits, metrics, door, health,
-                                   warm)
+        if turnstile is not None and comfy_nodes is not None and config.comfyui.listen is not None:
+            app = create_comfy_app(turnstile, comfy_nodes, gate, turnstile.jobs, limits, metrics, door, health)
             listeners.append(_listener(config, events, door, "comfyui", app, config.comfyui.listen, comfy_error_body,
                                        lambda scope: comfy_error_body, comfy_app.is_admin_route))
 

@@ -395,6 +395,7 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
                     ["https://lab:8080", "lab:8080", "http://lab"]),
     "MacAddress": (["aa:bb:cc:dd:ee:ff", "AA-BB-CC-DD-EE-FF", "aabbccddeeff"], ["aa:bb", "zz:zz:zz:zz:zz:zz"]),
     "Fraction": ([0.5, "10%", 1], [0]),
+    "ImageSize": (["1024x1024", "512x768"], ["big", "0x512", 1024]),
     "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"], ["a@b", "", "two"]),
     "bool": ([True, False], ["yes"]),
 }

@@ -6,7 +6,9 @@ skips, with the command that builds it, as tests/test_real_engines.py does).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import re
 import signal
 import subprocess
@@ -19,6 +21,7 @@ import anthropic
 import attrs
 import openai
 import pytest
+from PIL import Image
 
 from fakes.llama_binary import llama_server_path
 from supervisor.demo import banner
@@ -98,6 +101,10 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
         assert shared.model == "qwen3-4b-shared" and shared.usage is not None
         assert shared.usage.completion_tokens == 4
         answers_the_agent_apis(demo, "gemma4-e2b")
+        # An image, from the fake ComfyUI, as the GPU's one job for a moment.
+        image = client.images.generate(model="sketch", prompt="a lighthouse", size="64x64",
+                                       response_format="b64_json")
+        Image.open(io.BytesIO(base64.b64decode(image.data[0].b64_json or ""))).verify()
         assert RANDOM_WEIGHTS not in demo.banner  # fake engines answer in words
     assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
@@ -128,3 +135,9 @@ def test_only_the_real_demos_banner_says_its_weights_are_random(tmp_path: Path) 
     real = " ".join(banner("http://127.0.0.1:8080", tmp_path, real=True).split())
     assert RANDOM_WEIGHTS in real and "gibberish by design" in real
     assert "random" not in banner("http://127.0.0.1:8080", tmp_path)
+
+
+def test_the_fake_demos_banner_shows_an_image_request_and_the_real_ones_does_not(tmp_path: Path) -> None:
+    fake = banner("http://127.0.0.1:8080", tmp_path)
+    assert "http://127.0.0.1:8080/v1/images/generations" in fake and '"model": "sketch"' in fake
+    assert "images/generations" not in banner("http://127.0.0.1:8080", tmp_path, real=True)

@@ -97,6 +97,7 @@ def test_load_then_evict_least_recently_used_idle_engine_with_reservations_at_ea
 
 def test_engine_with_requests_in_flight_is_drained_never_stopped() -> None:
     s = make(8, engine("a", 5), engine("b", 5))
+    s.policy = SchedulingPolicy(backoff=BackoffPolicy(1.0, 8.0), swap_hold=0.0)  # b's load is not held
     s.submit(1, "a", "interactive", 0.0, timeout=60)
     load_ready(s, "a", 1.0)  # job 1 runs on a
     effects = s.submit(2, "b", "interactive", 2.0, timeout=60)
@@ -111,6 +112,7 @@ def test_engine_with_requests_in_flight_is_drained_never_stopped() -> None:
 
 def test_memory_already_being_freed_is_counted_so_one_need_never_claims_a_second_victim() -> None:
     s = make(10, engine("big1", 4), engine("big2", 4), engine("small", 2.5))
+    s.policy = SchedulingPolicy(backoff=BackoffPolicy(1.0, 8.0), swap_hold=0.0)  # small's load is not held
     for job, name, t in ((1, "big1", 0.0), (2, "big2", 2.0)):
         s.submit(job, name, "interactive", t, timeout=60)
         load_ready(s, name, t + 1)

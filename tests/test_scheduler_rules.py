@@ -122,7 +122,8 @@ async def test_regression_freeing_a_little_memory_never_claims_a_second_victim_w
         autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
     # 8.5 + 6.8 GiB loaded on 16 GiB: 0.7 GiB free; a 0.9 GiB model needs 0.2 more.
     h = await start_harness(nursery, 16, EngineProfile("big1", int(8.5 * GIB), 1),
-                            EngineProfile("big2", int(6.8 * GIB), 1), EngineProfile("small", int(0.9 * GIB), 1))
+                            EngineProfile("big2", int(6.8 * GIB), 1), EngineProfile("small", int(0.9 * GIB), 1),
+                            policy=SchedulingPolicy(backoff=BackoffPolicy(1.0, 8.0), swap_hold=0.0))
     log: list[tuple[str, float]] = []
     async with trio.open_nursery() as clients:
         clients.start_soon(hold, h.client, "big1", 10.0, log)  # ready 2.0, busy until 12.0
@@ -471,7 +472,8 @@ def test_an_image_job_that_times_out_waiting_undoes_its_drain_at_the_exact_deadl
 
 
 def test_a_drain_for_a_load_nobody_waits_for_any_more_is_undone_and_one_still_wanted_is_not() -> None:
-    s = Scheduler.create(8 * GIB, [EngineProfile("a", 5 * GIB, 1), EngineProfile("b", 5 * GIB, 1)])
+    s = Scheduler.create(8 * GIB, [EngineProfile("a", 5 * GIB, 1), EngineProfile("b", 5 * GIB, 1)],
+                         SchedulingPolicy(swap_hold=0.0))
     s.submit(1, "a", "interactive", 0.0)
     s.engine_ready("a", 1, "http://127.0.0.1:1", 1.0)
     s.submit(2, "b", "interactive", 2.0)  # a is busy: drained for b

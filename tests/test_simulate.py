@@ -259,21 +259,25 @@ def test_default_scenario_steward_completes_every_class_without_errors_or_unnece
 def test_json_output_is_one_object_of_the_documented_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"scenario", "policies", "interactive_alone"}
-    assert report["scenario"] == "gridcore"
+    assert set(report) == {"scenario", "seed", "policies", "interactive_alone", "targets"}
+    assert (report["scenario"], report["seed"]) == ("gridcore", 1)
     assert list(report["policies"]) == list(POLICIES)
     for result in report["policies"].values():
-        assert set(result) == {"classes", "loads", "unnecessary_loads", "peak_memory_bytes"}
+        assert set(result) == {"classes", "loads", "unnecessary_loads", "peak_memory_bytes", "loads_per_100",
+                               "busy_share"}
         assert list(result["classes"]) == ["interactive", "background", "batch"]
         for stats in result["classes"].values():
-            assert set(stats) == {"completed", "p50_s", "p95_s", "max_s", "errors"}
+            assert set(stats) == {"completed", "p50_s", "p95_s", "max_s", "errors", "wait_p50_s", "wait_p95_s",
+                                  "wait_max_s", "overtake_max_s"}
     assert set(report["interactive_alone"]) == {"p50_s", "p95_s"}
+    assert all(set(t) == {"what", "verdict", "detail"} and t["verdict"] in ("PASS", "MISS", "SKIP")
+               for t in report["targets"])
 
 
 def test_table_output_names_each_policy_and_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--policies", "steward,swap"]) == 0
     out = capsys.readouterr().out
-    assert "\nsteward\n" in out and "\nswap\n" in out and "\nfifo\n" not in out
+    assert out.splitlines()[2].split() == ["steward", "swap"]  # the policies side by side
     assert "interactive alone" in out
     assert "zero unnecessary loads" in out and ("PASS" in out or "MISS" in out)
 

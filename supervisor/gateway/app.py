@@ -24,6 +24,7 @@ from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.door import FrontDoor, exchange_of
 from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.gate import RequestGate, gated
+from supervisor.gateway.images import FILES_PREFIX, GENERATIONS_PATH, ImageHandler
 from supervisor.gateway.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.quart_app import add_health_routes, json_error, new_quart_app
 from supervisor.gateway.remote import NodeRouter
@@ -43,7 +44,7 @@ def body_limits(config: Config) -> BodyLimits:
 def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
                metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu",
                nodes: NodeRouter | None = None, catalog: ModelCatalog | None = None,
-               reload: Reload | None = None) -> QuartTrio:
+               reload: Reload | None = None, images: ImageHandler | None = None) -> QuartTrio:
     app = new_quart_app("steward", error_body, events, lambda path: error_shape_for({"path": path}))
     started = int(time.time())
     catalog = catalog or ModelCatalog.of(config)
@@ -56,6 +57,10 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
             await inference(scope, receive, send)
+        elif images is not None and scope["path"] == GENERATIONS_PATH and scope["method"] == "POST":
+            await images.generate(scope, receive, send)
+        elif images is not None and scope["path"].startswith(FILES_PREFIX) and scope["method"] == "GET":
+            await images.serve_file(scope, send)
         elif scope["path"] == EVENTS_PATH and scope["method"] == "GET":
             await serve_admin_events(scope, receive, send, events, gate)
         else:
@@ -70,6 +75,12 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     for path in INFERENCE_PATHS:
         # Declared so that Quart answers other methods on these paths with 405, not 404.
         app.add_url_rule(path, path, served_by_inference_handler, methods=["POST"])
+
+    @app.post(GENERATIONS_PATH)
+    async def no_images() -> Response:
+        # Reached only without ComfyUI (with it, the image handler answers first).
+        return json_error(error_body, 404, "Image generation is not configured here: it needs a comfyui section and "
+                                           "a model of runtime: comfyui.", param="model", code="model_not_found")
 
     def model_entry(name: str) -> dict[str, Any]:
         target = aliases[name]
@@ -105,9 +116,20 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         key = exchange_of(request.scope).key
         return key is None or door.may_use(key, name)
 
+    def image_entry(name: str) -> dict[str, Any]:
+        model = catalog.images[name]
+        return {"id": name, "object": "model", "created": started, "owned_by": "steward", "capabilities": ["image"],
+                "steward": {"alias_of": None if model.name == name else model.name, "kind": ModelKind.IMAGE.value,
+                            "serves": ["images"], "runtime": "comfyui", "size": model.config.size}}
+
+    def visible_image(name: str) -> bool:
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, catalog.images[name].name)
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         local = [model_entry(name) for name in aliases if visible(name)]
+        local += [image_entry(name) for name in catalog.images if name not in aliases and visible_image(name)]
         remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
                   if entry["id"] not in aliases and visible_remote(entry["id"])]
         entries = [entry for entry in local + remote if wanted(entry)]
@@ -119,6 +141,9 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
 
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:
+        if model_id in catalog.images and model_id not in aliases and visible_image(model_id):
+            entry = image_entry(model_id)
+            return anthropic_entry(entry) if for_anthropic() else entry
         if model_id not in aliases or not visible(model_id):
             shape = anthropic_error_body if for_anthropic() else error_body
             return json_error(shape, 404, f"The model '{model_id}' does not exist.", param="model",

@@ -1,14 +1,24 @@
 """The names clients may send (a model's name, its aliases) and the name each engine knows
 its model by: one mapping each, shared by the inference handler, the front door and the
-model list, and replaced in place on a reload so that every holder sees the new config."""
+model list, and replaced in place on a reload so that every holder sees the new config.
+Image models (`runtime: comfyui`) are not engines: they have their own table, with their
+workflows read from their files."""
 
 from __future__ import annotations
 
 import attrs
 
 from adapters import model_apis, model_runtime
+from adapters.comfyui_workflow import Workflow, load_workflow
 from supervisor.apis import Api
-from supervisor.config import Config
+from supervisor.config import Config, ImageModelConfig
+
+
+@attrs.frozen
+class ImageModel:
+    name: str
+    config: ImageModelConfig
+    workflow: Workflow
 
 
 @attrs.define(eq=False)
@@ -16,6 +26,7 @@ class ModelCatalog:
     aliases: dict[str, str] = attrs.Factory(dict)  # every accepted name -> its model
     served: dict[str, str] = attrs.Factory(dict)  # model -> the name its engine checks (vLLM's --served-model-name)
     apis: dict[str, frozenset[Api]] = attrs.Factory(dict)  # model -> the APIs it serves
+    images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
 
     @classmethod
     def of(cls, config: Config) -> ModelCatalog:
@@ -28,8 +39,22 @@ class ModelCatalog:
         served = {name: model.served_name or name for name, model in config.models.items()
                   if model_runtime(model).checks_model_name}
         apis = {name: model_apis(model) for name, model in config.models.items()}
+        images = _image_models(config)
         # In place, names that go first: no moment in which a removed model is still routed.
-        for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis)):
+        for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
+                           (self.images, images)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)
+
+
+def _image_models(config: Config) -> dict[str, ImageModel]:
+    """Each accepted name of an image model -> the model, its workflow read now (load_config
+    checked the files; one that cannot be read any more is left out: its name is unknown)."""
+    models = {}
+    for name, model in config.image_models.items():
+        try:
+            models[name] = ImageModel(name, model, load_workflow(model.workflow))
+        except ValueError:
+            continue
+    return {alias: models[name] for alias, name in config.image_alias_table().items() if name in models}

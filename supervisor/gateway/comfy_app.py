@@ -14,16 +14,13 @@ ComfyUI expects (steward checks Origin itself, at the door of every listener).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
-import httpx
 import trio
 from quart_trio import QuartTrio
 
-from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, follow_prompt, free_gpu, read_prompt, used_vram
+from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import ComfyConfig
@@ -42,6 +39,7 @@ from supervisor.gateway.asgi import (
     send_refusal,
     send_whole,
 )
+from supervisor.gateway.comfy_jobs import ComfyTurnstile, HeldGpu
 from supervisor.gateway.door import MONITORING_PATHS, Exchange, FrontDoor, exchange_of
 from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
@@ -52,12 +50,11 @@ from supervisor.gateway.upstream import StreamedBody, UpstreamError, UpstreamUnr
 from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
-from supervisor.scheduler.actor import JobFailed, SchedulerClient
+from supervisor.scheduler.actor import JobFailed
 
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
 RELEASE_PATH = "/steward/release"
-COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
 
 
 def is_admin_route(scope: Scope) -> bool:
@@ -80,20 +77,20 @@ class ImageJob:
 
 @attrs.define(eq=False)
 class ComfyListener:
-    config: ComfyConfig
-    scheduler: SchedulerClient
-    events: EventLog
-    http: httpx.AsyncClient
+    turnstile: ComfyTurnstile
+    catalog: NodeCatalog
     jobs: trio.Nursery
     body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable ComfyUI
     door: FrontDoor
-    warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
-    running: set[ImageJob] = attrs.Factory(set)
-    catalog: NodeCatalog = attrs.field(init=False)
 
-    def __attrs_post_init__(self) -> None:
-        self.catalog = NodeCatalog(self.http, self.base_url)
+    @property
+    def config(self) -> ComfyConfig:
+        return self.turnstile.config
+
+    @property
+    def events(self) -> EventLog:
+        return self.turnstile.events
 
     @property
     def base_url(self) -> str:
@@ -115,7 +112,8 @@ class ComfyListener:
         except RequestError as exc:
             await send_refusal(send, exc, comfy_error_body)
 
-    async def _prompt(self, scope: Scope, receive: Receive, send: Send, body: bytes, exchange: Exchange) -> None:        # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
+    async def _prompt(self, scope: Scope, receive: Receive, send: Send, body: bytes, exchange: Exchange) -> None:
+        # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
         request = read_prompt(body)
         refused = request if isinstance(request, PromptRefused) else request.refusal(
             await self.catalog.lookup(request.classes))
@@ -143,28 +141,14 @@ class ComfyListener:
 
     def _abandon(self, job: ImageJob) -> None:
         job.scope.cancel(reason="client left before the prompt was sent")  # leaves the queue or releases
-        self.events.emit("image_abandoned", "info", detail="the client left before the prompt reached ComfyUI")
+        self.events.emit("image_abandoned", "info", prompt_id=None,
+                         detail="the client left before the prompt reached ComfyUI")
 
     async def _run(self, job: ImageJob, target: bytes) -> None:
-        queued = time.monotonic()
-        self.events.emit("image_queued", "info", klass=self.config.job_class)
         try:
             with job.scope:
-                async with self.scheduler.open_grant(None, self.config.job_class, exclusive_memory=self.config.memory,
-                                                     on_waited=job.exchange.waited if job.exchange else None) as lease:
-                    if job.exchange is not None:
-                        job.exchange.engine = COMFY_ENGINE
-                    self.running.add(job)
-                    granted = time.monotonic()
-                    try:
-                        self.events.emit("image_granted", "info", waited_s=round(granted - queued, 3))
-                        lease.status = await self._forward_and_follow(job, target)
-                    finally:
-                        self.running.discard(job)
-                        self.events.emit("image_released", "info", prompt_id=job.prompt_id,
-                                         held_s=round(time.monotonic() - granted, 3))
-            if job.prompt_id is not None and self.warm is not None:
-                self.jobs.start_soon(self.warm)
+                async with self.turnstile.open_gpu(self.config.job_class, job.exchange) as held:
+                    held.lease.status = await self._forward_and_follow(job, target, held)
         except JobFailed as exc:
             failure = exc.failure
             content = comfy_error_body(failure.status, failure.message, code=failure.code)
@@ -172,8 +156,7 @@ class ComfyListener:
         finally:
             job.answered.set()
 
-    async def _forward_and_follow(self, job: ImageJob, target: bytes) -> int:
-        baseline = await used_vram(self.http, self.base_url)
+    async def _forward_and_follow(self, job: ImageJob, target: bytes, held: HeldGpu) -> int:
         status, headers, content = await self._post_prompt(job, target)
         job.answer = (status, [(k, v) for k, v in headers if k not in REQUEST_FRAMING], content)
         job.answered.set()
@@ -181,12 +164,8 @@ class ComfyListener:
         self.events.emit("image_forwarded", "info", prompt_id=job.prompt_id, status=status)
         if job.prompt_id is None:
             return status  # rejected (or unreadable): release at once
-        outcome = await follow_prompt(self.config, self.http, self.base_url, job.prompt_id)
-        self.events.emit("image_finished", "info" if outcome in ("success", "error") else "warning",
-                         prompt_id=job.prompt_id, outcome=outcome)
-        freed = await free_gpu(self.config, self.http, self.base_url, baseline, self.events, job.prompt_id)
-        self.events.emit("image_freed", "info" if freed else "warning", prompt_id=job.prompt_id,
-                         observed_free=freed)
+        await self.turnstile.follow(held, job.prompt_id)
+        await self.turnstile.free(held)
         return status
 
     async def _post_prompt(self, job: ImageJob, target: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -213,12 +192,6 @@ class ComfyListener:
                 content = comfy_error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
                 return 502, error_headers(content), content
         raise AssertionError("unreachable")
-
-    def force_release(self) -> int:
-        """Admin: end every image job steward holds the GPU for (a stuck lock)."""
-        for job in list(self.running):
-            job.scope.cancel(reason="force-released by an operator")
-        return len(self.running)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Everything but /prompt, as it is; a body (an image upload) goes on as it arrives,
@@ -258,12 +231,11 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> l
     return [(k, upstream.url.encode() if k == b"origin" else v) for k, v in out]
 
 
-def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                     http: httpx.AsyncClient, jobs: trio.Nursery, body_limits: BodyLimits,
-                     metrics: StewardMetrics, door: FrontDoor, health: HealthWatch,
-                     warm: Callable[[], Awaitable[None]] | None = None) -> QuartTrio:
+def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: RequestGate, jobs: trio.Nursery,
+                     body_limits: BodyLimits, metrics: StewardMetrics, door: FrontDoor, health: HealthWatch) -> QuartTrio:
+    config, scheduler, events = turnstile.config, turnstile.scheduler, turnstile.events
     app = new_quart_app("steward-comfyui", comfy_error_body, events)
-    listener = ComfyListener(config, scheduler, events, http, jobs, body_limits, gate.closed, door, warm)
+    listener = ComfyListener(turnstile, catalog, jobs, body_limits, gate.closed, door)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -286,11 +258,11 @@ def create_comfy_app(config: ComfyConfig, scheduler: SchedulerClient, events: Ev
     app.asgi_app = gated(gate, route, other)  # type: ignore[method-assign]
 
     add_health_routes(app, health, metrics,
-                      lambda: {**turnstile_health(scheduler), "image_running": len(listener.running)})
+                      lambda: {**turnstile_health(scheduler), "image_running": len(turnstile.running)})
 
     @app.post(RELEASE_PATH)
     async def release() -> dict[str, Any]:
-        released = listener.force_release()
+        released = turnstile.force_release()
         events.emit("image_force_release", "warning", released=released)
         return {"released": released}
 

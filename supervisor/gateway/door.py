@@ -43,6 +43,9 @@ from supervisor.usage.writer import UsageLog
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
 # Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): no usage rows.
 MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
+# Paths whose last part is itself the credential (an image's URL, as OpenAI hands them out):
+# open without a key, and never written whole into a log.
+CAPABILITY_PREFIX = "/v1/images/files/"
 _TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
 _TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
@@ -90,7 +93,8 @@ class Exchange:
 
     @classmethod
     def arriving(cls, scope: Scope, listener: str) -> Exchange:
-        return cls(secrets.token_hex(8), listener, scope["method"], scope["path"], time.time(), trio.current_time())
+        route = CAPABILITY_PREFIX + "{token}" if scope["path"].startswith(CAPABILITY_PREFIX) else scope["path"]
+        return cls(secrets.token_hex(8), listener, scope["method"], route, time.time(), trio.current_time())
 
     def waited(self, seconds: float) -> None:
         """A step of this request waited *seconds* in steward's queue (steps add up)."""
@@ -225,7 +229,8 @@ class FrontDoor:
 
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
-        if not self.required(listener) or scope["path"] in self.open_paths:
+        if not self.required(listener) or scope["path"] in self.open_paths or (
+                listener == "openai" and scope["path"].startswith(CAPABILITY_PREFIX) and scope["method"] == "GET"):
             return None, None
         presented = presented_key(scope)
         key = self.keys.lookup(presented) if presented is not None else None

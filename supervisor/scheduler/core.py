@@ -28,13 +28,30 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
 8. An exclusive job (the whole GPU) at the head of its class stops new work of that
    class and below, lets running work drain, unloads engines, runs, and then lets
    everything resume.
+9. Swaps: within a class, a load that would evict another engine is held, for at most
+   ``swap_hold`` after its request arrived, while the class's other work keeps loaded (or
+   loading) engines busy and the engines it would evict were used lately: younger requests
+   for loaded models go first, so one swap serves a batch of requests, not one. A load that
+   fits, or whose victims cost nothing, is never held; nothing is held across classes, and
+   while held its memory is promised (no later demand takes it). Once the hold is over it
+   is served as rule 1 says.
+
+Victims (rules 5 and 8): of the engines that may be evicted, cold before hot and idle before
+busy (the tiers are hard rules); within a tier, the least expected cost of loading it again
+first, in whole seconds (less is noise), least recently used on a tie. Expected cost =
+load_s x likely: load_s is its last load's measured time (decision to ready, kept in the
+state file), else 1 s + 1 s per GiB; likely is 1 if requests for it are queued, else
+1 - exp(-u), with u the steps started on it within ``hot_window`` (interactive 1, background
+1/2, batch 1/4 each: whom a reload would delay): the chance of a step within the next
+hot_window if they keep coming at that rate. An engine unused for hot_window costs 0 (least
+recently used goes first). The `evict` event carries the figures.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -63,6 +80,7 @@ from supervisor.scheduler.types import (
     LineSnapshot,
     Measured,
     Placement,
+    ReloadCost,
     RetireEngine,
     Retirement,
     Revoke,
@@ -94,6 +112,15 @@ class LoadReason:
 
 PINNED = LoadReason("pinned", "pinned: always loaded")
 ADMIN = LoadReason("admin", "an admin asked for it")
+
+
+@attrs.frozen
+class SwapHold:
+    """A load held so that younger requests for loaded engines go first (rule 9)."""
+
+    until: float  # its request's arrival + swap_hold
+    behind: tuple[str, ...]  # the loaded (or loading) engines the class's other work keeps busy
+    would_evict: tuple[str, ...]  # what the load would evict now
 
 
 @attrs.frozen
@@ -140,9 +167,12 @@ class Scheduler:
 
     @classmethod
     def create(cls, budget: int | Sequence[int], profiles: Iterable[EngineProfile],
-               policy: SchedulingPolicy | None = None, *, observe_memory: bool = False) -> Scheduler:
-        """*budget*: one device's, or each device's (index = device)."""
-        engines = {p.name: EngineState(p) for p in profiles}
+               policy: SchedulingPolicy | None = None, *, observe_memory: bool = False,
+               load_times: Mapping[str, float] | None = None) -> Scheduler:
+        """*budget*: one device's, or each device's (index = device); *load_times*: each
+        engine's load time measured before (the state file's)."""
+        load_times = load_times or {}
+        engines = {p.name: EngineState(p, load_s=load_times.get(p.name)) for p in profiles}
         return cls(Ledger(budget), engines, policy or SchedulingPolicy(), observe_memory)
 
     # ---- inputs -------------------------------------------------------------------
@@ -264,8 +294,11 @@ class Scheduler:
         engine.pid = pid if pid is not None else engine.pid
         engine.ready_at = now
         engine.last_used = now
-        self._emit("ready", "info", engine=name, load_s=_round(now - engine.start_decided_at),
-                   endpoint=endpoint.url if isinstance(endpoint, Address) else endpoint)
+        load_s = now - engine.start_decided_at
+        if not engine.waking:  # a wake is quicker than the load an eviction costs
+            engine.load_s = load_s  # kept in the state file, from this event
+        self._emit("ready", "info", engine=name, load_s=_round(load_s),
+                   endpoint=endpoint.url if isinstance(endpoint, Address) else endpoint, wake=engine.waking)
         return self._decide(now)
 
     def engine_exited(self, name: str, generation: int, now: float, detail: str) -> list[Effect]:
@@ -532,6 +565,7 @@ class Scheduler:
         assert engine.retiring is not None and engine.retiring.replacement is not None
         engine.profile, engine.retiring, engine.placement = engine.retiring.replacement, None, None
         engine.failures = 0
+        engine.load_s = None  # another model or other arguments: measured afresh
         self._emit("engine_replaced", "info", engine=name, memory=engine.profile.memory)
         return self._decide(now)
 
@@ -584,7 +618,11 @@ class Scheduler:
                 times.append(engine.last_used + engine.profile.idle_unload)  # type: ignore[operator]
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
-        times += [head.next_report for queue in self.queues.values() for head in queue.heads()]
+        for queue in self.queues.values():
+            for head in queue.heads():
+                times.append(head.next_report)
+                if head.held_until is not None:
+                    times.append(head.held_until)  # the hold ends: the load is decided then
         for klass in CLASSES[1:]:
             start = self._starved_since(klass)
             limit = self.policy.starvation[klass]
@@ -745,7 +783,8 @@ class Scheduler:
         for head in heads:
             engine = self.engines[head.model]  # type: ignore[index]
             if self._may_start(engine, now):
-                self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), LoadReason.of(head))
+                self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), LoadReason.of(head),
+                                        for_job=head)
             wanted.setdefault(engine.name, (rank, head.seq))
 
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
@@ -818,6 +857,7 @@ class Scheduler:
             self.guard[job.klass] = job.id
         engine.in_flight += 1
         engine.last_used = now
+        engine.record_use(now, job.klass, self.policy.hot_window)
         if job.klass == "interactive":
             engine.last_interactive = now
         self._emit("dispatch", "debug", job=job.id, request=job.request, model=job.model, **{"class": job.klass},
@@ -826,11 +866,46 @@ class Scheduler:
         self._effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation))
 
     def _load_or_make_room(self, engine: EngineState, now: float, promised: dict[int, int],
-                           wanted: dict[str, Demand], demand: Demand, reason: LoadReason) -> None:
-        """Start *engine* where its memory is free, else evict for it where that takes least."""
+                           wanted: dict[str, Demand], demand: Demand, reason: LoadReason, *,
+                           for_job: Job | None = None) -> None:
+        """Start *engine* where its memory is free, else evict for it where that takes least,
+        unless *for_job*'s load is held for a swap (rule 9)."""
         option = self._place(engine, now, promised, wanted, demand, idle_only=False)
-        if option is not None:
-            self._carry_out(engine, option, now, promised, reason)
+        if option is None:
+            return
+        if for_job is not None and (hold := self._swap_hold(for_job, option, now)) is not None:
+            self._hold(for_job, hold, option, now, promised)
+            return
+        self._carry_out(engine, option, now, promised, reason)
+
+    def _swap_hold(self, job: Job, option: _Option, now: float) -> SwapHold | None:
+        """Whether *job*'s load, placed as *option* says, waits so that younger requests of its
+        class for loaded engines go first (rule 9), and until when; None: it goes ahead."""
+        until = job.submitted + self.policy.swap_hold
+        if now >= until or not option.victims:
+            return None
+        if sum(self._reload_cost(v, now).cost for v in option.victims) == 0:
+            return None  # nobody used what it would evict lately: evicting it costs nothing
+        behind = self._class_work(job.klass, besides=job.model)
+        if not behind:
+            return None  # nothing of its class would go first: holding it would gain nothing
+        return SwapHold(until, behind, tuple(v.name for v in option.victims))
+
+    def _class_work(self, klass: str, *, besides: str | None) -> tuple[str, ...]:
+        """The loaded (or loading) engines that steps of *klass* run on or wait for."""
+        names = {job.model for job in self.running.values() if job.klass == klass} | set(self.queues[klass].lines)
+        return tuple(sorted(name for name in names if name is not None and name != besides
+                            and (e := self.engines.get(name)) is not None
+                            and e.status in (EngineStatus.READY, EngineStatus.STARTING)))
+
+    def _hold(self, job: Job, hold: SwapHold, option: _Option, now: float, promised: dict[int, int]) -> None:
+        if job.held_until is None:
+            job.held_until = hold.until
+            self._emit("swap_held", "info", job=job.id, request=job.request, model=job.model,
+                       **{"class": job.klass}, hold_until=_round(hold.until), hold_s=self.policy.swap_hold,
+                       waited_s=_round(now - job.submitted), behind=list(hold.behind),
+                       would_evict=list(hold.would_evict))
+        self._promise(option, promised)
 
     def _carry_out(self, engine: EngineState, option: _Option, now: float, promised: dict[int, int],
                    reason: LoadReason) -> None:
@@ -840,7 +915,10 @@ class Scheduler:
         need, free = sum(option.needs.values()), sum(self.ledger.free_on(d) - promised.get(d, 0) for d in option.needs)
         for victim in option.victims or ():
             self._evict(victim, now, for_what=engine.name, need=need, free=free)
-        # Later (lower) demand must not take what this load waits for.
+        self._promise(option, promised)
+
+    def _promise(self, option: _Option, promised: dict[int, int]) -> None:
+        """Later (lower) demand must not take what this load waits for."""
         for device, nbytes in option.needs.items():
             promised[device] = promised.get(device, 0) + nbytes
 
@@ -872,8 +950,11 @@ class Scheduler:
                       and e is not engine and wanted.get(e.name, NO_DEMAND) > demand
                       and (interactive or not e.hot(now, self.policy.hot_window))
                       and not (idle_only and e.in_flight)]
-        # Cold before hot, idle before busy (busy ones are only drained), least recently used first.
-        candidates.sort(key=lambda e: (e.hot(now, self.policy.hot_window), e.in_flight > 0, e.last_used))
+        # Cold before hot, idle before busy (busy ones are only drained), then the cheapest to
+        # load again when next needed, least recently used on a tie.
+        costs = {e.name: self._cost_rank(e, now) for e in candidates}
+        candidates.sort(key=lambda e: (e.hot(now, self.policy.hot_window), e.in_flight > 0, costs[e.name],
+                                       e.last_used))
         victims: list[EngineState] | None = []
         for device, need in needs.items():
             # Memory on its way out counts as being freed: no second victim for one need.
@@ -892,6 +973,14 @@ class Scheduler:
         hot = any(v.hot(now, self.policy.hot_window) for v in victims or ())
         return _Option(placement, needs, False, victims, hot, last, spare)
 
+    def _reload_cost(self, engine: EngineState, now: float) -> ReloadCost:
+        return engine.reload_cost(now, self.policy.hot_window, queued=self._demand(engine.name))
+
+    def _cost_rank(self, engine: EngineState, now: float) -> int:
+        """Its expected cost in whole seconds: two models' loads a few tenths apart are noise,
+        and then the least recently used goes first."""
+        return math.floor(self._reload_cost(engine, now).cost)
+
     def _freeing_on(self, device: int) -> int:
         """Memory of engines on their way out: draining, stopping, or exited and not yet released."""
         return sum(self.ledger.held_on(e.name, device) for e in self.engines.values()
@@ -904,7 +993,8 @@ class Scheduler:
         self._emit("evict", "info", engine=victim.name, memory=self.ledger.held(victim.name),
                    for_engine=for_what, need=need, free=free, in_flight=victim.in_flight,
                    idle_s=_round(now - victim.last_used), hot=victim.hot(now, self.policy.hot_window),
-                   devices=list(self._devices_of(victim)), why=_evict_why(for_what, need, free))
+                   devices=list(self._devices_of(victim)), why=_evict_why(for_what, need, free),
+                   **self._reload_cost(victim, now).fields())
         if victim.in_flight == 0:
             self._stop(victim)
 
@@ -920,6 +1010,7 @@ class Scheduler:
         engine.generation += 1
         engine.status = EngineStatus.STARTING
         engine.start_decided_at = now
+        engine.waking = waking
         engine.ready_at = None
         engine.measured = 0
         self._emit("restart" if restart else "wake" if waking else "load", "info",
@@ -1031,7 +1122,7 @@ class Scheduler:
             candidates = [e for e in self.engines.values()
                           if e.status is EngineStatus.READY and self.ledger.held_on(e.name, device)
                           and wanted.get(e.name, NO_DEMAND)[0] >= rank]
-            candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, e.last_used))
+            candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, self._cost_rank(e, now), e.last_used))
             gain = unreserved + self._freeing_on(device)
             for candidate in candidates:
                 if gain >= need:

@@ -4,9 +4,10 @@ Every waiting step has a reason the scheduler can state, checked in the order th
 decides in (``Scheduler._decide``): an exclusive (image) job holds or claims the GPU; a
 higher class runs or waits (the interactive window, the starvation guard's share); older
 requests for the same model are ahead; and then the model's engine: loading, every slot
-busy, unhealthy, failed and backing off, on its way out, or not loaded and its memory does
-not fit, naming the engines that could make room and why each may not (pinned, hot until
-when, loading, wanted by earlier work). ``/healthz``, ``/admin/state``, ``steward top`` and
+busy, unhealthy, failed and backing off, on its way out, held for a swap so that requests
+for loaded models go first (``swap_hold``), or not loaded and its memory does not fit,
+naming the engines that could make room and why each may not (pinned, hot until when,
+loading, wanted by earlier work). ``/healthz``, ``/admin/state``, ``steward top`` and
 the ``waiting`` event all say it with ``explain``.
 """
 
@@ -40,6 +41,7 @@ class WaitReason(enum.Enum):
     FREEING = "freeing"  # memory on its way out makes room: waiting for it to be free
     NO_ROOM = "no_room"  # it does not fit, and nothing may be evicted for it now
     PROMISED = "promised"  # it would fit, but earlier demand waits for that memory
+    SWAP_HOLD = "swap_hold"  # its load would evict: held so that requests for loaded models go first
     SHUTTING_DOWN = "shutting_down"
 
 
@@ -123,7 +125,9 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     if s.closing:
         return WaitReason.SHUTTING_DOWN, "steward is shutting down"
     if engine.status is EngineStatus.STARTING:
-        return WaitReason.LOADING, f"{name} is loading (for {format_elapsed(now - engine.start_decided_at)})"
+        last = engine.load_s if not engine.waking else None  # a wake's time is not a load's
+        usually = "" if last is None else f"; its last load took {format_elapsed(last)}"
+        return WaitReason.LOADING, f"{name} is loading (for {format_elapsed(now - engine.start_decided_at)}{usually})"
     if engine.status is EngineStatus.READY and engine.unhealthy:
         return WaitReason.UNHEALTHY, f"{name} fails its health checks"
     if engine.status is EngineStatus.READY:
@@ -147,6 +151,11 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     free = format_size(max(0, sum(s.ledger.free_on(d) for d in option.needs)))
     if option.fits:
         return WaitReason.PROMISED, f"{need}; it is free, but earlier requests wait for that memory"
+    if (hold := s._swap_hold(job, option, now)) is not None:
+        return WaitReason.SWAP_HOLD, (
+            f"{need}, {free} free; held for up to {s.policy.swap_hold:g}s (until {_clock(s, hold.until)}) so that "
+            f"{job.klass} requests for the loaded {', '.join(hold.behind)} go first; then it evicts "
+            f"{', '.join(hold.would_evict)}")
     if option.victims:
         names = ", ".join(v.name for v in option.victims)
         return WaitReason.PROMISED, f"{need}, {free} free; evicting {names} waits until earlier requests are served"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 
@@ -11,6 +12,10 @@ from supervisor.address import Address
 
 CLASSES = ("interactive", "background", "batch")
 RANK = {klass: rank for rank, klass in enumerate(CLASSES)}
+# What one step started on an engine counts for in its recent use: by whom a reload of it
+# would delay, a person first, then an agent, then a batch queue.
+USE_WEIGHT = {"interactive": 1.0, "background": 0.5, "batch": 0.25}
+GIB = 1024**3
 # Where a process steward does not place runs (CUDA's first device): an exclusive job
 # (ComfyUI's image job), a service's kept process unless models.NAME.devices says.
 DEFAULT_DEVICE = 0
@@ -134,6 +139,13 @@ class EngineState:
     # another engine (its name). Once that no longer wants the memory (the job left or timed
     # out, nobody waits for that engine), the drain is undone: it must not unload for no one.
     drained_for: int | str | None = None
+    # Its last load's time from the decision to ready (a wake's is not one), kept in the state
+    # file; None: never measured. What evicting it costs (ReloadCost).
+    load_s: float | None = None
+    waking: bool = False  # the start under way is a wake of its kept process
+    # (when, weight) of the steps started on it within hot_window, and their weights' sum.
+    uses: collections.deque[tuple[float, float]] = attrs.Factory(collections.deque)
+    used_weight: float = 0.0
 
     @property
     def unhealthy(self) -> bool:
@@ -167,6 +179,54 @@ class EngineState:
     def hot(self, now: float, window: float) -> bool:
         return now - self.last_interactive < window
 
+    def record_use(self, now: float, klass: str, window: float) -> None:
+        self.uses.append((now, USE_WEIGHT[klass]))
+        self.used_weight += USE_WEIGHT[klass]
+        self.recent_uses(now, window)
+
+    def recent_uses(self, now: float, window: float) -> float:
+        """The steps started on it within *window* before *now*, each by its class's weight."""
+        # The weights are binary fractions: adding and taking them away again is exact.
+        while self.uses and now - self.uses[0][0] >= window:
+            self.used_weight -= self.uses.popleft()[1]
+        return self.used_weight
+
+    def reload_cost(self, now: float, window: float, *, queued: bool) -> ReloadCost:
+        measured = self.load_s is not None
+        load_s = self.load_s if self.load_s is not None else unmeasured_load_s(self.profile.memory)
+        return ReloadCost(load_s, measured, self.recent_uses(now, window), queued)
+
+
+def unmeasured_load_s(memory: int) -> float:
+    """A load not yet measured: 1 s to start, 1 s per GiB read (a model on a local SSD)."""
+    return 1.0 + memory / GIB
+
+
+@attrs.frozen
+class ReloadCost:
+    """What evicting an engine is expected to cost: the time to load it again, times how
+    likely it is to be needed soon. Requests queued for it: certain. Else, if steps keep
+    coming at the rate of the last hot_window, the chance of one within the next:
+    1 - exp(-recent_uses). An engine unused for hot_window costs nothing."""
+
+    load_s: float
+    measured: bool  # load_s was measured (else estimated from its size)
+    recent_uses: float  # steps started within hot_window, by class weight (USE_WEIGHT)
+    queued: bool  # requests for it wait (of later demand: earlier demand may not evict it)
+
+    @property
+    def likely(self) -> float:
+        return 1.0 if self.queued else 1.0 - math.exp(-self.recent_uses)
+
+    @property
+    def cost(self) -> float:
+        return self.load_s * self.likely
+
+    def fields(self) -> dict[str, object]:
+        """For the `evict` event: the figures it was chosen by."""
+        return {"load_s": round(self.load_s, 3), "load_measured": self.measured,
+                "recent_uses": self.recent_uses, "likely": round(self.likely, 3), "cost": round(self.cost, 3)}
+
 
 @attrs.define
 class Job:
@@ -186,6 +246,8 @@ class Job:
     dispatched: float | None = None
     by_guard: bool = False  # started by the starvation guard, beside higher-class work
     next_report: float = math.inf  # when its wait is next said in a `waiting` event, if still waiting
+    # Held for a swap (swap_hold) until then: said once, in a `swap_held` event.
+    held_until: float | None = None
 
     @property
     def exclusive(self) -> bool:
@@ -222,6 +284,10 @@ class SchedulingPolicy:
     # computing (so no chat is slowed from its start), then goes anyway. 0: at once.
     guard_gap_wait: float = 15.0
     hot_window: float = 300.0
+    # Within a class, a load that would evict another engine waits up to this long after its
+    # request arrived while the class's other work keeps loaded engines busy (config's
+    # scheduler.swap_hold explains the default); 0: strict arrival order.
+    swap_hold: float = 30.0
     max_queue: dict[str, float] = attrs.field(
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
     queue_timeout: dict[str, float] = attrs.field(

@@ -243,20 +243,62 @@ def _least_recently_used(engines: Iterable[Engine]) -> Engine | None:
 
 
 @attrs.define
-class SwapPolicy(BaselinePolicy):
-    """llama-swap's default group: one model at a time. Requests for the loaded model
-    take the fast path; one for another model waits until the loaded one has nothing
-    in flight or queued, then it is swapped out. Pinning is unknown to it."""
+class CollatePolicy(BaselinePolicy):
+    """llama-swap's scheduler since #790/#823 (research/peers_2026.md §1): one FIFO line,
+    collated. A request for a loaded model goes as soon as it has a free slot, ahead of
+    older ones that wait for a load (A B C A B C is served A A B B C C), with no bound on
+    how long a request is overtaken and no classes (its priority is per model, and no
+    scenario sets one). Loads follow the line: the model of the oldest request waiting
+    for one loads first, and later ones wait behind it. Models stay together while they
+    fit in memory, as a user would declare the groups for the card; to make room the least
+    recently used idle model is unloaded, never one with requests in flight, never a
+    pinned (persistent) one. One swap at a time: while a model loads or unloads, no other
+    starts or stops, as one run loop carrying each swap through (assumed: the research
+    names the single run loop, not this detail)."""
 
     def _decide(self, now: float) -> None:
         self._grant_free_slots()
-        current = next((e for e in self.engines.values() if e.resident), None)
-        if current is None:
-            if self.line:
-                self._load(self.engines[self.line[0].model])
-        elif (current.status is EngineStatus.READY and current.in_flight == 0 and self.line
-              and not self._has_waiting(current)):
-            self._stop(current)
+        if any(e.status in (EngineStatus.STARTING, EngineStatus.STOPPING) for e in self.engines.values()):
+            return
+        for model in self._waiting_models():
+            engine = self.engines[model]
+            if engine.status is not EngineStatus.STOPPED:
+                continue
+            if self._room_for(engine):
+                self._load(engine)
+            break  # first come, first loaded; one at a time
+
+    def _room_for(self, engine: Engine) -> bool:
+        """Can *engine* load now? If not, unload idle models toward it and wait for them."""
+        resident = [e for e in self.engines.values() if e.resident]
+        if self._fits(engine, resident):
+            return True
+        staying = [e for e in resident if e.status is not EngineStatus.STOPPING]
+        for victim in sorted((e for e in staying if self._evictable(e)), key=lambda e: e.last_used):
+            if self._fits(engine, staying):
+                break  # the unloads under way make room: one need, no second victim
+            self._stop(victim)
+            staying.remove(victim)
+        return False
+
+    def _fits(self, engine: Engine, beside: list[Engine]) -> bool:
+        return sum(e.profile.memory for e in beside) + engine.profile.memory <= self.budget
+
+    def _evictable(self, engine: Engine) -> bool:
+        return engine.status is EngineStatus.READY and engine.in_flight == 0 and not engine.profile.pinned
+
+
+@attrs.define
+class SwapPolicy(CollatePolicy):
+    """llama-swap's default group: one model at a time, whatever would fit. Requests for
+    the loaded model take the fast path; one for another model waits until the loaded one
+    has nothing in flight or queued, then it is swapped out. Pinning is unknown to it."""
+
+    def _fits(self, engine: Engine, beside: list[Engine]) -> bool:
+        return not beside
+
+    def _evictable(self, engine: Engine) -> bool:
+        return engine.status is EngineStatus.READY and engine.in_flight == 0
 
 
 @attrs.define
@@ -343,8 +385,8 @@ class KeepAlivePolicy(BaselinePolicy):
 @attrs.define
 class FifoPolicy:
     """steward's own core with every request in the interactive class: one FIFO line per
-    engine, memory-aware eviction (cold before hot, LRU, drain busy ones), pinning, no
-    interactive window and no starvation guard. Each request keeps its own class's
+    engine in strict arrival order (``swap_hold: 0s``), memory-aware eviction, pinning,
+    no interactive window and no starvation guard. Each request keeps its own class's
     queue timeout."""
 
     core: Scheduler

@@ -1,4 +1,11 @@
-"""From a replay's records to what the report shows: per class, latencies and errors."""
+"""From a replay's records to what the report shows: per class, latencies, waits and errors.
+
+A request's *wait* runs from its arrival to the start of its first step; one that never
+started counts until it failed or the run ended. Its *overtake* is how long it still
+waited after the first younger request of its own class started before it: the price
+one request paid for another's turn, which steward bounds (``scheduler.swap_hold``) and
+a collating scheduler does not.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from collections.abc import Sequence
 import attrs
 
 from supervisor.scheduler.types import CLASSES
-from supervisor.simulate.runner import Outcome, Record
+from supervisor.simulate.runner import Outcome, Record, Wait
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -19,6 +26,25 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)]
 
 
+def largest_overtake(waits: Sequence[Wait]) -> float | None:
+    """The longest any request still waited after a younger one (later in *waits*, which
+    are in arrival order, all of one class) had started; None for no requests."""
+    if not waits:
+        return None
+    largest = 0.0
+    earliest_younger = math.inf  # the earliest start among the requests after this one
+    for wait in reversed(waits):
+        largest = max(largest, wait.until - earliest_younger)
+        if wait.started is not None:
+            earliest_younger = min(earliest_younger, wait.started)
+    return largest
+
+
+def loads_per_100(loads: int, completed: int) -> float | None:
+    """Loads per 100 completed requests: closed-loop clients of a faster policy ask more often."""
+    return None if completed == 0 else 100 * loads / completed
+
+
 @attrs.frozen
 class ClassStats:
     completed: int
@@ -26,12 +52,19 @@ class ClassStats:
     p95_s: float | None
     max_s: float | None
     errors: int
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+    wait_max_s: float | None
+    overtake_max_s: float | None
 
     @classmethod
-    def of(cls, records: Sequence[Record]) -> ClassStats:
+    def of(cls, records: Sequence[Record], waits: Sequence[Wait]) -> ClassStats:
         latencies = [r.latency for r in records if r.latency is not None]
+        waited = [w.until - w.arrival for w in waits]
         return cls(len(latencies), _round(percentile(latencies, 0.50)), _round(percentile(latencies, 0.95)),
-                   _round(max(latencies, default=None)), len(records) - len(latencies))
+                   _round(max(latencies, default=None)), len(records) - len(latencies),
+                   _round(percentile(waited, 0.50)), _round(percentile(waited, 0.95)),
+                   _round(max(waited, default=None)), _round(largest_overtake(waits)))
 
 
 @attrs.frozen
@@ -40,15 +73,29 @@ class PolicyResult:
     loads: int
     unnecessary_loads: int
     peak_memory_bytes: int
+    loads_per_100: float | None
+    busy_share: float
 
     @classmethod
     def of(cls, outcome: Outcome) -> PolicyResult:
-        classes = {k: ClassStats.of([r for r in outcome.records if r.klass == k]) for k in CLASSES}
-        return cls(classes, outcome.loads, outcome.unnecessary_loads, outcome.peak_memory)
+        classes = {k: ClassStats.of([r for r in outcome.records if r.klass == k],
+                                    [w for w in outcome.waits if w.klass == k]) for k in CLASSES}
+        completed = sum(c.completed for c in classes.values())
+        return cls(classes, outcome.loads, outcome.unnecessary_loads, outcome.peak_memory,
+                   _round(loads_per_100(outcome.loads, completed)), round(outcome.busy_share, 4))
 
     @property
     def errors(self) -> int:
         return sum(c.errors for c in self.classes.values())
+
+    @property
+    def completed(self) -> int:
+        return sum(c.completed for c in self.classes.values())
+
+    @property
+    def overtake_max_s(self) -> float | None:
+        """The largest overtake in any class."""
+        return max((c.overtake_max_s for c in self.classes.values() if c.overtake_max_s is not None), default=None)
 
 
 @attrs.frozen

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import attrs
+
 from supervisor import config_policy
-from supervisor.config import Config
+from supervisor.config import Config, SchedulerConfig
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import Effect, EngineProfile, SchedulingPolicy
-from supervisor.simulate.baselines import FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
+from supervisor.simulate.baselines import CollatePolicy, FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
 from supervisor.simulate.scenario import Scenario
 
 
@@ -38,9 +40,17 @@ def profiles(scenario: Scenario) -> list[EngineProfile]:
     return [EngineProfile(name, e.memory, e.slots, e.pinned) for name, e in scenario.engines.items()]
 
 
-def scheduling_policy(scenario: Scenario) -> SchedulingPolicy:
+def scheduling_policy(scenario: Scenario, scheduler: SchedulerConfig | None = None) -> SchedulingPolicy:
     """Exactly what `steward run` would make of the same config sections."""
-    return config_policy.scheduling_policy(Config(models={}, scheduler=scenario.scheduler, classes=scenario.classes))
+    scheduler = scenario.scheduler if scheduler is None else scheduler
+    return config_policy.scheduling_policy(Config(models={}, scheduler=scheduler, classes=scenario.classes))
+
+
+def strict_arrival_order(scheduler: SchedulerConfig) -> SchedulerConfig:
+    """The same knobs with swap-aware order off (``swap_hold: 0s``), where the config has it (issue 16)."""
+    if "swap_hold" not in attrs.fields_dict(SchedulerConfig):
+        return scheduler
+    return attrs.evolve(scheduler, swap_hold=0.0)
 
 
 def queue_timeouts(scenario: Scenario) -> dict[str, float]:
@@ -52,12 +62,17 @@ def _steward(scenario: Scenario) -> Policy:
 
 
 def _fifo(scenario: Scenario) -> Policy:
-    core = Scheduler.create(scenario.gpu.memory, profiles(scenario), scheduling_policy(scenario))
+    policy = scheduling_policy(scenario, strict_arrival_order(scenario.scheduler))
+    core = Scheduler.create(scenario.gpu.memory, profiles(scenario), policy)
     return FifoPolicy(core, queue_timeouts(scenario))
 
 
 def _swap(scenario: Scenario) -> Policy:
     return SwapPolicy.create(scenario.gpu.memory, profiles(scenario), queue_timeouts(scenario))
+
+
+def _collate(scenario: Scenario) -> Policy:
+    return CollatePolicy.create(scenario.gpu.memory, profiles(scenario), queue_timeouts(scenario))
 
 
 def _lru_count(scenario: Scenario) -> Policy:
@@ -75,6 +90,7 @@ POLICIES: dict[str, Callable[[Scenario], Policy]] = {
     "steward": _steward,
     "fifo": _fifo,
     "swap": _swap,
+    "collate": _collate,
     "lru-count": _lru_count,
     "keepalive": _keepalive,
 }

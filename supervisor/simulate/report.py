@@ -1,65 +1,67 @@
-"""Replay a scenario through every chosen policy, check steward's targets, print the result."""
+"""Replay a scenario through every chosen policy (on one seed or several), check steward's
+targets, print the result: one table per scenario with the policies side by side."""
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import cattrs
 
-from supervisor.scheduler.types import CLASSES
 from supervisor.simulate.metrics import Alone, ClassStats, PolicyResult, percentile
 from supervisor.simulate.policies import POLICIES, make_policy
 from supervisor.simulate.runner import replay
-from supervisor.simulate.scenario import Scenario
+from supervisor.simulate.scenario import Scenario, format_seeds
+from supervisor.simulate.targets import Target, Verdict, targets_for, worst_case
 from supervisor.units import format_size
 
-INTERACTIVE_SLOWDOWN = 1.3  # target: steward's interactive p95 within this factor of the interactive clients alone
-
-
-@attrs.frozen
-class Target:
-    what: str
-    met: bool
-    detail: str
+LABEL = 26  # width of the table's first column
+COLUMN = 10  # width of each policy's column
 
 
 @attrs.frozen
 class Report:
+    """One scenario on one seed, through every chosen policy."""
+
     scenario: Scenario
     policies: dict[str, PolicyResult]
     interactive_alone: Alone
     wall_s: float
 
     def as_json(self) -> dict[str, object]:
-        return {"scenario": self.scenario.name,
+        return {"scenario": self.scenario.name, "seed": self.scenario.seed,
                 "policies": {name: cattrs.unstructure(result) for name, result in self.policies.items()},
-                "interactive_alone": cattrs.unstructure(self.interactive_alone)}
+                "interactive_alone": cattrs.unstructure(self.interactive_alone),
+                "targets": [t.as_json() for t in self.targets()]}
 
     def targets(self) -> list[Target]:
-        """steward's targets; none when steward was not replayed."""
-        steward = self.policies.get("steward")
-        if steward is None:
-            return []
-        p95, alone = steward.classes["interactive"].p95_s, self.interactive_alone.p95_s
-        if p95 is None or alone is None:
-            slowdown = Target("interactive p95 within 1.3x of alone", False, "no interactive request completed")
-        else:
-            limit = INTERACTIVE_SLOWDOWN * alone
-            slowdown = Target(f"interactive p95 <= {INTERACTIVE_SLOWDOWN:g} x alone", p95 <= limit,
-                              f"{p95:.2f} s vs {alone:.2f} s alone = {p95 / alone:.2f}x (limit {limit:.2f} s)")
-        present = [k for k in CLASSES if any(c.klass == k for c in self.scenario.clients.values())]
-        idle = [k for k in present if steward.classes[k].completed == 0]
-        return [
-            slowdown,
-            Target("every class completes work", not idle,
-                   ", ".join(f"{k} {steward.classes[k].completed}" for k in present)
-                   + (f"; none done: {', '.join(idle)}" if idle else "")),
-            Target("zero unnecessary loads", steward.unnecessary_loads == 0,
-                   f"{steward.unnecessary_loads} of {steward.loads} loads"),
-            Target("zero errors", steward.errors == 0, f"{steward.errors} errors"),
-        ]
+        """steward's targets on this scenario (targets.py); none when steward was not replayed."""
+        return targets_for(self)
+
+
+@attrs.frozen
+class Sweep:
+    """One scenario on several seeds: a target is met only if it is met on every seed."""
+
+    runs: tuple[Report, ...]
+    wall_s: float
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.runs[0].scenario
+
+    @property
+    def seeds(self) -> list[int]:
+        return [run.scenario.seed for run in self.runs]
+
+    def as_json(self) -> dict[str, object]:
+        return {"scenario": self.scenario.name, "seeds": self.seeds, "runs": [run.as_json() for run in self.runs],
+                "targets": [t.as_json() for t in self.targets()]}
+
+    def targets(self) -> list[Target]:
+        return worst_case([run.targets() for run in self.runs], self.seeds)
 
 
 def simulate(scenario: Scenario, policies: Sequence[str] = tuple(POLICIES)) -> Report:
@@ -71,29 +73,129 @@ def simulate(scenario: Scenario, policies: Sequence[str] = tuple(POLICIES)) -> R
     return Report(scenario, results, interactive_alone, time.perf_counter() - started)
 
 
-def format_report(report: Report) -> str:
+def simulate_seeds(scenario: Scenario, seeds: Sequence[int], policies: Sequence[str] = tuple(POLICIES)) -> Sweep:
+    started = time.perf_counter()
+    runs = tuple(simulate(attrs.evolve(scenario, seed=seed), policies) for seed in seeds)
+    return Sweep(runs, time.perf_counter() - started)
+
+
+def format_report(result: Report | Sweep) -> str:
+    return _format_sweep(result) if isinstance(result, Sweep) else _format_report(result)
+
+
+# ---- one seed: the policies side by side -------------------------------------------------
+
+Row = tuple[str, Callable[[PolicyResult], str]]
+
+
+def _class_rows(klass: str) -> list[Row]:
+    def cell(pick: Callable[[ClassStats], float | int | None]) -> Callable[[PolicyResult], str]:
+        return lambda result: _cell(pick(result.classes[klass]))
+    return [
+        (f"{klass} done", cell(lambda c: c.completed)),
+        ("  errors", cell(lambda c: c.errors)),
+        ("  latency p50 s", cell(lambda c: c.p50_s)),
+        ("  latency p95 s", cell(lambda c: c.p95_s)),
+        ("  latency max s", cell(lambda c: c.max_s)),
+        ("  wait p50 s", cell(lambda c: c.wait_p50_s)),
+        ("  wait p95 s", cell(lambda c: c.wait_p95_s)),
+        ("  wait max s", cell(lambda c: c.wait_max_s)),
+        ("  largest overtake s", cell(lambda c: c.overtake_max_s)),
+    ]
+
+
+SUMMARY_ROWS: list[Row] = [
+    ("loads", lambda r: str(r.loads)),
+    ("  unnecessary", lambda r: str(r.unnecessary_loads)),
+    ("  per 100 requests", lambda r: _cell(r.loads_per_100, ".1f")),
+    ("GPU busy", lambda r: f"{100 * r.busy_share:.0f} %"),
+    ("peak memory", lambda r: format_size(r.peak_memory_bytes)),
+]
+
+
+def _format_report(report: Report) -> str:
     scenario = report.scenario
     lines = [f"scenario {scenario.name}: {scenario.duration:g} s of virtual time, seed {scenario.seed}, "
-             f"GPU {format_size(scenario.gpu.memory)}; replayed in {report.wall_s:.2f} s"]
-    for name, result in report.policies.items():
-        lines += ["", name, f"  {'class':<12}{'done':>6}{'p50 s':>9}{'p95 s':>9}{'max s':>9}{'errors':>8}"]
-        lines += [_class_row(klass, stats) for klass, stats in result.classes.items()]
-        lines.append(f"  loads {result.loads}, unnecessary loads {result.unnecessary_loads}, "
-                     f"peak memory {format_size(result.peak_memory_bytes)}")
+             f"GPU {format_size(scenario.gpu.memory)}; replayed in {report.wall_s:.2f} s", ""]
+    results = list(report.policies.values())
+    lines.append(" " * LABEL + "".join(f"{name:>{COLUMN}}" for name in report.policies))
+    rows = [row for klass in scenario.present_classes() for row in _class_rows(klass)] + SUMMARY_ROWS
+    lines += [f"{label:<{LABEL}}" + "".join(f"{show(r):>{COLUMN}}" for r in results) for label, show in rows]
     alone = report.interactive_alone
-    lines += ["", f"interactive alone (steward, interactive clients only): p50 {_seconds(alone.p50_s)} s, "
-                  f"p95 {_seconds(alone.p95_s)} s"]
-    targets = report.targets()
-    if targets:
-        lines += ["", "steward targets"]
-        lines += [f"  {'PASS' if t.met else 'MISS'}  {t.what}: {t.detail}" for t in targets]
+    if "interactive" in scenario.present_classes():
+        lines += ["", f"interactive alone (steward, interactive clients only): p50 {_cell(alone.p50_s)} s, "
+                      f"p95 {_cell(alone.p95_s)} s"]
+    lines += _format_targets(report.targets())
     return "\n".join(lines)
 
 
-def _class_row(klass: str, stats: ClassStats) -> str:
-    return (f"  {klass:<12}{stats.completed:>6}{_seconds(stats.p50_s):>9}{_seconds(stats.p95_s):>9}"
-            f"{_seconds(stats.max_s):>9}{stats.errors:>8}")
+# ---- several seeds: one row per seed, then the worst case --------------------------------
+
+Column = tuple[str, str, Callable[[Report], str]]  # group, title, the cell of one run
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _steward(pick: Callable[[Report, PolicyResult], str]) -> Callable[[Report], str]:
+    return lambda run: "-" if (steward := run.policies.get("steward")) is None else pick(run, steward)
+
+
+def _ratio(run: Report, steward: PolicyResult) -> str:
+    p95, alone = steward.classes["interactive"].p95_s, run.interactive_alone.p95_s
+    return "-" if p95 is None or not alone else f"{p95 / alone:.2f}x"
+
+
+def _done(klass: str) -> Callable[[Report], str]:
+    return _steward(lambda _, steward: str(steward.classes[klass].completed))
+
+
+def _loads_of(policy: str) -> Callable[[Report], str]:
+    return lambda run: _cell(run.policies[policy].loads_per_100, ".1f")
+
+
+def _sweep_columns(scenario: Scenario, policies: Sequence[str]) -> list[Column]:
+    """steward's figures, then every policy's loads per 100 requests, then steward's targets met."""
+    columns: list[Column] = [("", "seed", lambda run: str(run.scenario.seed))]
+    if "interactive" in scenario.present_classes():
+        group = "interactive p95 s"
+        columns += [(group, "alone", lambda run: _cell(run.interactive_alone.p95_s)),
+                    (group, "steward", _steward(lambda _, s: _cell(s.classes["interactive"].p95_s))),
+                    (group, "ratio", _steward(_ratio))]
+    columns += [("steward done", k, _done(k)) for k in scenario.present_classes()]
+    columns += [("steward", "overtake s", _steward(lambda _, s: _cell(s.overtake_max_s))),
+                ("steward", "GPU busy", _steward(lambda _, s: f"{100 * s.busy_share:.0f} %"))]
+    columns += [("loads per 100 requests", p, _loads_of(p)) for p in policies]
+    columns.append(("", "targets met", lambda run: _met(run.targets())))
+    return columns
+
+
+def _format_sweep(sweep: Sweep) -> str:
+    scenario = sweep.scenario
+    lines = [f"scenario {scenario.name}, seeds {format_seeds(sweep.seeds)}: {scenario.duration:g} s of "
+             f"virtual time each, GPU {format_size(scenario.gpu.memory)}; replayed in {sweep.wall_s:.2f} s", ""]
+    columns = _sweep_columns(scenario, list(sweep.runs[0].policies))
+    table = [[title for _, title, _ in columns]] + [[show(run) for _, _, show in columns] for run in sweep.runs]
+    widths = [max(len(row[i]) for row in table) + 2 for i in range(len(columns))]
+    groups = ""
+    for group, members in itertools.groupby(zip(columns, widths, strict=True), key=lambda cw: cw[0][0]):
+        span = sum(width for _, width in members)
+        groups += f"{group:>{span}}" if group else " " * span
+    lines.append(groups.rstrip())
+    lines += ["".join(f"{cell:>{width}}" for cell, width in zip(row, widths, strict=True)) for row in table]
+    lines += _format_targets(sweep.targets(), "on every seed")
+    return "\n".join(lines)
+
+
+def _met(targets: list[Target]) -> str:
+    return f"{sum(t.verdict is Verdict.PASS for t in targets)}/{len(targets)}" if targets else "-"
+
+
+def _format_targets(targets: list[Target], scope: str = "") -> list[str]:
+    if not targets:
+        return []
+    return ["", f"steward targets{' ' + scope if scope else ''}"] + [
+        f"  {t.verdict.value}  {t.what}: {t.detail}" for t in targets]
+
+
+def _cell(value: float | int | None, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else format(value, spec)

@@ -3,7 +3,9 @@
 Events are per step, not per token: a client's arrival, the next step completion the
 simulated GPU predicts, an engine ready or exited, and the policy's own wakeups. The
 policy's effects (Grant, Fail, StartEngine, StopEngine) are carried out the way the
-async shell would, with the times the scenario gives.
+async shell would, with the times the scenario gives. Besides each request's outcome
+the replay keeps when its first step started (its wait, also for requests that never
+finished) and how long at least one step computed (the GPU's busy time).
 """
 
 from __future__ import annotations
@@ -33,11 +35,25 @@ class Record:
 
 
 @attrs.frozen
+class Wait:
+    """How long one request waited for its first step to start computing. One that never
+    started (``started`` None) waited until it failed or the run ended: a lower bound."""
+
+    request: int  # in arrival order
+    klass: str
+    arrival: float
+    started: float | None
+    until: float  # started, or when it failed, or the end of the run
+
+
+@attrs.frozen
 class Outcome:
     records: tuple[Record, ...]
+    waits: tuple[Wait, ...]  # every request counted, finished or not, in arrival order
     loads: int
     unnecessary_loads: int
     peak_memory: int
+    busy_share: float  # the fraction of the run during which at least one step computed
 
 
 @attrs.define
@@ -50,6 +66,8 @@ class Replay:
     watch: Callable[[Replay], None] | None = None
     now: float = 0.0
     records: list[Record] = attrs.Factory(list)
+    waits: list[Wait] = attrs.Factory(list)
+    busy: float = 0.0  # seconds during which at least one step computed
     loads: int = 0
     unnecessary_loads: int = 0
     _events: list[tuple[float, int, Callable[..., None], tuple[object, ...]]] = attrs.Factory(list)
@@ -74,14 +92,19 @@ class Replay:
             self._at(client.first_arrival(), self._arrive, client)
         self._apply(self.policy.start(0.0))
         self._plan()
-        while self._events and self._events[0][0] <= self.scenario.duration:
+        end = self.scenario.duration
+        while self._events and self._events[0][0] <= end:
             when, _, handler, args = heapq.heappop(self._events)
-            self.now = when
+            self._pass_time(when)
             handler(*args)
             self._plan()
             if self.watch is not None:
                 self.watch(self)
-        return Outcome(tuple(self.records), self.loads, self.unnecessary_loads, self.gpu.peak_memory)
+        self._pass_time(end)
+        for request in sorted(self._by_job.values(), key=lambda r: r.id):
+            self._waited(request, end)  # still waiting or running when the run ends
+        return Outcome(tuple(self.records), tuple(sorted(self.waits, key=lambda w: w.request)), self.loads,
+                       self.unnecessary_loads, self.gpu.peak_memory, self.busy / end)
 
     # ---- events -----------------------------------------------------------------------
 
@@ -133,8 +156,14 @@ class Replay:
     def _record(self, request: Request, latency: float | None) -> None:
         if request.arrival >= self.scenario.warmup:
             self.records.append(Record(request.client.spec.klass, request.arrival, latency))
+        self._waited(request, self.now)
         client = request.client
         self._at(self.now + client.think(), self._arrive, client)
+
+    def _waited(self, request: Request, until: float) -> None:
+        if request.arrival >= self.scenario.warmup:
+            self.waits.append(Wait(request.id, request.client.spec.klass, request.arrival, request.started,
+                                   until if request.started is None else request.started))
 
     # ---- effects ------------------------------------------------------------------------
 
@@ -144,6 +173,8 @@ class Replay:
                 del self._waiting[effect.job_id]
                 request = self._by_job[effect.job_id]
                 assert effect.engine is not None, "the scenario has no exclusive jobs"
+                if request.started is None:
+                    request.started = self.now
                 self.gpu.start_step(effect.job_id, effect.engine, request.steps[request.step], self.now)
             elif isinstance(effect, Fail):
                 self._waiting.pop(effect.job_id, None)
@@ -180,6 +211,12 @@ class Replay:
         return any(self.gpu.engines[model].memory > free for model in pending)
 
     # ---- the clock ----------------------------------------------------------------------
+
+    def _pass_time(self, when: float) -> None:
+        """Steps change only at events, so the GPU computed all along since the last one, or not at all."""
+        if self.gpu.steps:
+            self.busy += when - self.now
+        self.now = when
 
     def _at(self, when: float, handler: Callable[..., None], *args: object) -> None:
         heapq.heappush(self._events, (when, next(self._order), handler, args))

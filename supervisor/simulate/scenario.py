@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NewType
 
@@ -27,12 +28,15 @@ from supervisor.config import (
     _describe,
     make_converter,
 )
+from supervisor.scheduler.types import CLASSES
 from supervisor.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
 
 Klass = Literal["interactive", "background", "batch"]
 Rate = NewType("Rate", float)  # a positive number: tokens per second
-DEFAULT = "gridcore.yaml"
+# The scenarios shipped with the package, each in NAME.yaml beside this module.
+BUILTIN_SCENARIOS = ("gridcore", "thrash", "family")
+DEFAULT = "gridcore"
 
 
 @attrs.frozen
@@ -77,6 +81,8 @@ class ClientSpec:
     klass: Klass  # `class` in YAML
     count: PositiveInt = PositiveInt(1)
     think: Seconds = Seconds(NONE)
+    # When each client asks first; unset: at a uniform time within one think time.
+    start: Seconds | None = None
     prompt_tokens: Tokens = Tokens(NONE)  # for embeddings: per input
     output_tokens: Tokens = Tokens(NONE)
     inputs: PositiveInt | None = None  # set: an embeddings client, this many inputs per request
@@ -116,6 +122,10 @@ class Scenario:
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     classes: ClassesConfig = attrs.Factory(ClassesConfig)
     baselines: BaselineKnobs = attrs.Factory(BaselineKnobs)
+
+    def present_classes(self) -> list[str]:
+        """The classes some client asks in, highest first."""
+        return [k for k in CLASSES if any(c.klass == k for c in self.clients.values())]
 
     def only(self, klass: str) -> Scenario:
         """The same scenario with only the clients of one class."""
@@ -202,10 +212,43 @@ def load_scenario(path: str | Path) -> Scenario:
     return _parse_text(text, str(path), path.stem)
 
 
+def builtin_scenario(name: str) -> Scenario:
+    """One of BUILTIN_SCENARIOS, shipped with the package."""
+    if name not in BUILTIN_SCENARIOS:
+        raise ValueError(f"no built-in scenario {name!r}; there are {', '.join(BUILTIN_SCENARIOS)}")
+    text = importlib.resources.files("supervisor.simulate").joinpath(f"{name}.yaml").read_text()
+    return _parse_text(text, f"{name}.yaml", name)
+
+
 def default_scenario() -> Scenario:
-    """The GridCore load test, shipped with the package."""
-    text = importlib.resources.files("supervisor.simulate").joinpath(DEFAULT).read_text()
-    return _parse_text(text, DEFAULT, "gridcore")
+    """The GridCore load test."""
+    return builtin_scenario(DEFAULT)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``1-8``, ``3`` or ``1,4,7-9``: those seeds in that order, each once."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise ValueError(f"expected seeds like 1-8 or 1,3,5, got {text!r}") from None
+        if first > last:
+            raise ValueError(f"{part.strip()!r} counts down; write the smaller seed first")
+        seeds += [seed for seed in range(first, last + 1) if seed not in seeds]
+    return seeds
+
+
+def format_seeds(seeds: Sequence[int]) -> str:
+    """The other way: 1, 2, 3, 5 as ``1-3, 5``."""
+    runs: list[list[int]] = []
+    for seed in seeds:
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _parse_text(text: str, where: str, name: str) -> Scenario:

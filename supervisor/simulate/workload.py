@@ -25,7 +25,9 @@ class Client:
     chunk: int  # inputs per step, for an embeddings client
 
     def first_arrival(self) -> float:
-        """Spread the clients' first requests over one think time, so they do not all start at 0."""
+        """By default the clients' first requests are spread over one think time, so they do not all start at 0."""
+        if self.spec.start is not None:
+            return self.spec.start.draw(self.rng)
         return self.rng.uniform(0.0, self.spec.think.high)
 
     def think(self) -> float:
@@ -57,6 +59,7 @@ class Request:
     steps: list[float]  # work of each step, seconds alone
     step: int = 0  # index of the step submitted or running
     job: int = 0  # job id of that step
+    started: float | None = None  # when its first step started computing
 
     @property
     def last_step(self) -> bool:
