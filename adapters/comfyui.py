@@ -18,9 +18,10 @@ import attrs
 import httpx
 import trio
 
+from adapters.comfyui_inputs import NodeClass, validate_outputs
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
-from supervisor.gateway.errors import comfy_error_body
+from supervisor.gateway.errors import comfy_refusal_body
 
 _PROMPT_ID = re.compile(rb'"prompt_id"\s*:\s*"([^"]+)"')
 
@@ -32,9 +33,10 @@ class PromptRefused:
     type: str
     message: str
     details: str = ""
+    node_errors: dict[str, Any] = attrs.Factory(dict)  # each failing node's errors, as ComfyUI lists them
 
     def body(self) -> bytes:
-        return comfy_error_body(400, self.message, code=self.type, details=self.details)
+        return comfy_refusal_body(self.type, self.message, self.details, self.node_errors)
 
 
 @attrs.frozen
@@ -42,24 +44,47 @@ class PromptRequest:
     """A /prompt body read once: a JSON object whose prompt is a graph of nodes with class types."""
 
     prompt: dict[str, dict[str, Any]]
-    partial: bool  # partial_execution_targets given: ComfyUI runs those, outputs or not
+    targets: object = None  # partial_execution_targets as sent: ComfyUI validates and runs the outputs listed
+
+    @property
+    def partial(self) -> bool:
+        return self.targets is not None
 
     @property
     def classes(self) -> set[str]:
         return {node["class_type"] for node in self.prompt.values()}
 
-    def refusal(self, nodes: Mapping[str, bool] | None) -> PromptRefused | None:
-        """What ComfyUI would refuse of it, given its node classes (class_type -> is an output
-        node); *nodes* None (ComfyUI unreachable): nothing more is checked. Pure."""
+    def refusal(self, nodes: Mapping[str, NodeClass] | None) -> PromptRefused | None:
+        """What ComfyUI would refuse of it, given its node classes (`NodeCatalog.lookup`): a class
+        it does not list, no output, inputs it refuses on every output (comfyui_inputs); *nodes*
+        None (ComfyUI unreachable): nothing more is checked. Pure."""
         if nodes is None:
             return None
         for node_id, node in self.prompt.items():
             if node["class_type"] not in nodes:
                 return PromptRefused("invalid_prompt", f"Cannot execute because node {node['class_type']} does not "
                                      "exist.", f"Node ID '#{node_id}'")
-        if not self.partial and not any(nodes[node["class_type"]] for node in self.prompt.values()):
+        outputs = [node_id for node_id, node in self.prompt.items() if nodes[node["class_type"]].output_node]
+        if not self.partial and not outputs:
             return PromptRefused("prompt_no_outputs", "Prompt has no outputs")
-        return None
+        if self.partial:
+            if not isinstance(self.targets, list):
+                return None  # ComfyUI reads other targets its own way (a string by substring): left to it
+            outputs = [node_id for node_id in outputs if node_id in self.targets]
+        failed = validate_outputs(self.prompt, outputs, nodes)
+        if failed is None or not _printable(failed.node_errors):
+            return None
+        return PromptRefused("prompt_outputs_failed_validation", "Prompt outputs failed validation", failed.details,
+                             failed.node_errors)
+
+
+def _printable(node_errors: dict[str, Any]) -> bool:
+    """Whether the errors can be sent: a value nested deep enough is more than json.dumps can print."""
+    try:
+        json.dumps(node_errors)
+    except (RecursionError, ValueError):
+        return False
+    return True
 
 
 def read_prompt(body: bytes) -> PromptRequest | PromptRefused:
@@ -79,28 +104,42 @@ def read_prompt(body: bytes) -> PromptRequest | PromptRefused:
         if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
             return PromptRefused("invalid_prompt", "Cannot execute because a node is missing the class_type "
                                  "property.", f"Node ID '#{node_id}'")
-    return PromptRequest(prompt, partial=payload.get("partial_execution_targets") is not None)
+    return PromptRequest(prompt, targets=payload.get("partial_execution_targets"))
 
 
 @attrs.define(eq=False)
 class NodeCatalog:
-    """ComfyUI's node classes (``/object_info``), fetched when first needed, and again when a
-    prompt names a class it does not list (custom nodes installed, ComfyUI restarted)."""
+    """ComfyUI's node classes (``/object_info``: what each takes and gives), fetched when first
+    needed, again when a prompt names a class it does not list (custom nodes installed, ComfyUI
+    restarted), and again before a refusal would be made from a copy older than *refresh_after*
+    (an updated custom node may take other inputs under the same class name)."""
 
     http: httpx.AsyncClient
     base_url: str
     refresh_after: float = 10.0
     timeout: float = 30.0  # a big install's /object_info is megabytes
-    nodes: dict[str, bool] | None = None
+    nodes: dict[str, NodeClass] | None = None
     fetched_at: float = -math.inf
     _lock: trio.Lock = attrs.Factory(trio.Lock)
 
-    async def lookup(self, class_types: set[str]) -> Mapping[str, bool] | None:
+    async def lookup(self, class_types: set[str]) -> Mapping[str, NodeClass] | None:
         async with self._lock:
-            stale = trio.current_time() - self.fetched_at >= self.refresh_after
-            if self.nodes is None or (stale and not class_types <= self.nodes.keys()):
+            if self.nodes is None or (self._stale() and not class_types <= self.nodes.keys()):
                 await self._fetch()
         return self.nodes
+
+    async def refusal(self, request: PromptRequest) -> PromptRefused | None:
+        """`PromptRequest.refusal` from this catalog, fetched again first if it is stale."""
+        refused = request.refusal(await self.lookup(request.classes))
+        if refused is not None and self._stale():
+            async with self._lock:
+                if self._stale():
+                    await self._fetch()
+            refused = request.refusal(self.nodes)
+        return refused
+
+    def _stale(self) -> bool:
+        return trio.current_time() - self.fetched_at >= self.refresh_after
 
     async def _fetch(self) -> None:
         self.fetched_at = trio.current_time()
@@ -109,8 +148,7 @@ class NodeCatalog:
         except (httpx.HTTPError, ValueError):
             return  # keep what we knew; unknown stays unknown
         if isinstance(info, dict):
-            self.nodes = {str(name): bool(isinstance(entry, dict) and entry.get("output_node"))
-                          for name, entry in info.items()}
+            self.nodes = {str(name): NodeClass.of(str(name), entry) for name, entry in info.items()}
 
 
 def find_prompt_id(captured: bytes) -> str | None:

@@ -370,3 +370,22 @@ def test_an_image_upload_larger_than_the_chat_body_limit_streams_through(start_s
     assert too_big.status_code == 413
     assert too_big.json()["error"]["type"] == "request_too_large" and "node_errors" in too_big.json()
     assert not steward.events("internal_error")
+
+
+def test_a_value_out_of_range_is_refused_as_comfyui_refuses_it_before_anything_is_unloaded(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu, {"chat": fake_model("6GiB", gpu_dir=gpu)})
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert httpx.post(f"{steward.base_url}/chat/completions", json=chat, timeout=30).status_code == 200
+    bad = {"prompt": {"1": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1,
+                                                                    "color": 0}},
+                      "2": {"class_type": "SaveImage", "inputs": {"images": ["1", 0], "filename_prefix": "t"}}}}
+    refused = httpx.post(f"{url}/prompt", json=bad, timeout=30)
+    direct = httpx.post(f"http://127.0.0.1:{port}/prompt", json=bad, timeout=30)  # the fake's own validation
+    assert refused.status_code == direct.status_code == 400
+    assert refused.content == direct.content  # byte for byte
+    assert refused.json()["node_errors"]["1"]["errors"][0]["type"] == "value_smaller_than_min"
+    assert steward.wait_event("image_refused")["type"] == "prompt_outputs_failed_validation"
+    assert not steward.events("image_queued") and not steward.events("evict")  # the chat model stays loaded
+    assert httpx.get(f"http://127.0.0.1:{port}/fake/stats").json()["prompts_queued"] == 0

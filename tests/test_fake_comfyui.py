@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import signal
 import time
@@ -15,6 +16,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from PIL import Image
 from wsproto import ConnectionType, WSConnection
 from wsproto.utilities import LocalProtocolError
 from wsproto.events import (AcceptConnection, CloseConnection, Message, Ping, Pong, RejectConnection, Request,
@@ -24,6 +26,7 @@ from fakes import simgpu
 from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
+RECORDED = json.loads((Path(__file__).parent / "data" / "comfy_object_info.json").read_text())
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process
 GiB = 1024**3
 
@@ -200,7 +203,8 @@ def test_validation_errors(start_comfy: Callable[..., Fake]) -> None:
     r = fake.post("/prompt", {"prompt": bad})
     body = r.json()
     assert r.status_code == 400 and body["error"]["type"] == "prompt_outputs_failed_validation"
-    assert body["error"]["message"] == "Prompt outputs failed validation" and body["error"]["details"]
+    assert body["error"]["message"] == "Prompt outputs failed validation"
+    assert body["error"]["details"] == ""  # as ComfyUI's: only the outputs' own errors, and SaveImage has none
     assert body["node_errors"]["1"]["dependent_outputs"] == ["2"]
     assert body["node_errors"]["1"]["class_type"] == "FAKE_INVALID"
     assert body["node_errors"]["1"]["errors"][0]["type"] == "value_not_in_list"
@@ -218,6 +222,50 @@ def test_validation_errors(start_comfy: Callable[..., Fake]) -> None:
     r = fake.post("/prompt", content=b"not json")
     assert r.status_code == 500
     assert fake.stats()["prompts_queued"] == 1
+
+
+# What the fake validates as ComfyUI does (the recording's cases of those checks on its real nodes).
+FAKE_CHECKS = ("below min", "above max", "an INT that is no number", "an INT that is null", "an INT that is NaN",
+               "an INT that is an object", "a wrapped value below min", "a float truncated below min",
+               "a required input missing", "the failing output of partial targets", "one output of two fails",
+               "numbers as strings, a bool, a float and a wrapped value")
+
+
+def test_the_real_weight_free_nodes_save_what_their_chain_makes(start_comfy: Callable[..., Fake]) -> None:
+    fake = start_comfy("--job-time", "0s")
+    info = fake.get("/object_info").json()
+    for name in ("EmptyImage", "ImageInvert", "PreviewImage"):
+        assert info[name] == RECORDED["object_info"][name]  # ComfyUI 0.3.64's own entries
+    stand_in = info["KSampler"]  # the real shapes, every input optional, a custom node's module
+    assert stand_in["python_module"] == "custom_nodes.fakes_comfyui" and not stand_in["input"]["required"]
+    assert stand_in["input"]["optional"]["steps"] == ["INT", {"default": 20, "min": 1, "max": 10000}]
+    prompt = {"1": {"class_type": "EmptyImage", "inputs": {"width": 5, "height": 3, "batch_size": 2,
+                                                           "color": 0xFEFD80}},
+              "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+              "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "chain/inv"}},
+              "4": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}}
+    outputs = fake.wait_done(fake.submit(prompt))["outputs"]
+    saved, previews = outputs["3"]["images"], outputs["4"]["images"]
+    assert [(i["filename"], i["subfolder"], i["type"]) for i in saved] == [
+        ("inv_00001_.png", "chain", "output"), ("inv_00002_.png", "chain", "output")]  # one per image of the batch
+    assert [i["type"] for i in previews] == ["temp", "temp"]
+    # 1 - c in float32, then 255 * that truncated, as ComfyUI does: 0xFE -> 0, 0xFD -> 1, 0x80 -> 126.
+    for images, pixel in ((saved, (0, 1, 126)), (previews, (0xFE, 0xFD, 0x80))):
+        for image in images:
+            png = Image.open(io.BytesIO(fake.get("/view", params=image).content))
+            assert (png.mode, png.size, png.getcolors()) == ("RGB", (5, 3), [(15, pixel)])
+    assert fake.get("/view", params={**saved[0], "type": "temp"}).status_code == 404
+
+
+def test_inputs_are_validated_as_comfyui_validates_them(start_comfy: Callable[..., Fake]) -> None:
+    fake = start_comfy("--job-time", "0s")
+    for answer in (a for a in RECORDED["answers"] if a["case"] in FAKE_CHECKS):
+        queued = fake.stats()["prompts_queued"]
+        r = fake.post("/prompt", content=json.dumps(answer["request"]).encode())  # NaN as Python's json writes it
+        assert r.status_code == answer["status"], answer["case"]
+        if answer["status"] == 400:
+            assert r.content == json.dumps(answer["body"]).encode(), answer["case"]  # byte for byte, as aiohttp's
+        assert fake.stats()["prompts_queued"] - queued == (answer["status"] == 200)
 
 
 def test_free_drops_memory_later(start_comfy: Callable[..., Fake], tmp_path: Path) -> None:

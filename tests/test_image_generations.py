@@ -18,11 +18,13 @@ import pytest
 from PIL import Image
 
 from supervisor.auth.keys import add_key
+from tests import test_comfy_listener
 from tests.conftest import RunningSteward, StewardFactory, fake_model
-from tests.test_comfy_listener import comfy, names, steward_with  # noqa: F401 (comfy: a fixture)
+from tests.test_comfy_listener import names, steward_with
 
 pytestmark = pytest.mark.slow
 
+comfy = test_comfy_listener.comfy  # the fake ComfyUI, a fixture
 PHASES = ["image_queued", "image_granted", "image_forwarded", "image_finished", "image_freed", "image_released"]
 
 
@@ -124,7 +126,11 @@ def test_an_image_url_is_served_to_whoever_holds_it_and_nothing_else_is(  # type
 def test_bad_requests_and_failures_are_openai_errors_and_unload_nothing(  # type: ignore[no-untyped-def]
         start_steward: StewardFactory, comfy, tmp_path: Path) -> None:
     port, gpu = comfy()
-    steward, client = with_images(start_steward, port, gpu, tmp_path,
+    invert = {"1": {"class_type": "EmptyImage", "inputs": {"width": "{{width}}", "height": "{{height}}",
+                                                           "batch_size": 1, "color": 0}},
+              "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+              "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "{{prompt}}"}}}
+    steward, client = with_images(start_steward, port, gpu, tmp_path, invert=image_model(tmp_path, "invert", invert),
                                   broken=image_model(tmp_path, "broken", sketch(error=True)))
     client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError) as caught:
@@ -135,6 +141,11 @@ def test_bad_requests_and_failures_are_openai_errors_and_unload_nothing(  # type
     assert caught.value.body["code"] == "model_not_supported"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.images.generate(model="dall-e-2", prompt="x")
+    with pytest.raises(openai.BadRequestError) as caught:  # past EmptyImage's maximum, as ComfyUI's specs say
+        client.images.generate(model="invert", prompt="x", size="16x20000")
+    assert caught.value.body["message"].endswith(  # type: ignore[index]
+        "EmptyImage (node 1): Value 20000 bigger than max of 16384: height")
+    assert steward.wait_event("image_refused")["model"] == "invert"
     assert not steward.events("evict") and not steward.events("image_queued")
     with pytest.raises(openai.APIStatusError) as failed:
         client.images.generate(model="broken", prompt="x", response_format="b64_json")

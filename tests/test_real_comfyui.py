@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -399,8 +400,16 @@ def test_a_chat_during_an_image_job_waits_until_comfyui_was_freed(start_steward:
     assert [e["engine"] for e in steward.events("load")] == ["chat", "chat"]  # loaded again after the job
 
 
-def invalid_prompt(comfy: Comfy) -> dict[str, Any]:
-    """A prompt only ComfyUI can refuse: EmptyImage's width below its minimum (steward checks only the classes)."""
+def comfyui_only_refusal(comfy: Comfy) -> dict[str, Any]:
+    """A prompt only ComfyUI can refuse: a custom node's INT below its minimum (a custom node's
+    VALIDATE_INPUTS could allow it, and /object_info cannot say whether it has one)."""
+    bad = comfy.prompt(steps=1)
+    bad["prompt"]["2"]["inputs"]["steps"] = 0
+    return bad
+
+
+def out_of_range_prompt(comfy: Comfy) -> dict[str, Any]:
+    """A prompt steward refuses as ComfyUI would: EmptyImage's width below its minimum."""
     bad = comfy.prompt()
     bad["prompt"]["1"]["inputs"]["width"] = 0
     return bad
@@ -409,11 +418,11 @@ def invalid_prompt(comfy: Comfy) -> dict[str, Any]:
 def test_a_prompt_only_comfyui_can_refuse_comes_back_unchanged_and_releases_at_once(
         start_steward: StewardFactory, comfy: Comfy) -> None:
     steward, url = steward_for(start_steward, comfy)
-    bad = invalid_prompt(comfy)
+    bad = comfyui_only_refusal(comfy)
     relayed, direct = httpx.post(f"{url}/prompt", json=bad, timeout=60), comfy.post("/prompt", json=bad)
     assert answer_of(relayed) == answer_of(direct)
     assert direct.status_code == 400 and direct.json()["error"]["type"] == "prompt_outputs_failed_validation"
-    assert direct.json()["node_errors"]["1"]["errors"][0]["type"] == "value_smaller_than_min"
+    assert direct.json()["node_errors"]["2"]["errors"][0]["type"] == "value_smaller_than_min"
     released = steward.wait_event("image_released", prompt_id=None, timeout=30)
     assert steward.wait_event("image_forwarded")["status"] == 400
     assert names(steward, *PHASES) == ["image_queued", "image_granted", "image_forwarded", "image_released"]
@@ -421,14 +430,97 @@ def test_a_prompt_only_comfyui_can_refuse_comes_back_unchanged_and_releases_at_o
     assert comfy.running() == []
 
 
-@pytest.mark.xfail(strict=True, reason="steward takes the GPU (drains and stops the loaded chat engine) before "
-                   "forwarding a prompt whose inputs only ComfyUI validates; ComfyUI's 400 comes after the unload")
 def test_a_prompt_only_comfyui_can_refuse_unloads_nothing(start_steward: StewardFactory, comfy: Comfy) -> None:
     steward, url = steward_for(start_steward, comfy, {"chat": fake_model("2GiB")})
     assert httpx.post(f"{steward.base_url}/chat/completions", json=chat(), timeout=30).status_code == 200
-    assert httpx.post(f"{url}/prompt", json=invalid_prompt(comfy), timeout=60).status_code == 400
-    steward.wait_event("image_released", prompt_id=None, timeout=30)
+    assert httpx.post(f"{url}/prompt", json=out_of_range_prompt(comfy), timeout=60).status_code == 400
+    assert steward.wait_event("image_refused")["type"] == "prompt_outputs_failed_validation"
+    assert not steward.events("image_queued")  # the GPU was never taken
     assert not steward.events("evict") and not steward.events("stop")  # the chat model stays loaded
+
+
+# --- ComfyUI's input validation, mirrored (adapters/comfyui_inputs.py) ---------------------------
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "comfy_object_info.json").read_text())
+
+
+def without_tracebacks(value: Any) -> Any:
+    """An answer as steward can give it: the traceback of an exception names ComfyUI's own files."""
+    if isinstance(value, dict):
+        return {k: [] if k == "traceback" else without_tracebacks(v) for k, v in value.items()}
+    return [without_tracebacks(v) for v in value] if isinstance(value, list) else value
+
+
+def post_raw(url: str, body: dict[str, Any]) -> httpx.Response:
+    """POST /prompt with Python's json (NaN as ComfyUI's json.loads reads it)."""
+    return httpx.post(f"{url}/prompt", content=json.dumps(body), headers={"content-type": "application/json"},
+                      timeout=60)
+
+
+def unordered(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer without the orders ComfyUI's sets leave open (a node's errors, the outputs)."""
+    error = {**answer["error"], "details": sorted(answer["error"]["details"].splitlines())}
+    nodes = {node: {**entry, "errors": sorted(entry["errors"], key=json.dumps),
+                    "dependent_outputs": sorted(entry["dependent_outputs"])}
+             for node, entry in answer["node_errors"].items()}
+    return {"error": error, "node_errors": dict(sorted(nodes.items()))}
+
+
+def test_the_recorded_answers_are_what_comfyui_answers(comfy: Comfy) -> None:
+    """tests/data/comfy_object_info.json, which tests/test_comfy_inputs.py tests steward against, is still true."""
+    for name, entry in RECORDED["object_info"].items():
+        live = comfy.get(f"/object_info/{name}").json()[name]
+        if name == "LoadImage":
+            live["input"]["required"]["image"][0] = []  # the files in its input folder: this module uploads some
+        assert live == entry, name
+    for answer in RECORDED["answers"]:
+        direct = post_raw(comfy.url, answer["request"])
+        assert direct.status_code == answer["status"], answer["case"]
+        if direct.status_code == 400:
+            assert without_tracebacks(direct.json()) == answer["body"], answer["case"]
+
+
+def test_bad_prompts_are_refused_by_steward_before_the_gpu_is_taken_as_comfyui_refuses_them(
+        start_steward: StewardFactory, comfy: Comfy) -> None:
+    steward, url = steward_for(start_steward, comfy, {"chat": fake_model("2GiB")})
+    assert httpx.post(f"{steward.base_url}/chat/completions", json=chat(), timeout=30).status_code == 200
+    refused = [a for a in RECORDED["answers"] if a["steward"] == "refuses"]
+    for answer in refused:
+        relayed, direct = post_raw(url, answer["request"]), post_raw(comfy.url, answer["request"])
+        assert relayed.status_code == direct.status_code == 400, answer["case"]
+        traced = b'"traceback": [' in direct.content and b'"traceback": []' not in direct.content
+        if traced:  # an exception: all but the traceback
+            assert relayed.content == json.dumps(without_tracebacks(direct.json())).encode(), answer["case"]
+        else:
+            assert relayed.content == direct.content, answer["case"]  # byte for byte
+    # Several errors in a node and several failing outputs: ComfyUI's order is its sets', steward's the prompt's.
+    many = comfy.prompt()
+    many["prompt"]["1"]["inputs"].update(width="wide", height=0, batch_size=5000)
+    del many["prompt"]["1"]["inputs"]["color"]
+    many["prompt"]["5"] = {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}
+    relayed, direct = httpx.post(f"{url}/prompt", json=many, timeout=60), comfy.post("/prompt", json=many)
+    assert relayed.status_code == direct.status_code == 400
+    assert unordered(relayed.json()) == unordered(direct.json())
+    assert len(steward.events("image_refused")) == len(refused) + 1
+    assert not steward.events("image_queued") and not steward.events("evict")  # the chat model never unloaded
+    assert comfy.running() == []
+
+
+def test_a_prompt_whose_outputs_fail_only_in_part_runs_what_passes(start_steward: StewardFactory,
+                                                                   comfy: Comfy) -> None:
+    steward, url = steward_for(start_steward, comfy)
+    mixed = comfy.prompt()
+    mixed["prompt"].update({"5": {"class_type": "EmptyImage", "inputs": {"width": 0, "height": 8, "batch_size": 1,
+                                                                         "color": next(comfy.colors)}},
+                            "6": {"class_type": "SaveImage", "inputs": {"images": ["5", 0], "filename_prefix": "x"}}})
+    answer = httpx.post(f"{url}/prompt", json=mixed, timeout=60)
+    assert answer.status_code == 200  # ComfyUI's own answer: it runs output 4, and says why not 6
+    body = answer.json()
+    assert body["node_errors"]["5"]["dependent_outputs"] == ["6"]
+    assert body["node_errors"]["5"]["errors"][0]["type"] == "value_smaller_than_min"
+    steward.wait_event("image_released", prompt_id=body["prompt_id"], timeout=JOB_TIMEOUT_S)
+    assert names(steward, *PHASES) == PHASES and not steward.events("image_refused")
+    assert list(comfy.wait_done(body["prompt_id"])["outputs"]) == ["4"]
 
 
 def test_a_prompt_naming_an_unknown_node_is_refused_as_comfyui_refuses_it_before_the_gpu_is_taken(
@@ -594,3 +686,78 @@ async def test_interrupt_ends_a_long_job_and_steward_gives_the_gpu_back(start_st
     answer = await trio.to_thread.run_sync(lambda: httpx.post(f"{steward.base_url}/chat/completions", json=chat(),
                                                               timeout=30))
     assert answer.status_code == 200  # the GPU is free for chats again
+
+
+# --- images for OpenAI clients ---------------------------------------------------------------
+
+# EmptyImage's colour is the seed: each image of a request differs, and says which seed made it.
+INVERT_WORKFLOW = {
+    "1": {"class_type": "EmptyImage", "inputs": {"width": "{{width}}", "height": "{{height}}", "batch_size": 1,
+                                                 "color": "{{seed}}"}},
+    "2": {"class_type": "ImageInvert", "inputs": {"image": ["1", 0]}},
+    "3": {"class_type": "SaveImage", "inputs": {"images": ["2", 0], "filename_prefix": "steward-{{prompt}}"}},
+}
+
+
+def with_image_model(start_steward: StewardFactory, comfy: Comfy, tmp_path: Path,
+                     models: dict[str, Any] | None = None) -> tuple[RunningSteward, Any]:
+    import openai
+
+    workflow = tmp_path / "invert.json"
+    workflow.write_text(json.dumps(INVERT_WORKFLOW))
+    steward, _ = steward_for(start_steward, comfy, {"invert": {"runtime": "comfyui", "workflow": str(workflow)},
+                                                    **(models or {})})
+    return steward, openai.OpenAI(base_url=steward.base_url, api_key="unused", max_retries=0)
+
+
+def inverted(seed: int) -> tuple[int, int, int]:
+    """The pixel EmptyImage(color=seed) -> ImageInvert -> SaveImage writes: float32 channels, truncated."""
+    def f32(value: float) -> float:
+        return struct.unpack("f", struct.pack("f", value))[0]  # type: ignore[no-any-return]
+
+    return tuple(int(f32(255.0 * f32(1.0 - f32((seed >> shift & 0xFF) / 0xFF)))) for shift in (16, 8, 0))  # type: ignore[return-value]
+
+
+def test_images_generate_runs_the_filled_workflow_in_the_real_comfyui(start_steward: StewardFactory, comfy: Comfy,
+                                                                      tmp_path: Path) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    steward, client = with_image_model(start_steward, comfy, tmp_path, {"chat": fake_model("2GiB")})
+    client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    seed = next(comfy.colors) * 7919 % 2**24  # a colour of three different bytes, new to ComfyUI's cache
+    result = client.images.generate(model="invert", prompt="fox", n=2, size="24x16", response_format="b64_json",
+                                    extra_body={"seed": seed})
+    assert len(result.data) == 2 and result.size == "24x16"
+    for item, used in zip(result.data, (seed, seed + 1), strict=True):
+        image = Image.open(io.BytesIO(base64.b64decode(item.b64_json or "")))
+        assert image.size == (24, 16) and image.convert("RGB").getpixel((5, 5)) == inverted(used)
+    assert names(steward, *PHASES) == ["image_queued", "image_granted", "image_forwarded", "image_finished",
+                                       "image_forwarded", "image_finished", "image_freed", "image_released"]
+    assert [e["engine"] for e in steward.events("evict")] == ["chat"]  # the GPU was the job's
+    assert [e["outcome"] for e in steward.events("image_finished")] == ["success", "success"]
+    # As a URL: the bytes ComfyUI's /view gives for the file the prompt saved.
+    linked = client.images.generate(model="invert", prompt="owl", size="8x8", extra_body={"seed": seed + 2})
+    url = linked.data[0].url
+    assert url is not None
+    entry = comfy.history(steward.events("image_forwarded")[-1]["prompt_id"])
+    assert entry is not None
+    saved = entry["outputs"]["3"]["images"][0]
+    assert saved["filename"].startswith("steward-owl")
+    assert httpx.get(url, timeout=30).content == comfy.get("/view", params=saved).content
+
+
+def test_an_image_request_the_real_comfyui_would_refuse_is_refused_before_the_gpu_is_taken(
+        start_steward: StewardFactory, comfy: Comfy, tmp_path: Path) -> None:
+    import openai
+
+    steward, client = with_image_model(start_steward, comfy, tmp_path, {"chat": fake_model("2GiB")})
+    client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(model="invert", prompt="fox", size="20000x16", extra_body={"seed": 1})
+    message = caught.value.body["message"]  # type: ignore[index]
+    assert message.endswith("Prompt outputs failed validation: EmptyImage (node 1): Value 20000 bigger than max of "
+                            "16384: width")  # EmptyImage's max, from ComfyUI's /object_info
+    assert not steward.events("image_queued") and not steward.events("evict")

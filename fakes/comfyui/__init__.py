@@ -11,7 +11,10 @@ A real HTTP/1.1 + websocket server in its own process (trio + h11 + wsproto thro
 
 * ``POST /prompt`` -> ``{prompt_id, number, node_errors}``, or 400 ``no_prompt`` /
   ``invalid_prompt`` / ``prompt_no_outputs`` / ``prompt_outputs_failed_validation`` (a node of
-  class ``FAKE_INVALID``); a body that is not JSON -> 500, as aiohttp does;
+  class ``FAKE_INVALID``, or inputs ComfyUI's validation refuses: a required one missing, an
+  INT/FLOAT that does not convert or is out of min/max, on the nodes that carry ComfyUI's real
+  specs: ``EmptyImage``, ``ImageInvert``, ``SaveImage``, ``PreviewImage``); a body that is not
+  JSON -> 500, as aiohttp does;
 * one prompt at a time, lowest ``number`` first (``front`` jumps the queue), each running
   ``--job-time`` (a node input ``fake_seconds`` overrides it); a ``FAKE_ERROR`` node fails it;
 * the first job "loads the models": ``--model-memory`` is held (registered with the simulated
@@ -22,8 +25,8 @@ A real HTTP/1.1 + websocket server in its own process (trio + h11 + wsproto thro
   ``prompt_id``; the prompt ends with ``execution_interrupted``, history status error),
   ``GET /history``, ``/history/{id}`` (``{}`` until done), ``POST /history``, ``GET /prompt``,
   ``/system_stats`` (``devices[0].vram_total/vram_free`` in bytes, from the simulated GPU if
-  given), ``/features``, ``/object_info`` (small), ``/view`` (a tiny PNG for images the fake
-  produced), ``/embeddings``, ``/extensions``;
+  given), ``/features``, ``/object_info`` (small), ``/view`` (the PNG a SaveImage wrote: the size and
+  colour of its EmptyImage/ImageInvert chain, else a tiny one), ``/embeddings``, ``/extensions``;
 * websocket ``/ws?clientId=ID``: ``status`` with ``sid`` first; ``status`` to everyone whenever the
   queue changes (a prompt queued, taken, finished, deleted); per prompt of that client
   ``execution_start``, ``execution_cached``, ``executing`` per node, ``progress`` (value/max),

@@ -2,9 +2,11 @@
 
 A prompt runs for ``--job-time`` (or its ``fake_seconds``), node by node, sending the websocket
 messages of ``execution.py`` to its client; it takes the model memory when it starts and leaves
-it loaded. ``/free`` sets flags the worker acts on when idle (at once) or after the running
-prompt. ``/interrupt`` ends the running prompt with ``execution_interrupted``. A *dropped* prompt
-(test hook) vanishes: no history entry and no further message, as if ComfyUI had restarted.
+it loaded. The images its outputs save (one per image of a batch) stay viewable, as files in
+ComfyUI's output folder do, until ``MAXIMUM_HISTORY_SIZE`` newer ones were saved. ``/free``
+sets flags the worker acts on when idle (at once) or after the running prompt. ``/interrupt``
+ends the running prompt with ``execution_interrupted``. A *dropped* prompt (test hook)
+vanishes: no history entry and no further message, as if ComfyUI had restarted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import attrs
 import trio
 
+from fakes.comfyui.assets import PNG, Picture
 from fakes.comfyui.cli import Config
 from fakes.comfyui.memory import Gpu
 from fakes.comfyui.workflow import ERROR_CLASS, Plan
@@ -71,6 +74,7 @@ class Prompts:
     number: int = 0
     last_node: str | None = None
     free_flags: dict[str, bool] | None = None
+    saved: dict[tuple[str, str, str], Picture | None] = attrs.field(factory=dict)  # (filename, subfolder, type)
     _seq: itertools.count[int] = attrs.field(factory=itertools.count)
     _images: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _wake: trio.Event = attrs.field(factory=trio.Event)
@@ -235,22 +239,28 @@ class Prompts:
             else:
                 await trio.lowlevel.checkpoint()
             if node in plan.outputs:
-                outputs[node] = self._output(plan.classes[node], item.prompt[node])
+                outputs[node] = self._output(plan.classes[node], item.prompt[node], plan.pictures.get(node))
                 if sid is not None:
                     self.hub.send("executed", {"node": node, "display_node": node, "output": outputs[node],
                                                "prompt_id": pid}, sid)
             executed.append(node)
         return None
 
-    def _output(self, class_type: str, node: dict[str, Any]) -> dict[str, Any]:
+    def _output(self, class_type: str, node: dict[str, Any], picture: Picture | None) -> dict[str, Any]:
         if class_type == "PreviewImage":
             prefix = "ComfyUI_temp_" + "".join(random.choices(string.ascii_lowercase, k=5))
             kind = "temp"
         else:
             prefix, kind = str((node.get("inputs") or {}).get("filename_prefix") or "ComfyUI"), "output"
         subfolder, _, prefix = prefix.rpartition("/")
-        return {"images": [{"filename": f"{prefix}_{next(self._images):05}_.png", "subfolder": subfolder,
-                            "type": kind}]}
+        images = []
+        for batch_number in range(picture.batch if picture is not None else 1):
+            filename = f"{prefix.replace('%batch_num%', str(batch_number))}_{next(self._images):05}_.png"
+            if len(self.saved) >= MAXIMUM_HISTORY_SIZE:
+                self.saved.pop(next(iter(self.saved)))
+            self.saved[(filename, subfolder, kind)] = picture
+            images.append({"filename": filename, "subfolder": subfolder, "type": kind})
+        return {"images": images}
 
     def _add_history(self, item: Item, outputs: dict[str, Any], messages: list[list[Any]], success: bool) -> None:
         if len(self.history) >= MAXIMUM_HISTORY_SIZE:
@@ -262,9 +272,9 @@ class Prompts:
             "meta": meta,
         }
 
-    def produced(self, filename: str, subfolder: str, kind: str) -> bool:
-        """Whether a finished prompt wrote this image (what /view can serve)."""
-        return any(image.get("filename") == filename and image.get("subfolder", "") == subfolder
-                   and image.get("type") == kind
-                   for entry in self.history.values() for output in entry["outputs"].values()
-                   for image in output.get("images", []))
+    def image(self, filename: str, subfolder: str, kind: str) -> bytes | None:
+        """The PNG of an image a prompt saved (what /view serves), or None."""
+        if (filename, subfolder, kind) not in self.saved:
+            return None
+        picture = self.saved[(filename, subfolder, kind)]
+        return picture.png() if picture is not None else PNG

@@ -14,7 +14,7 @@ from urllib.parse import urlparse, urlsplit
 import attrs
 import trio
 
-from fakes.comfyui.assets import INDEX_HTML, PNG, object_info
+from fakes.comfyui.assets import INDEX_HTML, object_info
 from fakes.comfyui.cli import VERSION, Config, parse_config
 from fakes.comfyui.memory import Gpu
 from fakes.comfyui.prompts import Prompts
@@ -41,6 +41,11 @@ def json_body(ex: Exchange) -> Any:
         return json.loads(ex.request.body)
     except (ValueError, RecursionError):
         raise BadJson from None
+
+
+def aiohttp_json(value: object) -> bytes:
+    """``web.json_response``'s body: ``json.dumps`` as it is (what steward's copies of /prompt's answers match)."""
+    return json.dumps(value).encode()
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -191,7 +196,7 @@ class FakeComfyUI:
         except PromptRejected as rejected:
             if self.cfg.verbose:
                 self.log(f"invalid prompt: {rejected}")
-            await ex.respond_json(400, rejected.body)
+            await ex.respond(400, aiohttp_json(rejected.body))
             return
         prompt_id = str(body.get("prompt_id") or uuid.uuid4())
         extra_data = dict(body.get("extra_data") or {})
@@ -201,7 +206,8 @@ class FakeComfyUI:
         self.prompts.put(number, prompt_id, body["prompt"], extra_data, plan)
         if self.cfg.verbose:
             self.log("got prompt")
-        await ex.respond_json(200, {"prompt_id": prompt_id, "number": number, "node_errors": plan.node_errors})
+        answer = {"prompt_id": prompt_id, "number": number, "node_errors": plan.node_errors}
+        await ex.respond(200, aiohttp_json(answer))
 
     async def get_queue(self, ex: Exchange, _rest: str) -> None:
         running = self.prompts.running
@@ -288,11 +294,11 @@ class FakeComfyUI:
         elif query.get("type") == "input" and (subfolder, filename) in self.uploads:
             data, mimetype = self.uploads[(subfolder, filename)]
             await ex.respond(200, data, mimetype.encode())
-        elif not self.prompts.produced(filename, subfolder, query.get("type", "output")):
+        elif (image := self.prompts.image(filename, subfolder, query.get("type", "output"))) is None:
             await ex.respond(404, b"", EMPTY)
         else:
             ex.headers.append((b"content-disposition", f'filename="{filename}"'.encode()))
-            await ex.respond(200, PNG, b"image/png")
+            await ex.respond(200, image, b"image/png")
 
     async def upload_image(self, ex: Exchange, _rest: str) -> None:
         """ComfyUI's image upload (server.py image_upload): a form with `image` (the file) and

@@ -7,8 +7,9 @@ ComfyUI and its answer comes back unchanged; steward follows the job to its end,
 `POST /free`s, waits for the memory, and releases the GPU. A rejected prompt releases at
 once; a client that leaves before the prompt was sent leaves the queue cleanly.
 A prompt ComfyUI would refuse anyway (not an object, no nodes, a node class ComfyUI does
-not list in its ``/object_info``, no output) is answered in ComfyUI's own 400 shape before
-anything is unloaded. Everything else passes through untouched, with the Host and Origin
+not list in its ``/object_info``, no output, inputs its validation fails on:
+adapters/comfyui_inputs.py) is answered in ComfyUI's own 400 shape before anything is
+unloaded. The GPU itself is held through the turnstile both listeners share (comfy_jobs.py). Everything else passes through untouched, with the Host and Origin
 ComfyUI expects (steward checks Origin itself, at the door of every listener).
 """
 
@@ -115,8 +116,7 @@ class ComfyListener:
     async def _prompt(self, scope: Scope, receive: Receive, send: Send, body: bytes, exchange: Exchange) -> None:
         # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
         request = read_prompt(body)
-        refused = request if isinstance(request, PromptRefused) else request.refusal(
-            await self.catalog.lookup(request.classes))
+        refused = request if isinstance(request, PromptRefused) else await self.catalog.refusal(request)
         if refused is not None:
             self.events.emit("image_refused", "info", type=refused.type, detail=refused.message)
             content = refused.body()

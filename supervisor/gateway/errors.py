@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from typing import Any
 
 ErrorShape = Callable[..., bytes]  # (status, message, *, code=None, param=None) -> body
 
@@ -64,6 +65,12 @@ def comfy_error_body(status: int, message: str, *, code: str | None = None, para
     error = {"type": code or _COMFY_TYPES.get(status, "steward_error"), "message": message, "details": details,
              "extra_info": {}}
     return json.dumps({"error": error, "node_errors": {}}).encode()
+
+
+def comfy_refusal_body(kind: str, message: str, details: str, node_errors: dict[str, Any]) -> bytes:
+    """ComfyUI's answer to a prompt its validation refuses, each failing node's errors with it."""
+    error = {"type": kind, "message": message, "details": details, "extra_info": {}}
+    return json.dumps({"error": error, "node_errors": node_errors}).encode()
 
 
 _COMFY_TYPES = {400: "invalid_prompt", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",

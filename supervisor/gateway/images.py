@@ -159,8 +159,14 @@ def _size(size: Any) -> tuple[int, int]:
 
 
 def refusal_words(model: str, refused: PromptRefused) -> str:
-    details = f" ({refused.details})" if refused.details else ""
-    return f"ComfyUI would refuse the workflow of '{model}' as asked: {refused.message}{details}"
+    """ComfyUI's refusal in one line: its message, and each failing node's errors (where the
+    request's own values usually are: a size past the node's maximum, say)."""
+    why = [f"{entry.get('class_type', '?')} (node {node}): {error.get('message', '')}"
+           + (f": {error['details']}" if error.get("details") else "")
+           for node, entry in refused.node_errors.items() for error in entry.get("errors", [])]
+    details = f" ({refused.details})" if refused.details and not why else ""
+    return f"ComfyUI would refuse the workflow of '{model}' as asked: {refused.message}{details}" + (
+        f": {'; '.join(why)}" if why else "")
 
 
 @attrs.define(eq=False)
@@ -247,14 +253,9 @@ class ImageHandler:
 
     async def _check(self, model: str, graphs: list[dict[str, Any]]) -> None:
         """ComfyUI's refusal, before the GPU is taken: nothing is unloaded for a workflow it would refuse."""
-        nodes = None
         for graph in graphs:
             request = read_prompt(dump_json({"prompt": graph}))
-            if isinstance(request, PromptRefused):
-                refused: PromptRefused | None = request
-            else:
-                nodes = nodes or await self.nodes.lookup(request.classes)
-                refused = request.refusal(nodes)
+            refused = request if isinstance(request, PromptRefused) else await self.nodes.refusal(request)
             if refused is not None:
                 self.turnstile.events.emit("image_refused", "info", type=refused.type, detail=refused.message,
                                            model=model)
