@@ -229,6 +229,12 @@ class SchedulerConfig:
     batch_max_starvation: Duration = Duration(10.0)
     guard_share: Fraction = Fraction(0.5)
     guard_gap_wait: Duration = Duration(15.0)
+    # A guard turn beside chats fills its engine's free slots: one engine more slows a chat the
+    # same whether one of its slots decodes or all, so a turn does up to slots x the work.
+    guard_fill: bool = False
+    # Steps whose engine's last ones took at most this long start in any gap between chats,
+    # outside the guard: a chat arriving meanwhile is slowed about that long at most. 0s: off.
+    gap_step: Duration = Duration(0.0)
     hot_window: Duration = Duration(300.0)
     # Within a class, a request whose model would have to evict another may be overtaken by
     # younger requests for loaded models for up to this long after it arrived, so a swap
@@ -237,6 +243,10 @@ class SchedulerConfig:
     # finish on the loaded models; well under every queue_timeout (interactive: 60 s).
     # 0s: strict arrival order, as before.
     swap_hold: Duration = Duration(30.0)
+    # Models to load again ahead of demand after an image job or an idle unload, into free
+    # memory only and first first, before the models used lately (which are warmed anyway,
+    # likeliest first); a request that needs the memory stops a warm load still starting.
+    warm: list[str] = attrs.Factory(list)
     embedding_chunk: PositiveInt = PositiveInt(32)
     release_timeout: Duration = Duration(10.0)
 
@@ -842,9 +852,33 @@ def _check_semantics(config: Config) -> list[str]:
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
     problems += _front_door_problems(config) + _node_problems(config) + _image_model_problems(config)
+    problems += _warm_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _warm_problems(config: Config) -> list[str]:
+    """scheduler.warm names engines steward loads: models under models, each once."""
+    problems = []
+    aliases = config.alias_table()
+    first: dict[str, int] = {}
+    for i, name in enumerate(config.scheduler.warm):
+        key = f"scheduler.warm[{i}]"
+        if name in first:
+            problems.append(f"{key}: {show(name)} is named already, at scheduler.warm[{first[name]}]; keep one")
+        elif name in config.image_models:
+            problems.append(f"{key}: {show(name)} is an image model: its workflow runs in ComfyUI, which steward "
+                            f"does not load")
+        elif name == OLLAMA_ENGINE and config.ollama is not None:
+            problems.append(f"{key}: 'ollama' is not under models; to warm an Ollama model after an image job, "
+                            f"set comfyui.warm_model")
+        elif name in aliases and name not in config.models:
+            problems.append(f"{key}: {show(name)} is an alias; name the model, {show(aliases[name])}")
+        elif name not in config.models:
+            problems.append(f"{key}: names model {show(name)}, which is not under models")
+        first.setdefault(name, i)
+    return problems
 
 
 def _image_model_problems(config: Config) -> list[str]:

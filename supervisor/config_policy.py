@@ -51,8 +51,11 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
                     "batch": config.scheduler.batch_max_starvation},
         hot_window=config.scheduler.hot_window,
         swap_hold=config.scheduler.swap_hold,
+        warm=tuple(config.scheduler.warm),
         guard_share=config.scheduler.guard_share,
         guard_gap_wait=config.scheduler.guard_gap_wait,
+        guard_fill=config.scheduler.guard_fill,
+        gap_step=config.scheduler.gap_step,
         max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
         queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
                        for k, c in classes.items()},

@@ -198,6 +198,8 @@ class StewardMetrics:
         self.evictions = Counter("steward_evictions", "Engines chosen for eviction", ["engine"], registry=r)
         self.swap_holds = Counter("steward_swap_holds", "Requests whose load was held so that requests for "
                                   "loaded models go first (scheduler.swap_hold)", ["class"], registry=r)
+        self.warm_loads = Counter("steward_warm_loads", "Engines loaded ahead of demand after an image job or an idle "
+                                  "unload (scheduler.warm, recent use)", ["engine"], registry=r)
         self.evictions_undone = Counter("steward_evictions_undone", "Drains undone: what they were for went away",
                                         ["engine"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
@@ -269,6 +271,8 @@ class StewardMetrics:
                 self.evictions.labels(f["engine"]).inc()
             case "swap_held":
                 self.swap_holds.labels(f["class"]).inc()
+            case "warm":
+                self.warm_loads.labels(f["engine"]).inc()
             case "evict_undone":
                 self.evictions_undone.labels(f["engine"]).inc()
             case "crash":

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.config import Config, ConfigError, load_config, parse_config
-from supervisor.config_policy import engine_profiles, engine_specs
+from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
 from supervisor.memory_plan import MemoryPlan, budget_problems
 from supervisor.units import parse_duration, parse_size, show
 
@@ -493,3 +493,35 @@ def test_steward_files_live_beside_the_config_unless_a_path_says_otherwise(tmp_p
     assert config.log.file == "/var/log/steward.jsonl"
     assert config.state_file == str(folder / "steward-state.json")
     assert parse_config({"models": {"chat": GOOD}}).usage.db == "steward-usage.db"  # as given, without a file
+
+
+# --- scheduler.warm -----------------------------------------------------------------------------------
+
+def test_scheduler_warm_names_models_in_order_and_reaches_the_policy() -> None:
+    config = parse_config({"models": {"chat": GOOD, "coder": GOOD}, "scheduler": {"warm": ["coder", "chat"]}})
+    assert config.scheduler.warm == ["coder", "chat"]
+    assert scheduling_policy(config).warm == ("coder", "chat")
+    assert scheduling_policy(parse_config({"models": {"chat": GOOD}})).warm == ()  # default: recent use only
+
+
+@pytest.mark.parametrize(("scheduler", "expected"), [
+    ({"warm": ["chat", "nope"]}, "scheduler.warm[1]: names model 'nope', which is not under models"),
+    ({"warm": ["chat", "coder", "chat"]}, "scheduler.warm[2]: 'chat' is named already, at scheduler.warm[0]; keep one"),
+    ({"warm": ["gpt-4o"]}, "scheduler.warm[0]: 'gpt-4o' is an alias; name the model, 'chat'"),
+    ({"warm": ["ollama"]}, "scheduler.warm[0]: 'ollama' is not under models; to warm an Ollama model after an image "
+                           "job, set comfyui.warm_model"),
+    ({"warm": "chat"}, "scheduler.warm: must be a list like [\"chat\"], got a string 'chat'"),
+    ({"warm": [7]}, "scheduler.warm[0]: names model '7', which is not under models"),  # YAML numbers become text
+])
+def test_scheduler_warm_problems_name_the_entry(scheduler: dict[str, object], expected: str) -> None:
+    raw = {"models": {"chat": {**GOOD, "aliases": ["gpt-4o"]}, "coder": GOOD}, "scheduler": scheduler,
+           "ollama": {"upstream": "127.0.0.1:11435"}}
+    assert problems(raw) == [expected]
+
+
+def test_scheduler_warm_does_not_take_an_image_model(tmp_path: Path) -> None:
+    (tmp_path / "flux.json").write_text("{}")
+    raw = {"models": {"chat": GOOD, "flux": {"runtime": "comfyui", "workflow": str(tmp_path / "flux.json")}},
+           "comfyui": {"upstream": "127.0.0.1:8189"}, "scheduler": {"warm": ["flux"]}}
+    assert problems(raw) == ["scheduler.warm[0]: 'flux' is an image model: its workflow runs in ComfyUI, which "
+                             "steward does not load"]

@@ -12,10 +12,25 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
 2. Work is cut into steps (an embeddings request into chunks); preemption happens only
    between steps. A later step keeps its request's place in line.
 3. While an interactive step runs, and for ``interactive_window`` after the last one
-   ends, no background or batch step starts.
+   ends, no background or batch step starts, except by rule 3b or 4.
+   3b. Gap steps (``gap_step``, 0: off): in a gap of that window (no interactive step
+   computes or waits), one lower-class step whose engine's last steps took at most
+   ``gap_step`` on average (measured; never measured: not short) starts at once, when no
+   other lower-class step computes: background's first, oldest first; the next when it
+   ends, if the gap lasts. A chat arriving meanwhile is slowed for about that long at
+   most. A gap step is outside the guard's lane and share (neither waits for the other),
+   and no progress for the starvation clock: the guard still serves the class's longer
+   lines, and its turns pass over the short lines (the gaps serve them) until one has
+   waited its starvation time plus ``guard_gap_wait``.
 4. Starvation guard: when the head of a lower class has made no progress for its
    ``starvation`` time, one of its steps may run beside the higher classes' work: the
-   oldest of its waiting jobs that can actually run now, not simply the oldest.
+   oldest of its waiting jobs that can actually run now, not simply the oldest. Beside
+   interactive work it is one turn at a time for both lower classes (the lane), used at
+   most ``guard_share`` of the time, waiting up to ``guard_gap_wait`` for a moment no
+   interactive step computes. With ``guard_fill`` a turn that starts in such a moment
+   also starts its class's next steps for the same engine, up to its free slots: an
+   engine more costs a chat the same whether one of its slots decodes or all (they
+   batch); the turn lasts until its last step ends, and the share counts all of it.
 5. Residency: pinned engines are never evicted for another model (rule 8's exclusive job
    unloads them, last); hot ones (used interactively within
    ``hot_window``) only for interactive work, and only when cold ones do not free enough.
@@ -35,6 +50,25 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    fits, or whose victims cost nothing, is never held; nothing is held across classes, and
    while held its memory is promised (no later demand takes it). Once the hold is over it
    is served as rule 1 says.
+10. Warming, batch work below every class: after an exclusive job ends or an idle unload, in
+   the moments when nothing waits (no step of any class, no exclusive job), no exclusive job
+   runs, the interactive window is closed and steward is not closing, one engine at a time
+   is loaded ahead of demand: the first, likeliest needed first, that fits in free memory as
+   it is (a warm load never evicts, nor takes memory promised to a waiting load). Likeliest:
+   ``scheduler.warm`` in its order, then the engines used within hot_window by ReloadCost's
+   likely (supervisor/scheduler/warming.py); one neither listed nor used lately is never
+   warmed. Only stopped engines: not one in its backoff after a failure, not a sleeping one
+   (its wake is quick: little to gain), and not one unloaded for being idle and unused since
+   (its idle_unload says it is not wanted idle: warming it would load it only to unload it
+   again, for ever). The next is decided once the last is ready; warming ends when nothing
+   more fits and no memory is on its way out. It never delays real work by more than one
+   stop: a warm load still starting is stopped (`warm_cancelled`) the moment a request for
+   another engine, an exclusive job, a pinned or an admin load needs its memory, so they
+   wait for its exit as they would for an idle engine's eviction, never for the rest of its
+   load (left to finish, rule 6 would let nobody evict it until ready). Once ready, until a
+   step runs on it, it counts as cold and as costing nothing to evict (ReloadCost.unused_warm):
+   it was loaded for no one, so any class may evict it, first, and no load is held for it
+   (rule 9); the free memory it took would have been theirs.
 
 Victims (rules 5 and 8): of the engines that may be evicted, cold before hot and idle before
 busy (the tiers are hard rules); within a tier, the least expected cost of loading it again
@@ -49,6 +83,7 @@ recently used goes first). The `evict` event carries the figures.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -88,7 +123,9 @@ from supervisor.scheduler.types import (
     SchedulingPolicy,
     StartEngine,
     StopEngine,
+    WarmCause,
 )
+from supervisor.scheduler.warming import warm_order
 from supervisor.units import format_size
 
 SHUTTING_DOWN = "steward is shutting down; try again once it is back"
@@ -96,6 +133,8 @@ SHUTDOWN_RETRY_AFTER = 5.0
 
 Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
 NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
+# Whether an engine's steps are short (rule 3b) is judged by the mean of its last this many.
+STEP_SAMPLES = 8
 
 
 @attrs.frozen
@@ -153,11 +192,19 @@ class Scheduler:
     progress: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
     # The step the starvation guard let through, per class, until it ends.
     guard: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
+    # The steps that joined a guard turn on its engine (guard_fill), per class, until they end,
+    # and when each class's turn began: guard_share counts the whole turn.
+    guard_fill: dict[str, set[int]] = attrs.Factory(lambda: {k: set() for k in CLASSES})
+    turn_started: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
+    gap_job: int | None = None  # the gap step running (rule 3b), until it ends
+    # Each engine's last steps, dispatch to end, newest last: which engines' steps are short.
+    step_times: dict[str, collections.deque[float]] = attrs.Factory(dict)
     last_interactive_end: float = -math.inf
     guard_resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
     mode: str = "idle"
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
+    warm_cause: WarmCause | None = None  # what freed the GPU, while engines are loaded ahead of demand (rule 10)
     outside_memory: tuple[int, ...] | None = None  # per device: memory used by processes that are not engines
     settle_polls_left: int = 0  # readings to go before the outside estimate may move again
     now: float = 0.0
@@ -252,17 +299,20 @@ class Scheduler:
             return
         klass = job.klass
         self.running_by_class[klass] -= 1
-        self.progress[klass] = now
-        if self.guard[klass] == job_id:
-            self.guard[klass] = None
-            if job.by_guard and job.dispatched is not None:
-                share = self.policy.guard_share
-                self.guard_resume_at = now + (now - job.dispatched) * (1 - share) / share
+        if self.gap_job == job_id:
+            self.gap_job = None  # a gap step is no progress for the starvation clock (rule 3b)
+        else:
+            self.progress[klass] = now
+        if self.guard[klass] == job_id or job_id in self.guard_fill[klass]:
+            self._end_turn_step(job, now)
+        if job.model is not None and job.dispatched is not None and (status is None or status < 400):
+            self.step_times.setdefault(job.model, collections.deque(maxlen=STEP_SAMPLES)).append(now - job.dispatched)
         if klass == "interactive" and self.running_by_class[klass] == 0:
             self.last_interactive_end = now
         if job.exclusive:
             self.ledger.release(_exclusive_owner(job_id))
             self.exclusive_holder = None
+            self.warm_cause = WarmCause.EXCLUSIVE_JOB
         else:
             engine = self.engines[job.model]  # type: ignore[index]
             if job.engine_generation == engine.generation and engine.serving:
@@ -518,6 +568,7 @@ class Scheduler:
                 self._evict(engine, now, for_what="admin", need=0, free=self.ledger.free)
         elif engine.status in (EngineStatus.STARTING, EngineStatus.READY):
             problem = None  # loaded (or loading) already
+            engine.warm_generation = None  # a warm load an admin asks for is one someone wants
         elif not self._may_start(engine, now):
             problem = f"{name} is {engine.status.value}; try again once it is stopped"
         elif self._admin_option(engine, now, {}) is None:
@@ -624,6 +675,10 @@ class Scheduler:
                 if head.held_until is not None:
                     times.append(head.held_until)  # the hold ends: the load is decided then
         for klass in CLASSES[1:]:
+            if self.policy.gap_step > 0:  # when a short line the guard passes over is left to the gaps no more
+                left_for = self.policy.starvation[klass] + self.policy.guard_gap_wait
+                times += [h.submitted + left_for for h in self.queues[klass].heads()
+                          if h.model is not None and self._short(h.model)]
             start = self._starved_since(klass)
             limit = self.policy.starvation[klass]
             if start is not None and limit > 0:
@@ -672,6 +727,7 @@ class Scheduler:
         self._unload_idle(now)
         self._drop_stale_guards()
         self._advance_retirements(now)
+        self._cancel_warm(now)
         promised: dict[int, int] = {}  # per device: memory that loads decided earlier in this pass wait for
         wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
@@ -683,6 +739,8 @@ class Scheduler:
                     if (option := self._admin_option(engine, now, promised)) is not None:
                         self._carry_out(engine, option, now, promised, ADMIN)
         turn = self._guard_turn(now)
+        if blocked_from is None and self.exclusive_holder is None:
+            self._serve_gap(now)
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
             if blocked_from is not None and rank >= blocked_from:
@@ -698,6 +756,7 @@ class Scheduler:
             for head in queue.heads():
                 if head.model is not None:
                     wanted.setdefault(head.model, (rank, head.seq))
+        self._warm(now, promised)
         self._update_mode(now)
         self._report_waits(now)
         return self._flush()
@@ -740,15 +799,34 @@ class Scheduler:
         interactive work the lower classes share one lane, within ``guard_share`` of the time."""
         limit = self.policy.starvation[klass]
         since = self._starved_since(klass)
-        if limit <= 0 or since is None or now - since < limit or self.guard[klass] is not None:
+        if limit <= 0 or since is None or now - since < limit or self._in_turn(klass):
             return False
         if beside_interactive:
             # Prefer a moment when no interactive step computes, so none is slowed from its
             # start; after waiting guard_gap_wait for such a gap, go anyway.
             due = max(since + limit, self.guard_resume_at)
             gap = self.running_by_class["interactive"] == 0 or now >= due + self.policy.guard_gap_wait
-            return gap and now >= due and all(self.guard[k] is None for k in CLASSES[1:])
+            return gap and now >= due and self.lane_class() is None
         return True
+
+    def _in_turn(self, klass: str) -> bool:
+        """A guard turn of *klass* is under way: its first step waits for its load or runs, or
+        steps that joined it run."""
+        return self.guard[klass] is not None or bool(self.guard_fill[klass])
+
+    def lane_class(self) -> str | None:
+        """The lower class whose guard turn holds the lane beside interactive work, if any."""
+        return next((k for k in CLASSES[1:] if self._in_turn(k)), None)
+
+    def _end_turn_step(self, job: Job, now: float) -> None:
+        """A step of a guard turn ended; once the turn's last has, the lane rests (guard_share)."""
+        klass = job.klass
+        if self.guard[klass] == job.id:
+            self.guard[klass] = None
+        self.guard_fill[klass].discard(job.id)
+        if job.by_guard and not self._in_turn(klass):
+            share = self.policy.guard_share
+            self.guard_resume_at = now + (now - self.turn_started[klass]) * (1 - share) / share
 
     def _guard_turn(self, now: float) -> str | None:
         """Which lower class may use the lane beside interactive work now: the most overdue
@@ -764,10 +842,19 @@ class Scheduler:
                 or now < self.last_interactive_end + self.policy.interactive_window)
 
     def _starved_since(self, klass: str) -> float | None:
-        head = self.queues[klass].head()
+        head = self._clock_head(klass)
         if head is None or head.exclusive:
             return None
         return max(self.progress[klass], head.submitted)
+
+    def _clock_head(self, klass: str) -> Job | None:
+        """The head the starvation clock reads: the class's oldest, passing over the short lines
+        left to the gaps while a longer one waits (rule 3b)."""
+        queue = self.queues[klass]
+        if self.policy.gap_step <= 0:
+            return queue.head()
+        return min(queue.heads(), default=None, key=lambda h: (
+            h.model is not None and self._left_to_gaps(h, self.now), h.seq, h.id))
 
     def _serve_class(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand]) -> None:
         """An open class: fill free slots oldest first, then load engines for the rest."""
@@ -789,24 +876,28 @@ class Scheduler:
 
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
                      may_start_new: bool) -> None:
-        """A class held back by higher work: at most one step runs beside it (rule 4)."""
+        """A class held back by higher work: one guard turn at a time runs beside it, one step,
+        or with guard_fill its engine's free slots (rule 4)."""
         pending = self.guard[klass]
         if pending is not None:
             job = self.waiting.get(pending)
             if job is not None and self._has_free_slot(self.engines[job.model]):  # type: ignore[index]
-                self._dispatch(job, self.engines[job.model], now, by_guard=True)  # type: ignore[index]
+                self._start_turn(job, self.engines[job.model], now)  # type: ignore[index]
             return
         if not may_start_new:
             return
         rank = RANK[klass]
         # Oldest first, and the first that can actually run now: resident with a free
-        # slot, or loadable at once into free memory or over idle cold engines.
-        for head in sorted((h for h in self.queues[klass].heads() if h.model is not None), key=lambda h: h.seq):
+        # slot, or loadable at once into free memory or over idle cold engines. With gap
+        # steps, the lines whose steps are short are left to the gaps while there are any.
+        heads = [h for h in self.queues[klass].heads() if h.model is not None]
+        for head in sorted(heads, key=lambda h: (self._left_to_gaps(h, now), h.seq)):
             engine = self.engines[head.model]  # type: ignore[index]
             if self._has_free_slot(engine):
                 self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
-                           starved_s=_round(now - (self._starved_since(klass) or now)), load=False)
-                self._dispatch(head, engine, now, by_guard=True)
+                           starved_s=_round(now - (self._starved_since(klass) or now)), load=False,
+                           steps=1 + len(self._turn_fill(head, engine)))
+                self._start_turn(head, engine, now)
                 return
             if not self._may_start(engine, now):
                 continue
@@ -818,6 +909,58 @@ class Scheduler:
             self.guard[klass] = head.id
             self._carry_out(engine, option, now, promised, LoadReason.of(head, guard=True))
             return
+
+    def _start_turn(self, head: Job, engine: EngineState, now: float) -> None:
+        self._dispatch(head, engine, now, by_guard=True)
+        for job in self._turn_fill(head, engine):
+            self._dispatch(job, engine, now, by_guard=True, fill=True)
+
+    def _turn_fill(self, head: Job, engine: EngineState) -> list[Job]:
+        """guard_fill: the steps that join *head*'s turn on its engine, up to its free slots: its
+        class's next ones for the same model. Only while no interactive step computes: one engine
+        more costs a chat the same whether one of its slots decodes or all (they batch), but
+        beside a chat already computing the turn stays one step."""
+        if not self.policy.guard_fill or self.running_by_class["interactive"]:
+            return []
+        free = engine.profile.slots - engine.in_flight - (0 if head.id in self.running else 1)
+        return [job for job in self.queues[head.klass].line(engine.name) if job is not head][:max(free, 0)]
+
+    # ---- gap steps (rule 3b) ------------------------------------------------------------
+
+    def _in_gap(self, now: float) -> bool:
+        """Between interactive steps: none computes or waits, while the window is still open."""
+        return (self.policy.gap_step > 0 and self.running_by_class["interactive"] == 0
+                and not self.queues["interactive"].size and self._window_open(now))
+
+    def _short(self, engine: str) -> bool:
+        """Whether the engine's steps are short: the mean of its last ones is at most gap_step.
+        Never measured: not short."""
+        times = self.step_times.get(engine)
+        return bool(times) and sum(times) / len(times) <= self.policy.gap_step
+
+    def _left_to_gaps(self, head: Job, now: float) -> bool:
+        """A short step the guard's turns pass over (the gaps serve it), until it has waited its
+        starvation time and guard_gap_wait for a gap, as a due guard step would."""
+        limit = self.policy.starvation[head.klass] + self.policy.guard_gap_wait
+        short = head.model is not None and self._short(head.model)
+        return self.policy.gap_step > 0 and short and now - head.submitted < limit
+
+    def _serve_gap(self, now: float) -> None:
+        """Rule 3b: in a gap, one short lower-class step starts at once, when no lower-class
+        step computes (background's first, oldest first); the next when it ends, if the gap lasts.
+        Decided before the guard's turn, which may start beside it: neither waits for the other."""
+        if not self._in_gap(now) or any(self.running_by_class[k] for k in CLASSES[1:]):
+            return
+        for klass in CLASSES[1:]:
+            heads = sorted((h for h in self.queues[klass].heads() if h.model is not None), key=lambda h: h.seq)
+            for head in heads:
+                engine = self.engines[head.model]  # type: ignore[index]
+                if self._short(engine.name) and self._has_free_slot(engine):
+                    times = self.step_times[engine.name]
+                    self._emit("gap_step", "debug", job=head.id, model=head.model, **{"class": klass},
+                               step_s=_round(sum(times) / len(times)), gap_step_s=self.policy.gap_step)
+                    self._dispatch(head, engine, now, gap=True)
+                    return
 
     def _drop_stale_guards(self) -> None:
         """A guard step still waiting for the load made for it, which was undone (its engine
@@ -844,7 +987,9 @@ class Scheduler:
             return True
         return engine.status is EngineStatus.FAILED and now >= engine.retry_at
 
-    def _dispatch(self, job: Job, engine: EngineState, now: float, *, by_guard: bool = False) -> None:
+    def _dispatch(self, job: Job, engine: EngineState, now: float, *, by_guard: bool = False, fill: bool = False,
+                  gap: bool = False) -> None:
+        """*by_guard*: the guard's turn (*fill*: a step that joins it); *gap*: a gap step (rule 3b)."""
         assert engine.endpoint is not None
         self._unqueue(job)
         job.engine_generation = engine.generation
@@ -852,9 +997,15 @@ class Scheduler:
         job.by_guard = by_guard
         self.running[job.id] = job
         self.running_by_class[job.klass] += 1
-        self.progress[job.klass] = now
-        if by_guard:
+        if gap:
+            self.gap_job = job.id  # the guard still serves the class's other lines: no progress
+        else:
+            self.progress[job.klass] = now
+        if fill:
+            self.guard_fill[job.klass].add(job.id)
+        elif by_guard:
             self.guard[job.klass] = job.id
+            self.turn_started[job.klass] = now
         engine.in_flight += 1
         engine.last_used = now
         engine.record_use(now, job.klass, self.policy.hot_window)
@@ -1092,6 +1243,8 @@ class Scheduler:
                 self._emit("idle_unload", "info", engine=engine.name, idle_s=_round(now - engine.last_used),
                            idle_unload_s=engine.profile.idle_unload)
                 self._stop(engine)
+                engine.idle_unloaded_at = now
+                self.warm_cause = WarmCause.IDLE_UNLOAD
 
     def _release_overdue(self, now: float) -> None:
         for name, deadline in list(self.ledger.awaiting_free.items()):
@@ -1099,6 +1252,64 @@ class Scheduler:
                 released = self._release(self.engines[name])
                 self._emit("release_timeout", "warning", engine=name, released=released,
                            timeout_s=self.policy.release_timeout, free=self.ledger.free)
+
+    # ---- warming (rule 10) ----------------------------------------------------------
+
+    def _warm(self, now: float, promised: dict[int, int]) -> None:
+        """Load the likeliest needed engine that fits in free memory, while nothing waits."""
+        cause = self.warm_cause
+        if cause is None:
+            return
+        if self.closing:
+            self.warm_cause = None
+            return
+        if (self.waiting or self.exclusive_holder is not None or self._window_open(now)
+                or any(e.warming for e in self.engines.values())):
+            return  # batch work, one load at a time: it goes on in the next idle moment
+        may_warm = [e for e in self.engines.values()
+                    if not e.profile.pinned and not e.requested and e.status is not EngineStatus.SLEEPING
+                    and not e.idle_since_unload and self._may_start(e, now)]
+        for rank, choice in enumerate(warm_order(may_warm, self.policy.warm, now, self.policy.hot_window), 1):
+            engine = self.engines[choice.engine]
+            option = self._place(engine, now, promised, {}, NO_DEMAND, idle_only=True)
+            if option is not None and option.fits:
+                self._emit("warm", "info", **choice.fields(cause, rank))
+                engine.last_interactive = -math.inf  # loaded for no one: cold until a step runs on it
+                self._load(engine, option.placement, now, LoadReason("warm", choice.why(cause, rank)))
+                engine.warm_generation = engine.generation
+                return
+        if not any(e.draining or self.ledger.releasing(e.name) for e in self.engines.values()):
+            self.warm_cause = None  # nothing more fits, and no memory is on its way out to make room
+
+    def _cancel_warm(self, now: float) -> None:
+        """A warm load still starting gives way to real work that needs its memory."""
+        for engine in self.engines.values():
+            if engine.warming and not self._demand(engine.name) and (needer := self._warm_in_the_way(engine, now)):
+                what = "an image job" if needer == "exclusive" else repr(needer)
+                self._emit("warm_cancelled", "info", engine=engine.name, generation=engine.generation,
+                           for_engine=needer, why=f"{what} needs its memory; it was loaded for no one")
+                self._stop(engine)
+
+    def _warm_in_the_way(self, warm: EngineState, now: float) -> str | None:
+        """What real work needs the memory of the warm load *warm*: an engine to load, or
+        'exclusive' (a waiting exclusive job); None: nothing."""
+        devices = set(self._devices_of(warm))
+        if (rank := self._exclusive_rank()) is not None and DEFAULT_DEVICE in devices:
+            job = self.queues[CLASSES[rank]].head()
+            unreserved = self.ledger.budgets[DEFAULT_DEVICE] - self.ledger.reserved_on(DEFAULT_DEVICE)
+            if job is not None and job.exclusive_memory > unreserved + self._freeing_on(DEFAULT_DEVICE):
+                return "exclusive"
+        wanted = {head.model for queue in self.queues.values() for head in queue.heads() if head.model is not None}
+        wanted |= {e.name for e in self.engines.values() if e.profile.pinned or e.requested}
+        for name in sorted(wanted - {warm.name}):
+            engine = self.engines[name]
+            if not self._may_start(engine, now):
+                continue  # loaded or loading already, or not yet loadable
+            option = self._place(engine, now, {}, {}, NO_DEMAND, idle_only=False)
+            # victims == []: memory on its way out is enough for it already.
+            if option is not None and not option.fits and option.victims != [] and devices & set(option.needs):
+                return name
+        return None
 
     # ---- exclusive jobs -------------------------------------------------------------
 

@@ -100,10 +100,10 @@ def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     guard = ""
     if limit > 0 and since is not None:
         due = max(since + limit, s.guard_resume_at)
-        lane = next((k for k in CLASSES[1:] if s.guard[k] is not None), None)
+        lane = s.lane_class()
         if now >= due and lane is not None:
-            return WaitReason.GUARD_SHARE, (f"the starvation guard lets one lower-class step run at a time, "
-                                            f"and a {lane} step has the lane")
+            return WaitReason.GUARD_SHARE, (f"the starvation guard lets one lower-class turn run at a time, "
+                                            f"and a {lane} turn has the lane")
         if now >= due:
             return WaitReason.GUARD_SHARE, "the starvation guard's step waits for a moment no interactive step computes"
         guard = f"; the starvation guard lets one step through at {_clock(s, due)}"

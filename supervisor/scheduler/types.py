@@ -34,6 +34,17 @@ class EngineStatus(enum.Enum):
     FAILED = "failed"  # exited unexpectedly; may start again at retry_at
 
 
+class WarmCause(enum.Enum):
+    """Why the core loads engines ahead of demand now (core.py, rule 10): what freed the GPU."""
+
+    EXCLUSIVE_JOB = "exclusive_job"
+    IDLE_UNLOAD = "idle_unload"
+
+    @property
+    def words(self) -> str:
+        return "after an image job" if self is WarmCause.EXCLUSIVE_JOB else "after an idle unload"
+
+
 class EngineAction(enum.Enum):
     """What an admin may ask of an engine (POST /admin/engines/NAME/ACTION)."""
 
@@ -146,6 +157,11 @@ class EngineState:
     # (when, weight) of the steps started on it within hot_window, and their weights' sum.
     uses: collections.deque[tuple[float, float]] = attrs.Factory(collections.deque)
     used_weight: float = 0.0
+    # The generation of its last warm load (core.py, rule 10): while that start is under way it
+    # is batch work, stopped if real demand needs its memory. None: never warmed.
+    warm_generation: int | None = None
+    # When it was last stopped for being idle (idle_unload): not warmed until it is used again.
+    idle_unloaded_at: float | None = None
 
     @property
     def unhealthy(self) -> bool:
@@ -165,6 +181,23 @@ class EngineState:
         self.unhealthy_since = None
         self.restarting_unhealthy = False
         self.reported_running = self.reported_waiting = None
+
+    @property
+    def warming(self) -> bool:
+        """Its start under way is a warm load: nobody asked for it."""
+        return self.status is EngineStatus.STARTING and self.warm_generation == self.generation
+
+    @property
+    def unused_warm(self) -> bool:
+        """Loaded (or loading) by a warm load, and no step has started on it since: nobody asked for it."""
+        return (self.warm_generation == self.generation
+                and self.status in (EngineStatus.STARTING, EngineStatus.READY, EngineStatus.DRAINING)
+                and (not self.uses or self.uses[-1][0] < self.start_decided_at))
+
+    @property
+    def idle_since_unload(self) -> bool:
+        """Stopped for being idle, and not used since: its idle_unload says it is not wanted idle."""
+        return self.idle_unloaded_at is not None and self.idle_unloaded_at >= self.last_used
 
     @property
     def draining(self) -> bool:
@@ -194,7 +227,7 @@ class EngineState:
     def reload_cost(self, now: float, window: float, *, queued: bool) -> ReloadCost:
         measured = self.load_s is not None
         load_s = self.load_s if self.load_s is not None else unmeasured_load_s(self.profile.memory)
-        return ReloadCost(load_s, measured, self.recent_uses(now, window), queued)
+        return ReloadCost(load_s, measured, self.recent_uses(now, window), queued, self.unused_warm)
 
 
 def unmeasured_load_s(memory: int) -> float:
@@ -213,10 +246,15 @@ class ReloadCost:
     measured: bool  # load_s was measured (else estimated from its size)
     recent_uses: float  # steps started within hot_window, by class weight (USE_WEIGHT)
     queued: bool  # requests for it wait (of later demand: earlier demand may not evict it)
+    # Loaded ahead of demand and unused since: evicting it costs what not warming it would
+    # have, nothing (else a warm load could hold a request that its memory would have served).
+    unused_warm: bool = False
 
     @property
     def likely(self) -> float:
-        return 1.0 if self.queued else 1.0 - math.exp(-self.recent_uses)
+        if self.queued:
+            return 1.0
+        return 0.0 if self.unused_warm else 1.0 - math.exp(-self.recent_uses)
 
     @property
     def cost(self) -> float:
@@ -225,7 +263,8 @@ class ReloadCost:
     def fields(self) -> dict[str, object]:
         """For the `evict` event: the figures it was chosen by."""
         return {"load_s": round(self.load_s, 3), "load_measured": self.measured,
-                "recent_uses": self.recent_uses, "likely": round(self.likely, 3), "cost": round(self.cost, 3)}
+                "recent_uses": self.recent_uses, "likely": round(self.likely, 3), "cost": round(self.cost, 3),
+                "unused_warm": self.unused_warm}
 
 
 @attrs.define
@@ -283,11 +322,21 @@ class SchedulingPolicy:
     # A due guard step waits up to this long for a moment when no interactive step is
     # computing (so no chat is slowed from its start), then goes anyway. 0: at once.
     guard_gap_wait: float = 15.0
+    # A guard turn that starts while no interactive step computes also starts its class's next
+    # steps for the same engine, up to its free slots (they batch); False: one step a turn.
+    guard_fill: bool = False
+    # In a gap between interactive steps (none computes or waits, the window still open), a
+    # lower-class step on an engine whose last steps took at most this long on average starts
+    # at once, outside the guard's lane and share; 0: off (core.py, rule 3b).
+    gap_step: float = 0.0
     hot_window: float = 300.0
     # Within a class, a load that would evict another engine waits up to this long after its
     # request arrived while the class's other work keeps loaded engines busy (config's
     # scheduler.swap_hold explains the default); 0: strict arrival order.
     swap_hold: float = 30.0
+    # Engines to load ahead of demand after an exclusive job or an idle unload, first first,
+    # before those used lately (config's scheduler.warm; core.py, rule 10).
+    warm: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     max_queue: dict[str, float] = attrs.field(
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
     queue_timeout: dict[str, float] = attrs.field(
