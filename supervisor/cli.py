@@ -64,15 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--real", action="store_true",
                       help="real llama-server engines (CPU) with tiny models written on the fly")
     load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
-    load.add_argument("--scenario", choices=("mix", "overload"), default="mix",
+    load.add_argument("--scenario", choices=("mix", "overload", "thrash"), default="mix",
                       help="mix: the client mix below for --duration; overload: the home-lab seed's test, "
-                           "--clients requests at once against an engine of fixed --capacity (mix)")
+                           "--clients requests at once against an engine of fixed --capacity; thrash: the "
+                           "simulator's thrash scenario (three agents, three models, room for two) on fake "
+                           "engines for --duration, its loads against the simulator's (mix)")
     load.add_argument("--clients", type=int, default=256, help="overload: requests sent at once (256)")
     load.add_argument("--capacity", type=float, default=20.0, help="overload: the engine's requests per second (20)")
     load.add_argument("--url", help="a running steward (default: start one on the demo's fake engines)")
     load.add_argument("--real", action="store_true",
                       help="start the steward on real llama-server engines (steward demo --real)")
-    load.add_argument("--duration", type=parse_duration, default=30.0, help="how long clients keep asking (30s)")
+    load.add_argument("--duration", type=parse_duration, default=None,
+                      help="how long clients keep asking (mix 30s, thrash 90s)")
+    load.add_argument("--time-scale", type=float, default=None, metavar="F",
+                      help="thrash: every time of the scenario x F, every speed / F (0.25)")
     for kind, count, model in (("chat", 3, "gemma4-12b"), ("background", 4, "gemma4-e4b"),
                                ("batch", 2, "gemma4-e2b"), ("embedding", 1, "nomic-embed")):
         load.add_argument(f"--{kind}", type=int, default=count, metavar="N", help=f"{kind} clients ({count})")
@@ -447,6 +452,11 @@ def _loadtest(args: argparse.Namespace) -> int:
         from supervisor.overload import report_overload
 
         return report_overload(clients=args.clients, capacity_per_s=args.capacity, as_json=args.json, keep=args.keep)
+    if args.scenario == "thrash":
+        return _loadtest_thrash(args)
+    if args.time_scale is not None:
+        print("steward: loadtest: --time-scale is for --scenario thrash", file=sys.stderr)
+        return EXIT_CONFIG
 
     kinds = ("chat", "background", "batch", "embedding", "ollama")
     counts = {kind: getattr(args, kind) for kind in (*kinds, "image")}
@@ -466,13 +476,35 @@ def _loadtest(args: argparse.Namespace) -> int:
             warmup=args.warmup, client_timeout=args.client_timeout, idle_timeout=args.idle_timeout,
             fd_tolerance=args.fd_tolerance, sample_interval=args.sample_interval)
     try:
-        report = loadtest.run_loadtest(args.url, counts, args.duration, models, args.seed, real=args.real,
+        report = loadtest.run_loadtest(args.url, counts, 30.0 if args.duration is None else args.duration, models,
+                                       args.seed, real=args.real,
                                        disconnect_rate=args.disconnect_rate if args.disconnects else 0.0,
                                        chaos_options=options, keep=args.keep)
     except RuntimeError as exc:
         print(f"steward: loadtest: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(json.dumps(report.to_json()) if args.json else loadtest.format_report(report))
+    return 0 if report.passed else 1
+
+
+def _loadtest_thrash(args: argparse.Namespace) -> int:
+    from supervisor import loadtest_thrash
+
+    # It compares with the simulator, so it runs only as the simulator does: its own steward on fakes.
+    unsupported = [flag for flag, given in (("--url", args.url), ("--real", args.real), ("--chaos", args.chaos),
+                                            ("--disconnects", args.disconnects)) if given]
+    if unsupported:
+        print(f"steward: loadtest: --scenario thrash runs its own steward on fake engines, as the simulator "
+              f"replays it; leave out {', '.join(unsupported)}", file=sys.stderr)
+        return EXIT_CONFIG
+    duration = loadtest_thrash.DEFAULT_DURATION if args.duration is None else args.duration
+    scale = loadtest_thrash.DEFAULT_SCALE if args.time_scale is None else args.time_scale
+    try:
+        report = loadtest_thrash.run_thrash_loadtest(duration, scale=scale, seed=args.seed, keep=args.keep)
+    except (ValueError, RuntimeError) as exc:
+        print(f"steward: loadtest: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(report.to_json()) if args.json else loadtest_thrash.format_thrash_report(report))
     return 0 if report.passed else 1
 
 

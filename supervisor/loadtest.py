@@ -684,21 +684,30 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[str, Any] | None = None,
-                       stderr: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """A steward on the demo's engines (fake, or real with ``real``), as a child process.
+def demo_steward_config(workdir: Path, *, real: bool = False,
+                        overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The demo's config (fake engines, or real with ``real``) for a loadtest's steward.
 
-    *overrides* are merged into the demo's config (``ollama`` and ``comfyui`` only where
-    the demo has them: the real demo has neither); *stderr*: steward's terminal output
-    goes there (default: the loadtest's stderr, never its stdout, which may be JSON).
+    *overrides* are merged into it (``ollama`` and ``comfyui`` only where the demo has
+    them: the real demo has neither).
     """
     try:
         config = real_demo_config_dict(workdir, port=0) if real else demo_config_dict(workdir, port=0)
     except RealEnginesUnavailable as exc:
         raise RuntimeError(str(exc)) from None
-    config["log"] = {"file": str(workdir / "events.jsonl"), "terminal": "warning", "max_size": 0}  # read whole after
-    config = _deep_merge(config, {k: v for k, v in (overrides or {}).items()
-                                  if k in config or k not in ("ollama", "comfyui")})
+    return _deep_merge(config, {k: v for k, v in (overrides or {}).items()
+                                if k in config or k not in ("ollama", "comfyui")})
+
+
+def start_steward(workdir: Path, config: Mapping[str, Any],
+                  stderr: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """``steward run`` on *config*, written into *workdir*, as a child process; its URL and event log.
+
+    Its event log goes to *workdir* whatever *config* says (read whole afterwards);
+    *stderr*: steward's terminal output goes there (default: the loadtest's stderr,
+    never its stdout, which may be JSON).
+    """
+    config = {**config, "log": {"file": str(workdir / EVENTS_FILE), "terminal": "warning", "max_size": 0}}
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     with contextlib.ExitStack() as stack:
@@ -707,7 +716,7 @@ def start_demo_steward(workdir: Path, *, real: bool = False, overrides: Mapping[
                                    stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
                                    # When the loadtest dies, however, its steward gets SIGTERM.
                                    preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM))
-    events = workdir / "events.jsonl"
+    events = workdir / EVENTS_FILE
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -775,31 +784,49 @@ def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, mo
         if chaos_options is not None:
             return _run_chaos_loadtest(workdir, kinds, duration, seed, chaos_options, real=real, keep=keep,
                                        disconnect_rate=disconnect_rate, announce=announce or _announce, say=say)
-        output = workdir / STEWARD_OUTPUT
-        process, steward_url, events = start_demo_steward(workdir, real=real, stderr=output)
-        tally = LoadTally.of(kinds)
-        try:
-            say(_started_line(steward_url, output, real=real, keep=keep))
-            say(_load_line(kinds, duration, steward_url))
-            endpoints = _endpoints(events, steward_url)
-            outcomes = trio.run(functools.partial(run_clients, endpoints, kinds, duration, seed,
-                                                  disconnect_rate=disconnect_rate, tally=tally, say=say))
-        finally:
-            status = _stop_as_planned(process, say)
-        say("loadtest: its steward has stopped" if status == 0
-            else f"loadtest: its steward exited with status {status}" + _tail(output))
-        return LoadReport(duration, outcomes, summarize_events(events), tally=tally, problems=count_problems(events))
+        return run_on_own_steward(workdir, demo_steward_config(workdir, real=real), kinds, duration, seed,
+                                  engines=_engines_in_words(real), keep=keep, disconnect_rate=disconnect_rate,
+                                  say=say)
+
+
+def run_on_own_steward(workdir: Path, config: dict[str, Any], kinds: Mapping[ClientKind, int], duration: float,
+                       seed: int, *, engines: str, keep: bool, disconnect_rate: float = 0.0,
+                       say: Callable[[str], None] | None = None) -> LoadReport:
+    """Start a steward on *config* in *workdir*, run the clients against it, stop it, read its event log.
+
+    *engines* says in words what it runs on (the line that says it is up); *say* as
+    run_loadtest's.
+    """
+    say = say or _say
+    output = workdir / STEWARD_OUTPUT
+    process, steward_url, events = start_steward(workdir, config, stderr=output)
+    tally = LoadTally.of(kinds)
+    try:
+        say(_started_line(steward_url, output, engines=engines, keep=keep))
+        say(_load_line(kinds, duration, steward_url))
+        endpoints = _endpoints(events, steward_url)
+        outcomes = trio.run(functools.partial(run_clients, endpoints, kinds, duration, seed,
+                                              disconnect_rate=disconnect_rate, tally=tally, say=say))
+    finally:
+        status = _stop_as_planned(process, say)
+    say("loadtest: its steward has stopped" if status == 0
+        else f"loadtest: its steward exited with status {status}" + _tail(output))
+    return LoadReport(duration, outcomes, summarize_events(events), tally=tally, problems=count_problems(events))
 
 
 STEWARD_OUTPUT = "steward.stderr"  # the loadtest's steward's terminal output, in its folder
+EVENTS_FILE = "events.jsonl"  # its event log, in its folder
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)  # stderr: stdout may be the JSON report
 
 
-def _started_line(steward_url: str, output: Path, *, real: bool, keep: bool) -> str:
-    engines = "real llama-server engines" if real else "the demo's fake engines"
+def _engines_in_words(real: bool) -> str:
+    return "real llama-server engines" if real else "the demo's fake engines"
+
+
+def _started_line(steward_url: str, output: Path, *, engines: str, keep: bool) -> str:
     kept = "" if keep else "; removed at the end, --keep keeps it"
     return f"loadtest: its steward is up at {steward_url} on {engines} (its own output: {output}{kept})"
 
@@ -837,11 +864,12 @@ def _run_chaos_loadtest(workdir: Path, kinds: Mapping[ClientKind, int], duration
     ours = os.getpid()
     before = {pid for pid, _ in chaos.descendants(ours)}
     output = workdir / STEWARD_OUTPUT
-    process, steward_url, events = start_demo_steward(workdir, real=real, overrides=CHAOS_CONFIG, stderr=output)
+    config = demo_steward_config(workdir, real=real, overrides=CHAOS_CONFIG)
+    process, steward_url, events = start_steward(workdir, config, stderr=output)
     watch = chaos.ProcessWatch(events)
     tally = LoadTally.of(kinds)
     try:
-        say(_started_line(steward_url, output, real=real, keep=keep))
+        say(_started_line(steward_url, output, engines=_engines_in_words(real), keep=keep))
         say(_load_line(kinds, duration, steward_url))
         watch.poll()
         endpoints = _endpoints(events, steward_url)

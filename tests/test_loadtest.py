@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor import chaos
+from supervisor import chaos, loadtest_thrash
 from supervisor.cli import main
 from supervisor.loadtest import (
     ChaosOptions,
@@ -28,6 +28,9 @@ from supervisor.loadtest import (
     serve_progress,
     summarize_events,
 )
+from supervisor.simulate import builtin_scenario
+from supervisor.simulate.targets import Verdict
+from tests.conftest import descendants
 
 MODELS = {"chat": "gemma4-12b", "background": "gemma4-e4b", "batch": "gemma4-e2b", "embedding": "nomic-embed"}
 INVARIANTS = ["alive", "answers", "idle", "ledger", "processes", "fds"]
@@ -308,3 +311,97 @@ def test_unnecessary_loads_are_reloads_after_an_eviction_that_was_not_needed(tmp
     log = tmp_path / "events.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert summarize_events(log) == {"loads": 4, "evictions": 2, "unnecessary_loads": 1, "peak_reserved_bytes": 9}
+
+
+# ---- the thrash scenario on real processes (issue 16) -------------------------------------
+
+def test_the_scaled_thrash_scenario_is_thrash_in_fewer_seconds_as_the_fakes_run_it() -> None:
+    thrash, scaled = builtin_scenario("thrash"), loadtest_thrash.scaled_thrash(0.25, 60.0)
+    assert scaled.duration == 60.0 and scaled.gpu.memory == thrash.gpu.memory
+    qwen, fast = thrash.engines["qwen3-14b"], scaled.engines["qwen3-14b"]
+    assert (fast.load_time, fast.stop_time, fast.speed, fast.memory) == (2.5, 0.25, 240.0, qwen.memory)
+    coder = scaled.clients["coder"]
+    # 1500-3000 prompt tokens at 2000/s take as long as 45-90 output tokens at 60/s.
+    assert (coder.prompt_tokens.high, coder.output_tokens.low, coder.output_tokens.high) == (0.0, 145.0, 390.0)
+    assert (coder.think.low, coder.think.high) == (0.25, 1.0)
+    assert scaled.scheduler.swap_hold == thrash.scheduler.swap_hold * 0.25
+    assert scaled.scheduler.guard_share == thrash.scheduler.guard_share  # not a duration
+    assert scaled.gpu.sharing.engine_share(computing=2, loading=1) == 1.0  # the fakes do not slow each other
+    kinds = loadtest_thrash.agent_kinds(scaled)
+    assert [(k.name, k.model, k.max_tokens, n) for k, n in kinds.items()] == [
+        ("coder", "qwen3-14b", (145, 390), 1), ("reviewer", "phi4-14b", (145, 390), 1),
+        ("planner", "gemma3-12b", (144, 389), 1)]
+    with pytest.raises(ValueError, match="time scale must be positive"):
+        loadtest_thrash.scaled_thrash(0.0, 60.0)
+
+
+def test_the_simulator_replays_the_load_and_stop_times_and_speeds_steward_measured(tmp_path: Path) -> None:
+    records = [
+        {"event": "load", "engine": "a", "mono": 10.0},
+        {"event": "ready", "engine": "a", "mono": 11.5, "load_s": 1.5, "wake": False},
+        {"event": "request", "model": "a", "status": 200, "completion_tokens": 300, "duration_s": 2.5,
+         "queued_s": 1.0},
+        {"event": "request", "model": "a", "status": 503, "completion_tokens": 0, "duration_s": 9.0, "queued_s": None},
+        {"event": "stop", "engine": "a", "mono": 20.0},
+        {"event": "stopped", "engine": "a", "mono": 20.125, "released": 0},  # its memory not yet seen free
+        {"event": "released", "engine": "a", "mono": 20.25},
+        {"event": "ready", "engine": "a", "mono": 30.0, "load_s": 2.5, "wake": False},
+        {"event": "request", "model": "a", "status": 200, "completion_tokens": 100, "duration_s": 0.5,
+         "queued_s": None},
+        {"event": "stop", "engine": "a", "mono": 40.0},  # steward's own stop at the end: never released
+    ]
+    log = tmp_path / "events.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    measured = loadtest_thrash.measured_engines(log)
+    assert measured["a"] == loadtest_thrash.Measured(load_s=2.0, stop_s=0.25, speed=200.0)  # 400 tokens in 2 s
+    scenario = loadtest_thrash.scaled_thrash(0.5, 10.0)
+    replayed = loadtest_thrash.with_measured(scenario, {"qwen3-14b": measured["a"]})
+    assert (replayed.engines["qwen3-14b"].load_time, replayed.engines["qwen3-14b"].speed) == (2.0, 200.0)
+    assert replayed.engines["phi4-14b"] == scenario.engines["phi4-14b"]  # not seen: as nominal
+
+
+def test_thrash_figures_compare_loads_per_100_requests_within_the_tolerance() -> None:
+    scenario = loadtest_thrash.scaled_thrash(0.1, 20.0)
+
+    def report(loads: int, completed: int) -> loadtest_thrash.ThrashReport:
+        load = LoadReport(20.0, [Outcome("coder", "background", 0.0, 1.0, 200)] * completed,
+                          engine_events={"loads": loads, "evictions": 0, "unnecessary_loads": 0,
+                                         "peak_reserved_bytes": 0})
+        simulated = {1: loadtest_thrash.Loads(9, 30), 2: loadtest_thrash.Loads(11, 30)}  # 30 and 36.7: mean 33.3
+        return loadtest_thrash.ThrashReport(scenario, 0.1, load, simulated)
+
+    assert report(13, 40).verdict is Verdict.PASS  # 32.5 vs 33.3
+    assert report(17, 40).verdict is Verdict.MISS and not report(17, 40).passed  # 42.5: 1.28x
+    assert report(3, 0).verdict is Verdict.MISS  # nothing completed
+    text = loadtest_thrash.format_thrash_report(report(13, 40)).splitlines()
+    assert text[-3:] == ["  real       13 loads, 40 requests completed: 32.5 loads per 100 requests",
+                         "  simulated  33.3 loads per 100 requests (mean of seeds 1-2, 30.0-36.7), the same scaled "
+                         "scenario",
+                         "  PASS  real loads per 100 requests within ±20 % of simulated: 32.5 vs 33.3 (0.98x)"]
+
+
+@pytest.mark.slow
+def test_thrash_on_real_processes_loads_as_often_as_the_simulator_says(capsys: pytest.CaptureFixture[str]) -> None:
+    # 24 s at a twentieth of thrash's times: about 70 requests and 17 loads.
+    assert main(["loadtest", "--scenario", "thrash", "--duration", "24s", "--time-scale", "0.05"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == ["coder", "reviewer", "planner"]
+    real = next(line for line in lines if line.startswith("  real "))
+    loads, completed = (int(n) for n in re.fullmatch(r"  real +(\d+) loads, (\d+) requests completed: .*", real).groups())
+    assert loads > 3 and completed >= 20, captured.out  # the three first loads, and swaps after
+    assert re.search(r"^  simulated  [\d.]+ loads per 100 requests \(mean of seeds 1-8, ", captured.out, re.M)
+    assert re.search(r"^  PASS  real loads per 100 requests within ±20 % of simulated", captured.out, re.M), (
+        captured.out)
+    assert "loadtest: its steward has stopped" in captured.err
+    assert descendants() == []  # steward and its engines are gone
+
+
+def test_thrash_runs_only_on_its_own_steward(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["loadtest", "--scenario", "thrash", "--url", "http://127.0.0.1:9", "--chaos"]) == 2
+    assert capsys.readouterr().err == ("steward: loadtest: --scenario thrash runs its own steward on fake engines, "
+                                       "as the simulator replays it; leave out --url, --chaos\n")
+    assert main(["loadtest", "--scenario", "thrash", "--time-scale", "-1"]) == 2
+    assert capsys.readouterr().err == "steward: loadtest: the time scale must be positive, got -1\n"
+    assert main(["loadtest", "--time-scale", "0.5", "--url", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == "steward: loadtest: --time-scale is for --scenario thrash\n"

@@ -89,11 +89,12 @@ def test_collate_keeps_models_together_while_they_fit() -> None:
 # ---- the metrics -------------------------------------------------------------------------
 
 def wait(request: int, arrival: float, started: float | None, until: float | None = None,
-         klass: str = "background") -> Wait:
-    return Wait(request, klass, arrival, started, started if until is None else until)
+         klass: str = "background", load_decided: float | None = None) -> Wait:
+    return Wait(request, klass, arrival, started, started if until is None else until, load_decided)
 
 
 def test_the_largest_overtake_is_the_longest_wait_after_a_younger_request_started() -> None:
+    # No load decided for any of them (their models were ready or loading when they came).
     waits = [
         wait(1, 0.0, 10.0),  # 2 started at 2 while 1 waited until 10: 8 s
         wait(2, 1.0, 2.0),  # the younger 3 started after it: not overtaken
@@ -105,6 +106,33 @@ def test_the_largest_overtake_is_the_longest_wait_after_a_younger_request_starte
     assert largest_overtake(waits[:3]) == 8.0
     assert largest_overtake([wait(1, 0.0, 1.0), wait(2, 0.5, 1.5)]) == 0.0  # arrival order kept
     assert largest_overtake([]) is None
+
+
+def test_the_load_decision_ends_the_overtake() -> None:
+    # 1 came with its model off the card; 2 (loaded model) started at 2; 1's load was
+    # decided at 5 (the hold ended), then the drain, stop and load until 10 are not counted.
+    assert largest_overtake([wait(1, 0.0, 10.0, load_decided=5.0), wait(2, 1.0, 2.0)]) == 3.0
+    # Decided before any younger start: it was never held back, whatever the swap took.
+    assert largest_overtake([wait(1, 0.0, 10.0, load_decided=0.5), wait(2, 1.0, 2.0)]) == 0.0
+    # Never started (failed at 20) and its load decided at 12: held back from 2 until 12.
+    assert largest_overtake([wait(1, 0.0, None, until=20.0, load_decided=12.0), wait(2, 1.0, 2.0)]) == 10.0
+    # The decision only ends the overtake: a start before it still ends it first.
+    assert largest_overtake([wait(1, 0.0, 4.0, load_decided=9.0), wait(2, 1.0, 2.0)]) == 2.0
+
+
+@pytest.mark.parametrize(("policy", "decided"), [
+    # collate says nothing about its evictions: a's stop at 6 is room for b (the oldest
+    # request held), b's stop at 12.5 room for c.
+    ("collate", {1: 0.0, 2: 6.0, 3: 12.5, 4: None, 5: 6.0, 6: 12.5}),
+    # fifo (the core in strict order) names the load each eviction is for: b's for c at
+    # 6.5, when b took its one request and began to drain (stopped at 8.5).
+    ("fifo", {1: 0.0, 2: 2.0, 3: 6.5, 4: None, 5: 2.0, 6: 6.5}),
+])
+def test_a_replay_records_when_the_load_of_each_held_back_request_was_decided(
+        policy: str, decided: dict[int, float | None]) -> None:
+    outcome = replay(interleaved(), make_policy(policy, interleaved()))
+    # 4 came for a while a was loading: never held back by a swap.
+    assert {w.request: w.load_decided for w in outcome.waits} == decided
 
 
 def test_only_a_younger_request_of_the_same_class_overtakes() -> None:
@@ -125,8 +153,9 @@ def test_loads_per_100_requests_and_gpu_busy_share_of_a_replay() -> None:
     assert result.loads_per_100 == 50.0  # 3 loads for 6 requests
     assert result.busy_share == 12.0 / 60.0  # six steps of 2 s each in 60 s; loads and stops are not busy
     stats = result.classes["background"]
-    # The second c waited longest (0.5 to 17); the first c was overtaken longest (the second a started at 4).
-    assert (stats.wait_max_s, stats.overtake_max_s) == (16.5, 11.0)
+    # The second c waited longest (0.5 to 17); the first c was overtaken longest: from 4,
+    # when the second a started, until 12.5, when b's stop made room for c.
+    assert (stats.wait_max_s, stats.overtake_max_s) == (16.5, 8.5)
 
 
 def test_waits_count_requests_that_never_started() -> None:

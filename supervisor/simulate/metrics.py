@@ -1,10 +1,12 @@
 """From a replay's records to what the report shows: per class, latencies, waits and errors.
 
 A request's *wait* runs from its arrival to the start of its first step; one that never
-started counts until it failed or the run ended. Its *overtake* is how long it still
-waited after the first younger request of its own class started before it: the price
-one request paid for another's turn, which steward bounds (``scheduler.swap_hold``) and
-a collating scheduler does not.
+started counts until it failed or the run ended. Its *overtake* is how long it was held
+back: from the first younger request of its own class that started before it, until it
+started itself or, if it arrived with its model off the card, until the load of its
+model was decided, whichever came first. That is what ``scheduler.swap_hold`` bounds (a
+collating scheduler has no bound): the price one request paid for another's turn, not
+the drain, stop and load that follow once its swap is decided.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
 
 
 def largest_overtake(waits: Sequence[Wait]) -> float | None:
-    """The longest any request still waited after a younger one (later in *waits*, which
+    """The longest any request was held back after a younger one (later in *waits*, which
     are in arrival order, all of one class) had started; None for no requests."""
     if not waits:
         return None
     largest = 0.0
     earliest_younger = math.inf  # the earliest start among the requests after this one
     for wait in reversed(waits):
-        largest = max(largest, wait.until - earliest_younger)
+        held_until = wait.until if wait.load_decided is None else min(wait.until, wait.load_decided)
+        largest = max(largest, held_until - earliest_younger)
         if wait.started is not None:
             earliest_younger = min(earliest_younger, wait.started)
     return largest

@@ -5,7 +5,16 @@ simulated GPU predicts, an engine ready or exited, and the policy's own wakeups.
 policy's effects (Grant, Fail, StartEngine, StopEngine) are carried out the way the
 async shell would, with the times the scenario gives. Besides each request's outcome
 the replay keeps when its first step started (its wait, also for requests that never
-finished) and how long at least one step computed (the GPU's busy time).
+finished), when the load of its model was decided if it arrived with its model off the
+card (the moment it stopped being held back: see metrics.py's overtake), and how long at
+least one step computed (the GPU's busy time).
+
+A load is decided by the first effect that commits memory to it: its StartEngine, or an
+eviction made to make room for it. The core says which load an eviction is for (its
+``evict`` event's ``for_engine``, when the victim starts draining); the baselines do not,
+so a StopEngine that no such event announced counts for the model of the oldest held
+request that would not fit beside what stays (after the victim's drain, as those
+policies show it; one stop, one model: the next load in arrival order).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from collections.abc import Callable
 
 import attrs
 
-from supervisor.scheduler.types import Effect, Fail, Grant, StartEngine, StopEngine
+from supervisor.scheduler.types import Effect, Emit, Fail, Grant, StartEngine, StopEngine
 from supervisor.simulate.gpu import CardState, SimulatedGpu
 from supervisor.simulate.policies import Policy
 from supervisor.simulate.scenario import Scenario
@@ -44,6 +53,10 @@ class Wait:
     arrival: float
     started: float | None
     until: float  # started, or when it failed, or the end of the run
+    # Its model was neither ready nor loading when it arrived: when the load of its model
+    # was decided after that (its StartEngine, or an eviction for it: see the module
+    # docstring), if that came before it started; else None.
+    load_decided: float | None = None
 
 
 @attrs.frozen
@@ -80,6 +93,11 @@ class Replay:
     _ticks: set[float] = attrs.Factory(set)
     # Per engine: was its last eviction one that no pending load needed?
     _needless_eviction: dict[str, bool] = attrs.Factory(dict)
+    # Requests that arrived with their model off the card and whose load is not decided yet:
+    # request id -> model; then request id -> when the load was decided.
+    _held: dict[int, str] = attrs.Factory(dict)
+    _load_decided: dict[int, float] = attrs.Factory(dict)
+    _announced_stops: set[str] = attrs.Factory(set)  # victims whose evict event said for whom
 
     @classmethod
     def create(cls, scenario: Scenario, policy: Policy, watch: Callable[[Replay], None] | None = None) -> Replay:
@@ -110,6 +128,9 @@ class Replay:
 
     def _arrive(self, client: Client) -> None:
         request = Request(next(self._request_ids), client, self.now, client.draw_steps())
+        model = client.spec.model
+        if self.gpu.engines[model].state in (CardState.STOPPED, CardState.STOPPING):
+            self._held[request.id] = model
         self._submit(request, handoff=None)
 
     def _check_completions(self, when: float) -> None:
@@ -161,9 +182,11 @@ class Replay:
         self._at(self.now + client.think(), self._arrive, client)
 
     def _waited(self, request: Request, until: float) -> None:
+        self._held.pop(request.id, None)
+        decided = self._load_decided.pop(request.id, None)
         if request.arrival >= self.scenario.warmup:
             self.waits.append(Wait(request.id, request.client.spec.klass, request.arrival, request.started,
-                                   until if request.started is None else request.started))
+                                   until if request.started is None else request.started, decided))
 
     # ---- effects ------------------------------------------------------------------------
 
@@ -175,6 +198,7 @@ class Replay:
                 assert effect.engine is not None, "the scenario has no exclusive jobs"
                 if request.started is None:
                     request.started = self.now
+                    self._held.pop(request.id, None)  # it started before any load of its model was decided
                 self.gpu.start_step(effect.job_id, effect.engine, request.steps[request.step], self.now)
             elif isinstance(effect, Fail):
                 self._waiting.pop(effect.job_id, None)
@@ -184,9 +208,13 @@ class Replay:
                 self._start_engine(effect)
             elif isinstance(effect, StopEngine):
                 self._stop_engine(effect)
+            elif isinstance(effect, Emit) and effect.event == "evict":
+                self._announced_stops.add(str(effect.fields["engine"]))
+                self._decided(str(effect.fields["for_engine"]))
 
     def _start_engine(self, effect: StartEngine) -> None:
         self.loads += 1
+        self._decided(effect.engine)
         if self._needless_eviction.pop(effect.engine, False):
             self.unnecessary_loads += 1
         self.gpu.begin_load(effect.engine, effect.generation, self.now)
@@ -195,20 +223,32 @@ class Replay:
 
     def _stop_engine(self, effect: StopEngine) -> None:
         self._needless_eviction[effect.engine] = not self._memory_needed(effect.engine)
+        if effect.engine in self._announced_stops:
+            self._announced_stops.discard(effect.engine)
+        elif (model := next((m for m in self._held.values() if not self._fits_beside_staying(m)), None)) is not None:
+            self._decided(model)  # room for the next load in arrival order, as far as a policy that does not say shows
         self.gpu.begin_stop(effect.engine)
         self._at(self.now + self.scenario.engines[effect.engine].stop_time, self._exited, effect.engine,
                  effect.generation)
+
+    def _decided(self, model: str) -> None:
+        """The load of *model* is decided now: the requests held back for it are no longer."""
+        for request in [r for r, m in self._held.items() if m == model]:
+            del self._held[request]
+            self._load_decided[request] = self.now
 
     def _memory_needed(self, victim: str) -> bool:
         """Does a pending load need *victim*'s memory? Some model with requests waiting is
         not on the card and would not fit beside what stays, *victim* included (memory
         of engines already stopping counts as freed: one need, one victim)."""
-        staying = sum(e.memory for e in self.gpu.engines.values()
-                      if e.holds_memory and e.state is not CardState.STOPPING)
-        free = self.gpu.memory - staying
         pending = {model for model in self._waiting.values()
                    if self.gpu.engines[model].state is CardState.STOPPED}
-        return any(self.gpu.engines[model].memory > free for model in pending)
+        return any(not self._fits_beside_staying(model) for model in pending)
+
+    def _fits_beside_staying(self, model: str) -> bool:
+        staying = sum(e.memory for e in self.gpu.engines.values()
+                      if e.holds_memory and e.state is not CardState.STOPPING)
+        return self.gpu.engines[model].memory <= self.gpu.memory - staying
 
     # ---- the clock ----------------------------------------------------------------------
 
