@@ -191,7 +191,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     client, mailbox = open_scheduler_mailbox(core)
     catalog = ModelCatalog.of(config)
     door = FrontDoor(events, usage, exposed=exposed_listeners(config), open_paths=frozenset(config.auth.open_paths),
-                     aliases=catalog.aliases)
+                     aliases=catalog.names)
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         reloader = Reloader(config_path or Path(), config, [d.nbytes for d in budgets], memory_device(probe), store,
                             plans, engines, catalog, client, events, http, root)

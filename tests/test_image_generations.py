@@ -101,11 +101,15 @@ def test_an_image_url_is_served_to_whoever_holds_it_and_nothing_else_is(  # type
         start_steward: StewardFactory, comfy, tmp_path: Path) -> None:
     port, gpu = comfy()
     keys_file = tmp_path / "keys.json"
-    key = add_key(keys_file, "artist", known_models=["sketch"])
-    steward = start_steward({"sketch": image_model(tmp_path)}, auth={"keys_file": str(keys_file)}, comfyui={
+    key = add_key(keys_file, "artist", models=["pic"], known_models=["sketch", "pic"])  # by the alias
+    steward = start_steward({"sketch": image_model(tmp_path, aliases=["pic"]), "other": image_model(tmp_path, "other")},
+                            auth={"keys_file": str(keys_file)}, comfyui={
         "upstream": f"127.0.0.1:{port}", "listen": None, "history_poll": "0.1s", "free_timeout": "5s"},
         gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"})
     client = openai.OpenAI(base_url=steward.base_url, api_key=key, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):  # the key names only sketch (as pic)
+        client.images.generate(model="other", prompt="a lighthouse", size="32x32")
+    assert {m.id for m in client.models.list()} == {"sketch", "pic"}
     result = client.images.generate(model="sketch", prompt="a lighthouse", size="32x32")  # url: OpenAI's default
     url = result.data[0].url
     assert url is not None and url.startswith(f"{steward.url}/v1/images/files/") and result.data[0].b64_json is None

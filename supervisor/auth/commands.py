@@ -47,7 +47,7 @@ def run_keys(args: argparse.Namespace) -> int:
     path = config.auth.keys_file
     try:
         if args.keys_command == "add":
-            known = config.alias_table()
+            known = {**config.alias_table(), **config.image_alias_table()}
             text = add_key(path, args.name, models=args.models, classes=args.classes,
                            default_class=args.default_class, rpm=args.rpm, concurrency=args.concurrency,
                            admin=args.admin, known_models=known, ollama=config.ollama is not None)

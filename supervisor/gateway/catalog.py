@@ -27,6 +27,9 @@ class ModelCatalog:
     served: dict[str, str] = attrs.Factory(dict)  # model -> the name its engine checks (vLLM's --served-model-name)
     apis: dict[str, frozenset[Api]] = attrs.Factory(dict)  # model -> the APIs it serves
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
+    # Every accepted name, of an engine's model or an image model -> its model: what a key's
+    # model list is read with (a key may name an alias).
+    names: dict[str, str] = attrs.Factory(dict)
 
     @classmethod
     def of(cls, config: Config) -> ModelCatalog:
@@ -40,9 +43,10 @@ class ModelCatalog:
                   if model_runtime(model).checks_model_name}
         apis = {name: model_apis(model) for name, model in config.models.items()}
         images = _image_models(config)
+        names = {**aliases, **{alias: model.name for alias, model in images.items()}}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
-                           (self.images, images)):
+                           (self.images, images), (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)
