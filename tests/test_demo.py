@@ -46,15 +46,20 @@ class Demo:
 
 
 def answers_the_agent_apis(demo: Demo, model: str) -> None:
-    """OpenAI's Responses API and Anthropic's Messages through the demo, changed only in the base URL."""
-    answer = demo.client().responses.create(model=model, input="hello", max_output_tokens=3)
+    """OpenAI's Responses API and Anthropic's Messages through the demo, changed only in the base URL.
+    Greedy (temperature 0): a tiny real model sampled may end its answer at its first token, and
+    llama-server's stream then lacks message_start (tests/test_real_apis.py)."""
+    answer = demo.client().responses.create(model=model, input="hello", max_output_tokens=3, temperature=0)
     assert answer.status == "completed" and answer.output_text and answer.model == model
-    streamed = list(demo.client().responses.create(model=model, input="hi", max_output_tokens=2, stream=True))
+    streamed = list(demo.client().responses.create(model=model, input="hi", max_output_tokens=2, stream=True,
+                                                   temperature=0))
     assert streamed[-1].type == "response.completed"
     claude = demo.anthropic()
-    message = claude.messages.create(model=model, max_tokens=3, messages=[{"role": "user", "content": "hello"}])
+    message = claude.messages.create(model=model, max_tokens=3, extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": "hello"}])
     assert message.content[0].text and message.model == model
-    with claude.messages.stream(model=model, max_tokens=2, messages=[{"role": "user", "content": "hi"}]) as stream:
+    with claude.messages.stream(model=model, max_tokens=2, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
         assert stream.get_final_message().usage.output_tokens == 2
     assert claude.messages.count_tokens(model=model, messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
 
