@@ -232,6 +232,10 @@ def _check(config: Config) -> int:
     if config.comfyui is not None:
         need = config.comfyui.memory or budgets[0].nbytes
         print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
+        for name, image in config.image_models.items():
+            also = f" ({', '.join(image.aliases)})" if image.aliases else ""
+            print(f"  model    {name}{also}: /v1/images/generations from {image.workflow}, {image.size}, "
+                  f"{image.steps} steps by default")
     for name, node in config.nodes.items():
         key = f"key from ${node.key_env}" if node.key_env else "no key"
         wake = node.wake

@@ -153,3 +153,15 @@ def test_check_shows_the_ollama_and_comfyui_listeners(tmp_path: Path) -> None:
     assert "ollama   listen 127.0.0.1:11434 -> upstream 127.0.0.1:11435 (supervised: ollama serve)" in result.stdout
     assert "comfyui  listen (off) -> upstream 127.0.0.1:8189 (attached)" in result.stdout
     assert "images   exclusive jobs in the interactive class, 16.0 GiB each" in result.stdout
+
+
+def test_check_shows_an_image_model_and_names_a_broken_workflow(tmp_path: Path) -> None:
+    (tmp_path / "wf.json").write_text('{"1": {"class_type": "SaveImage", "inputs": {"filename_prefix": "{{prompt}}"}}}')
+    config = {"gpu": {"probe": "none", "budget": "8GiB"}, "comfyui": {"upstream": "127.0.0.1:8189"},
+              "models": {"sdxl": {"runtime": "comfyui", "workflow": "wf.json", "size": "64x32", "aliases": ["pic"]}}}
+    result = steward("check", write(tmp_path, config))
+    assert result.returncode == 0, result.stderr
+    assert f"model    sdxl (pic): /v1/images/generations from {tmp_path / 'wf.json'}, 64x32, 20 steps" in result.stdout
+    (tmp_path / "wf.json").write_text("{}")
+    broken = steward("check", write(tmp_path, config))
+    assert broken.returncode != 0 and "models.sdxl.workflow:" in broken.stderr and "Traceback" not in broken.stderr
