@@ -259,3 +259,27 @@ def test_one_usage_row_per_request_rejected_ones_too(start_steward: StewardFacto
     assert len({row["request_id"] for row in rows}) == len(rows)
     report = steward_cli("usage", "--db", str(tmp_path / "usage.db"), "--by", "status")
     assert report.returncode == 0 and "499" in report.stdout
+
+
+def test_a_refusal_sent_before_the_body_arrived_says_the_connection_closes(start_steward: StewardFactory,
+                                                                            tmp_path: Path) -> None:
+    """Steward answers a request without a key before reading its body; the connection cannot carry
+    another request until that body was read, so the answer must say it closes (a client whose
+    body went in a second packet reused the closed connection: "Server disconnected", seen in CI)."""
+    import socket
+
+    steward, keys = keyed_steward(start_steward, tmp_path, {"family": {}})
+    host, _, port = steward.url.removeprefix("http://").rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())  # the body never comes
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+    lines = head.split(b"\r\n\r\n")[0].lower().split(b"\r\n")
+    assert lines[0].startswith(b"http/1.1 401") and b"connection: close" in lines
+    # Without a body the connection stays open for the next request.
+    with httpx.Client(base_url=steward.base_url, timeout=30) as http:
+        refused = http.get("/models")
+        assert refused.status_code == 401 and "close" not in refused.headers.get("connection", "")
+        assert http.get("/models", headers={"authorization": f"Bearer {keys['family']}"}).status_code == 200

@@ -230,7 +230,7 @@ class FrontDoor:
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
         if not self.required(listener) or scope["path"] in self.open_paths or (
-                listener == "openai" and scope["path"].startswith(CAPABILITY_PREFIX) and scope["method"] == "GET"):
+                listener == "openai" and scope["path"].startswith(CAPABILITY_PREFIX) and scope.get("method") == "GET"):
             return None, None
         presented = presented_key(scope)
         key = self.keys.lookup(presented) if presented is not None else None
@@ -345,7 +345,7 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
                 await app(scope, observed_receive, observed_send)
             else:
                 door.refuse(exchange, refusal.code or "unauthorized")
-                await _send_auth_refusal(observed_send, refusal, shape_for(scope))
+                await _send_auth_refusal(observed_send, refusal, shape_for(scope), _body_unread(scope))
         finally:
             if scope["path"] not in MONITORING_PATHS:
                 door.record(exchange)
@@ -353,9 +353,20 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
     return guarded
 
 
-async def _send_auth_refusal(send: Send, refusal: RequestError, shape: ErrorShape) -> None:
+def _body_unread(scope: Scope) -> bool:
+    """Whether the request has a body the refusal goes out before: the connection cannot be
+    used again until that body was read, so the answer says it closes (a client that sent the
+    body in a second packet would otherwise send its next request on a closed connection)."""
+    length = header_value(scope, b"content-length")
+    return (length is not None and length.strip() not in ("", "0")) or header_value(scope, b"transfer-encoding") \
+        is not None
+
+
+async def _send_auth_refusal(send: Send, refusal: RequestError, shape: ErrorShape, close: bool) -> None:
     body = shape(refusal.status, refusal.message, code=refusal.code)
     headers = error_headers(body)
+    if close:
+        headers.append((b"connection", b"close"))
     if refusal.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="steward"'))
     await send_whole(send, refusal.status, headers, body)
