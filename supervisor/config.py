@@ -238,11 +238,11 @@ class SchedulerConfig:
     hot_window: Duration = Duration(300.0)
     # Within a class, a request whose model would have to evict another may be overtaken by
     # younger requests for loaded models for up to this long after it arrived, so a swap
-    # serves a batch, not one request. 30 s: about one large model's load, so a held request
-    # waits about one load more at most while agents' bursts (tool loops of a few seconds)
-    # finish on the loaded models; well under every queue_timeout (interactive: 60 s).
-    # 0s: strict arrival order, as before.
-    swap_hold: Duration = Duration(30.0)
+    # serves a batch, not one request. 10 s: about one model's load from a page-cached disk,
+    # so a held request waits about one load more at most; on the thrash scenario it halves
+    # fifo's loads and beats a collating scheduler's, with a wait tail near its (30 s: a
+    # third fewer loads, 4-12 s more tail; docs/simulator.md). 0s: strict arrival order.
+    swap_hold: Duration = Duration(10.0)
     # Models to load again ahead of demand after an image job or an idle unload, into free
     # memory only and first first, before the models used lately (which are warmed anyway,
     # likeliest first); a request that needs the memory stops a warm load still starting.

@@ -195,6 +195,55 @@ async def test_the_thrash_pattern_loads_fewer_models_with_the_swap_hold(
     assert held_served > strict_served  # and the agents get more done: the GPU loads less
 
 
+# ---- a guard turn's swap beside chats (rule 4) -------------------------------------------
+
+def chatting(budget: float) -> Scheduler:
+    """a (6 GiB) loaded and used by background work, then idle and cold; from 10 s a chat
+    computes on its own 6 GiB model; at 12 s a background request arrives for b (6 GiB). The
+    guard's turn for it is due at 15 s (3 s of starvation), beside the chat."""
+    policy = SchedulingPolicy(interactive_window=2.0, guard_gap_wait=15.0, swap_hold=10.0,
+                              starvation={"interactive": 0.0, "background": 3.0, "batch": 10.0})
+    s = Scheduler.create(int(budget * GIB), [model("chat"), model("a"), model("b")], policy)
+    loaded(s, "a", "background", 1, 0.0, 1.0)
+    s.finish(1, 2.0)
+    loaded(s, "chat", "interactive", 2, 10.0, 11.0)
+    assert acts(s.submit(3, "b", "background", 12.0)) == []
+    return s
+
+
+def test_a_guard_turn_that_would_swap_beside_a_chat_waits_for_the_window_to_close() -> None:
+    s = chatting(budget=12)  # b can only go where a is
+    assert emitted(s.tick(15.0), "starvation_step") == []  # due, but the chat computes (guard_gap_wait)
+    # The chat ends: a gap, in which a step would start, but a swap slows the next chat for
+    # all its load; the window closes 2 s later.
+    assert acts(s.finish(2, 20.0)) == []
+    assert not s.engines["a"].draining
+    assert s.next_wakeup() == 22.0
+    effects = s.tick(22.0)  # nobody chats: the class is served as usual, and a makes room for b
+    assert [(e["engine"], e["for_engine"]) for e in emitted(effects, "evict")] == [("a", "b")]
+    assert acts(effects) == [StopEngine("a", 1)]
+
+
+def test_a_guard_turn_that_would_swap_goes_anyway_guard_gap_wait_after_it_was_due() -> None:
+    s = chatting(budget=12)
+    assert acts(s.finish(2, 20.0)) == []
+    s.submit(4, "chat", "interactive", 20.5)  # the next chat: the window never closes
+    while (wakeup := s.next_wakeup()) is not None and wakeup < 30.0:
+        assert emitted(s.tick(wakeup), "evict") == []
+    assert wakeup == 30.0  # due at 15 s, plus guard_gap_wait
+    effects = s.tick(30.0)
+    assert [(e["model"], e["load"]) for e in emitted(effects, "starvation_step")] == [("b", True)]
+    assert acts(effects) == [StopEngine("a", 1)]
+
+
+def test_a_guard_turn_that_loads_into_free_memory_goes_in_the_first_gap_between_chats() -> None:
+    s = chatting(budget=18)  # b fits beside a and the chat
+    assert acts(s.tick(15.0)) == []  # due, but the chat computes
+    effects = s.finish(2, 20.0)  # the gap: the window is still open
+    assert [(e["model"], e["load"]) for e in emitted(effects, "starvation_step")] == [("b", True)]
+    assert acts(effects) == [StartEngine("b", 1)]
+
+
 # ---- the choice of victim -----------------------------------------------------------
 
 def test_the_victim_is_the_one_cheapest_to_load_again_not_the_least_recently_used() -> None:

@@ -31,6 +31,9 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    also starts its class's next steps for the same engine, up to its free slots: an
    engine more costs a chat the same whether one of its slots decodes or all (they
    batch); the turn lasts until its last step ends, and the share counts all of it.
+   A turn beside interactive work that would evict another engine (a swap) waits for the
+   window to close, for up to ``guard_gap_wait`` after it was due: a load slows the
+   chats for all its length, longer than a step; one into free memory goes at once.
 5. Residency: pinned engines are never evicted for another model (rule 8's exclusive job
    unloads them, last); hot ones (used interactively within
    ``hot_window``) only for interactive work, and only when cold ones do not free enough.
@@ -680,9 +683,8 @@ class Scheduler:
                 times += [h.submitted + left_for for h in self.queues[klass].heads()
                           if h.model is not None and self._short(h.model)]
             start = self._starved_since(klass)
-            limit = self.policy.starvation[klass]
-            if start is not None and limit > 0:
-                due = max(start + limit, self.guard_resume_at)
+            if start is not None and self.policy.starvation[klass] > 0:
+                due = self._lane_due_at(start, klass)
                 times += [due, due + self.policy.guard_gap_wait]
         future = [t for t in times if t > self.now]
         return min(future, default=None)
@@ -804,10 +806,25 @@ class Scheduler:
         if beside_interactive:
             # Prefer a moment when no interactive step computes, so none is slowed from its
             # start; after waiting guard_gap_wait for such a gap, go anyway.
-            due = max(since + limit, self.guard_resume_at)
+            due = self._lane_due_at(since, klass)
             gap = self.running_by_class["interactive"] == 0 or now >= due + self.policy.guard_gap_wait
             return gap and now >= due and self.lane_class() is None
         return True
+
+    def _swap_waits_for_window(self, klass: str, now: float) -> bool:
+        """Rule 4: beside interactive work, a guard turn that would evict another engine waits for
+        the window to close, for up to guard_gap_wait after it was due. A load slows the chats
+        computing for all its length (weights copied in, the KV cache built), longer than a step,
+        and the next chat's pause usually comes sooner; a load into free memory goes at once."""
+        since = self._starved_since(klass)
+        if since is None or not self._interactive_active(now):
+            return False
+        return now < self._lane_due_at(since, klass) + self.policy.guard_gap_wait
+
+    def _lane_due_at(self, starved_since: float, klass: str) -> float:
+        """When a turn of *klass* beside interactive work is due: starved its starvation time,
+        and the lane rested (guard_share)."""
+        return max(starved_since + self.policy.starvation[klass], self.guard_resume_at)
 
     def _in_turn(self, klass: str) -> bool:
         """A guard turn of *klass* is under way: its first step waits for its load or runs, or
@@ -903,6 +920,8 @@ class Scheduler:
                 continue
             option = self._place(engine, now, promised, wanted, (rank, head.seq), idle_only=True)
             if option is None or option.victims is None:
+                continue
+            if option.victims and self._swap_waits_for_window(klass, now):
                 continue
             self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                        starved_s=_round(now - (self._starved_since(klass) or now)), load=True)

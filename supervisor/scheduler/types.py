@@ -333,7 +333,7 @@ class SchedulingPolicy:
     # Within a class, a load that would evict another engine waits up to this long after its
     # request arrived while the class's other work keeps loaded engines busy (config's
     # scheduler.swap_hold explains the default); 0: strict arrival order.
-    swap_hold: float = 30.0
+    swap_hold: float = 10.0
     # Engines to load ahead of demand after an exclusive job or an idle unload, first first,
     # before those used lately (config's scheduler.warm; core.py, rule 10).
     warm: tuple[str, ...] = attrs.field(default=(), converter=tuple)
