@@ -29,6 +29,7 @@ Duration = NewType("Duration", float)
 # Polls, intervals and timeouts where 0 would spin a core or fail everything at once.
 PositiveDuration = NewType("PositiveDuration", float)
 PositiveInt = NewType("PositiveInt", int)
+Count = NewType("Count", int)  # 0, 1, ...
 Fraction = NewType("Fraction", float)
 Port = NewType("Port", int)  # 1..65535
 DeviceIndex = NewType("DeviceIndex", int)  # 0, 1, ... as NVML numbers the devices
@@ -235,6 +236,10 @@ class SchedulerConfig:
     # Steps whose engine's last ones took at most this long start in any gap between chats,
     # outside the guard: a chat arriving meanwhile is slowed about that long at most. 0s: off.
     gap_step: Duration = Duration(0.0)
+    # While a chat's engine is hot, background and batch steps compute on at most this many
+    # engines at once, so a chat arriving between chats shares the card with one engine, not
+    # all of them. 0: no limit (a card whose engines each leave much of it idle).
+    lower_class_engines: Count = Count(1)
     hot_window: Duration = Duration(300.0)
     # Within a class, a request whose model would have to evict another may be overtaken by
     # younger requests for loaded models for up to this long after it arrived, so a swap
@@ -425,6 +430,12 @@ def _structure_positive_int(value: Any, _: Any) -> int:
     raise ValueError(f"must be a positive integer, got {show(value)}")
 
 
+def _structure_count(value: Any, _: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"must be a whole number, 0 or more, got {show(value)}")
+
+
 def _structure_port(value: Any, _: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535:
         return value
@@ -556,6 +567,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(Duration, _structure_duration)
     converter.register_structure_hook(PositiveDuration, _structure_positive_duration)
     converter.register_structure_hook(PositiveInt, _structure_positive_int)
+    converter.register_structure_hook(Count, _structure_count)
     converter.register_structure_hook(Port, _structure_port)
     converter.register_structure_hook(DeviceIndex, _structure_device_index)
     converter.register_structure_hook(Host, _structure_host)

@@ -56,6 +56,7 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         guard_gap_wait=config.scheduler.guard_gap_wait,
         guard_fill=config.scheduler.guard_fill,
         gap_step=config.scheduler.gap_step,
+        lower_class_engines=config.scheduler.lower_class_engines,
         max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
         queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
                        for k, c in classes.items()},

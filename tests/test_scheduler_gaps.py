@@ -76,7 +76,7 @@ def test_a_short_step_starts_the_moment_the_last_chat_ends_not_a_tick_earlier() 
 
 
 def test_off_both_wait_for_the_window_as_before() -> None:
-    s = make(background=100.0)  # gap_step 0
+    s = make(background=100.0, lower_class_engines=0)  # gap_step 0, and every engine at once
     s.submit(1, "chat", "interactive", 2.0)
     s.submit(2, "embed", "background", 2.25)
     s.submit(3, "agent", "background", 2.5)
@@ -258,3 +258,50 @@ def test_a_bad_gap_step_is_a_clear_error() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config({"models": {"m": {"command": ["m"], "memory": "1GiB"}}, "scheduler": {"gap_step": "soon"}})
     assert "scheduler.gap_step" in str(raised.value)
+
+
+# ---- between chats, one engine at a time (rule 3c) ---------------------------------------
+
+def test_between_chats_the_lower_classes_compute_on_one_engine_at_a_time_oldest_first() -> None:
+    s = make(background=100.0)  # lower_class_engines 1 by default
+    s.submit(1, "chat", "interactive", 2.0)
+    s.submit(2, "embed", "background", 2.25)
+    s.submit(3, "agent", "background", 2.5)
+    s.submit(4, "agent", "background", 2.75)
+    assert grants(s.finish(1, 3.0, 200)) == []
+    assert tick_grants(s, 4.96875) == []
+    assert grants(s.tick(5.0)) == [2]  # the window closed: the oldest request's engine only
+    wait = explain(s, s.waiting[3])
+    assert wait.reason is WaitReason.LOWER_CLASS_ENGINES
+    assert "embed computes" in wait.why
+    assert grants(s.submit(5, "embed", "background", 5.25)) == []  # one slot, busy: in line
+    effects = s.finish(2, 5.5, 200)
+    # The agent's request is now the oldest: its engine, with both its slots.
+    assert grants(effects) == [3, 4]
+    assert grants(s.finish(3, 6.0, 200)) == []  # the embedder waits while the agent computes
+    assert grants(s.finish(4, 6.5, 200)) == [5]
+
+
+def test_once_no_engine_is_hot_the_lower_classes_use_every_engine_again() -> None:
+    s = make(background=100.0, hot_window=4.0)
+    s.submit(1, "chat", "interactive", 2.0)
+    s.submit(2, "embed", "background", 2.25)
+    s.submit(3, "agent", "background", 2.5)
+    s.finish(1, 3.0, 200)  # the chat's engine is hot until 7.0
+    assert grants(s.tick(5.0)) == [2]
+    assert s.next_wakeup() == 7.0
+    assert tick_grants(s, 6.96875) == []
+    assert grants(s.tick(7.0)) == [3]  # beside the embedder's step, still computing
+
+
+def test_lower_class_engines_comes_from_the_config_and_zero_is_no_limit() -> None:
+    assert config_policy.scheduling_policy(Config(models={})).lower_class_engines == 1
+    config = parse_config({"models": {"m": {"command": ["m"], "memory": "1GiB"}},
+                           "scheduler": {"lower_class_engines": 0}})
+    assert config_policy.scheduling_policy(config).lower_class_engines == 0
+    for bad in (-1, 1.5, "one", True):
+        with pytest.raises(ConfigError) as raised:
+            parse_config({"models": {"m": {"command": ["m"], "memory": "1GiB"}},
+                          "scheduler": {"lower_class_engines": bad}})
+        assert "scheduler.lower_class_engines" in str(raised.value)
+        assert "0 or more" in str(raised.value)

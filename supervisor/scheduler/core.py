@@ -22,6 +22,11 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    and no progress for the starvation clock: the guard still serves the class's longer
    lines, and its turns pass over the short lines (the gaps serve them) until one has
    waited its starvation time plus ``guard_gap_wait``.
+   3c. Between chats, one engine at a time (``lower_class_engines``, 0: no limit): while an
+   engine is hot, background and batch steps compute on at most that many engines at once
+   (each with all its slots), the oldest request's first. A chat arriving after the window
+   closed then shares the card with one engine, not with all of them; on a card that the
+   engines saturate (bandwidth-bound decode) the lower classes lose no throughput by it.
 4. Starvation guard: when the head of a lower class has made no progress for its
    ``starvation`` time, one of its steps may run beside the higher classes' work: the
    oldest of its waiting jobs that can actually run now, not simply the oldest. Beside
@@ -672,6 +677,10 @@ class Scheduler:
                 times.append(engine.last_used + engine.profile.idle_unload)  # type: ignore[operator]
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
+        if self.policy.lower_class_engines > 0 and any(self.queues[k].size for k in CLASSES[1:]):
+            # Rule 3c ends when the last hot engine goes cold.
+            times.append(max((e.last_interactive for e in self.engines.values()), default=-math.inf)
+                         + self.policy.hot_window)
         for queue in self.queues.values():
             for head in queue.heads():
                 times.append(head.next_report)
@@ -877,9 +886,12 @@ class Scheduler:
         """An open class: fill free slots oldest first, then load engines for the rest."""
         queue = self.queues[klass]
         rank = RANK[klass]
-        for model in [m for m in queue.lines if m is not None]:
-            engine = self.engines[model]
+        heads = sorted((h for h in queue.heads() if h.model is not None), key=lambda h: h.seq)
+        for model in [h.model for h in heads]:  # the oldest request's first (rule 3c may stop the rest)
+            engine = self.engines[model]  # type: ignore[index]
             line = queue.line(model)
+            if self.lower_engines_full(klass, model, now):
+                continue
             while line and self._has_free_slot(engine):
                 self._dispatch(line[0], engine, now)
                 line = queue.line(model)
@@ -890,6 +902,16 @@ class Scheduler:
                 self._load_or_make_room(engine, now, promised, wanted, (rank, head.seq), LoadReason.of(head),
                                         for_job=head)
             wanted.setdefault(engine.name, (rank, head.seq))
+
+    def lower_engines_full(self, klass: str, model: str | None, now: float) -> bool:
+        """Rule 3c: while a chat's engine is hot, background and batch steps compute on at most
+        ``lower_class_engines`` engines at once; whether *model* is past that."""
+        limit = self.policy.lower_class_engines
+        if klass == "interactive" or limit <= 0 or not any(e.hot(now, self.policy.hot_window)
+                                                            for e in self.engines.values()):
+            return False
+        busy = {job.model for job in self.running.values() if job.klass != "interactive"}
+        return model not in busy and len(busy) >= limit
 
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
                      may_start_new: bool) -> None:

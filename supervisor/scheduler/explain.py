@@ -2,7 +2,8 @@
 
 Every waiting step has a reason the scheduler can state, checked in the order the core
 decides in (``Scheduler._decide``): an exclusive (image) job holds or claims the GPU; a
-higher class runs or waits (the interactive window, the starvation guard's share); older
+higher class runs or waits (the interactive window, the starvation guard's share); between
+chats, the lower classes' engines at once (``lower_class_engines``); older
 requests for the same model are ahead; and then the model's engine: loading, every slot
 busy, unhealthy, failed and backing off, on its way out, held for a swap so that requests
 for loaded models go first (``swap_hold``), or not loaded and its memory does not fit,
@@ -32,6 +33,8 @@ class WaitReason(enum.Enum):
     INTERACTIVE_WINDOW = "interactive_window"  # a lower class, held while interactive work runs
     HIGHER_CLASS = "higher_class"  # a lower class, held while a higher one (not interactive) runs
     GUARD_SHARE = "guard_share"  # its class is due a starvation step, but the guard's lane is taken
+    # Between chats, lower classes compute on lower_class_engines engines at once, and as many do
+    LOWER_CLASS_ENGINES = "lower_class_engines"
     IN_LINE = "in_line"  # older requests for the same model go first
     LOADING = "loading"
     NO_SLOT = "no_slot"
@@ -72,6 +75,11 @@ def _why(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     gate = s._gate(job.klass, now, s._guard_turn(now))
     if gate != "open" and s.guard[job.klass] != job.id:
         return _held_by_higher(s, job)
+    if gate == "open" and s.guard[job.klass] != job.id and s.lower_engines_full(job.klass, job.model, now):
+        busy = sorted({j.model for j in s.running.values() if j.klass != "interactive" and j.model is not None})
+        return WaitReason.LOWER_CLASS_ENGINES, (
+            f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
+            f"engine(s) at once, and {', '.join(busy)} computes")
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])

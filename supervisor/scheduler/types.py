@@ -329,6 +329,9 @@ class SchedulingPolicy:
     # lower-class step on an engine whose last steps took at most this long on average starts
     # at once, outside the guard's lane and share; 0: off (core.py, rule 3b).
     gap_step: float = 0.0
+    # While an engine is hot, background and batch steps compute on at most this many engines
+    # at once (core.py, rule 3c); 0: no limit.
+    lower_class_engines: int = 1
     hot_window: float = 300.0
     # Within a class, a load that would evict another engine waits up to this long after its
     # request arrived while the class's other work keeps loaded engines busy (config's
