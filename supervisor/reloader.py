@@ -75,7 +75,7 @@ class Reloader:
         for name in plan.added:
             self.engines[name] = await self.nursery.start(serve_engine, specs[name], self.scheduler, self.events,
                                                           self.http)
-            self.scheduler.add_engine(by_name[name])
+            self.scheduler.add_engine(by_name[name], self.store.load_time(plans[name].key))
         for name in plan.removed:
             self.plans.pop(name, None)
             self.scheduler.retire_engine(name, None)

@@ -76,3 +76,13 @@ def test_an_added_engine_and_new_rules() -> None:
     s.replace_policy(SchedulingPolicy(queue_timeout={"interactive": 1.0, "background": 1.0, "batch": 1.0}), 2.0)
     s.submit(2, "a", "interactive", 2.0)
     assert s.waiting[2].deadline == 3.0
+
+
+def test_an_added_engine_knows_its_load_time_from_the_state_file_before_its_first_load() -> None:
+    s = Scheduler.create(16 * GIB, [EngineProfile("a", 4 * GIB, 1)])
+    s.add_engine(EngineProfile("measured", 2 * GIB, 1), 0.0, load_s=7.5)
+    s.add_engine(EngineProfile("never", 2 * GIB, 1), 0.0)
+    measured = s.engines["measured"].reload_cost(0.0, 300.0, queued=True)
+    assert (measured.load_s, measured.measured) == (7.5, True)
+    never = s.engines["never"].reload_cost(0.0, 300.0, queued=True)
+    assert (never.load_s, never.measured) == (3.0, False)  # 1 s + 1 s per GiB until measured

@@ -180,6 +180,7 @@ class Control:
 @attrs.frozen
 class EngineAdded:
     profile: EngineProfile
+    load_s: float | None = None  # measured before (the state file)
 
 
 @attrs.frozen
@@ -319,8 +320,8 @@ class SchedulerClient:
         return outcome[0]
 
     # A reload's changes (supervisor/reloader.py).
-    def add_engine(self, profile: EngineProfile) -> None:
-        self._post(EngineAdded(profile))
+    def add_engine(self, profile: EngineProfile, load_s: float | None = None) -> None:
+        self._post(EngineAdded(profile, load_s))
 
     def retire_engine(self, engine: str, replacement: EngineProfile | None) -> None:
         self._post(EngineRetiring(engine, replacement))
@@ -428,8 +429,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 problem, effects = core.control(engine, action, now)
                 answer(problem)
                 return effects
-            case EngineAdded(profile):
-                return core.add_engine(profile, now)
+            case EngineAdded(profile, load_s):
+                return core.add_engine(profile, now, load_s=load_s)
             case EngineRetiring(engine, replacement):
                 return core.retire_engine(engine, replacement, now)
             case EngineReplaced(engine):

@@ -595,9 +595,10 @@ class Scheduler:
 
     # ---- reload ---------------------------------------------------------------------
 
-    def add_engine(self, profile: EngineProfile, now: float) -> list[Effect]:
-        """A reload added a model (its engine task exists already)."""
-        self.engines[profile.name] = EngineState(profile)
+    def add_engine(self, profile: EngineProfile, now: float, *, load_s: float | None = None) -> list[Effect]:
+        """A reload added a model (its engine task exists already); *load_s*: its load time
+        measured before (the state file), as ``create``'s load_times."""
+        self.engines[profile.name] = EngineState(profile, load_s=load_s)
         self._emit("engine_added", "info", engine=profile.name, memory=profile.memory)
         return self._decide(now)
 
