@@ -347,3 +347,24 @@ def test_module_left_no_5xx_of_steward_s_own(steward: RunningSteward) -> None:
     statuses = {(r["route"], r["status"]) for r in steward.events("request") if r["status"] >= 500}
     assert statuses <= {("/v1/messages", 500)}, statuses  # the misled engine's own 500, nothing of steward's
     assert Path(steward.stderr_path).read_text().count("Traceback") == 0
+
+
+def test_streams_llama_server_leaves_unopened_are_opened_for_the_official_clients(
+        oai: openai.OpenAI, claude: anthropic.Anthropic, steward: RunningSteward) -> None:
+    """llama-server sends message_start only with token 1's event, and nothing for a token that
+    is half a character (the fake does the same): steward sends the opening event first."""
+    with claude.messages.stream(model="chat", max_tokens=3,
+                                messages=[{"role": "user", "content": "FAKE_SPLIT_UTF8"}]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert final.model == "chat" and final.content[0].text == "é brown" and final.usage.output_tokens == 3
+    direct = httpx.post(steward.engine_endpoint("chat") + "/v1/messages", timeout=30, json={
+        "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "FAKE_SPLIT_UTF8"}]})
+    assert "message_start" not in direct.text  # the quirk itself
+    # One token, half a character: no whole character, no partial result at all; only the final events.
+    with oai.responses.stream(model="chat", input="FAKE_SPLIT_UTF8", max_output_tokens=1) as responses:
+        kinds = [event.type for event in responses]
+        response = responses.get_final_response()
+    assert kinds == ["response.created", "response.in_progress", "response.completed"]
+    assert response.status == "completed" and response.usage is not None and response.usage.output_tokens == 1

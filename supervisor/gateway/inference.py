@@ -140,7 +140,7 @@ class InferenceHandler:
                 try:
                     await self._proxy(scope, routed, reading_answer(
                         tracked, routed.route, exchange.count_tokens, keep_usage_chunk=routed.keep_usage_chunk,
-                        stream=routed.stream), lease)
+                        stream=routed.stream, model=routed.model), lease)
                 finally:
                     if disconnect.happened and not tracked.complete:
                         lease.status = 499  # the client left before the answer ended

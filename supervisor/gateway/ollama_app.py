@@ -158,7 +158,7 @@ class OllamaListener:
         if api_route is None:
             return send
         return reading_answer(send, api_route, exchange_of(scope).count_tokens,
-                              keep_usage_chunk=route.keep_usage_chunk, stream=route.stream)
+                              keep_usage_chunk=route.keep_usage_chunk, stream=route.stream, model=route.model)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Not timed: a pull or a push may rightly take an hour.

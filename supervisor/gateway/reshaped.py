@@ -24,6 +24,7 @@ from supervisor.apis import Api
 from supervisor.gateway.api_routes import ApiRoute
 from supervisor.gateway.asgi import Send
 from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.gateway.stream_start import OPENING, StreamOpened
 from supervisor.gateway.stream_usage import UsageChunkKept
 
 Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
@@ -34,11 +35,15 @@ _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
 
-def reading_answer(send: Send, route: ApiRoute, counted: Counted, *, keep_usage_chunk: bool, stream: bool) -> Send:
+def reading_answer(send: Send, route: ApiRoute, counted: Counted, *, keep_usage_chunk: bool, stream: bool,
+                   model: str | None = None) -> Send:
     """*send* with what reads the answer on its way: the usage it carries (the usage chunk steward
-    asked for, a Messages stream's two counts) and errors in the route's words (Anthropic's)."""
+    asked for, a Messages stream's two counts), errors in the route's words (Anthropic's), and a
+    Messages or Responses stream's opening event where the engine left it out (stream_start.py)."""
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
+    if stream and route.api in OPENING:
+        send = StreamOpened(send, route.api, model or "")  # nearest the client: the usage read sees the engine's
     if keep_usage_chunk:
         send = UsageChunkKept(send, counted)
     if route.api is Api.MESSAGES and stream:
