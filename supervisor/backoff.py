@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import attrs
 import trio
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -30,3 +33,22 @@ class Backoff:
         with trio.move_on_after(delay):
             await self.until.wait()
         return not self.until.is_set()
+
+
+class RetryEnded(Exception):
+    """Retrying ended (steward shuts down) while the upstream still could not be reached."""
+
+
+async def retry_while_unreachable(backoff: Backoff, attempt: Callable[[], Awaitable[T]], unreachable: type[Exception],
+                                  on_retry: Callable[[Exception, float], Awaitable[None]]) -> T:
+    """*attempt* again, after each of *backoff*'s delays, for as long as it raises *unreachable*
+    (nothing was sent then); *on_retry* (the error, the delay) before each wait. RetryEnded,
+    from the last such error, once retrying must end; any other error as it came."""
+    for delay in backoff.delays():
+        try:
+            return await attempt()
+        except unreachable as exc:
+            await on_retry(exc, delay)
+            if not await backoff.sleep(delay):
+                raise RetryEnded(str(exc)) from exc
+    raise AssertionError("Backoff.delays never ends")

@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 
 from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.address import Address
-from supervisor.backoff import Backoff
+from supervisor.backoff import Backoff, RetryEnded, retry_while_unreachable
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
@@ -173,25 +173,27 @@ class ComfyListener:
         until the client leaves or steward shuts down."""
         upstream = self.config.upstream
         headers = [(b"content-type", b"application/json")]
-        backoff = self.backoff
-        for delay in backoff.delays():
+
+        async def attempt() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
             job.forwarded = True  # from here on ComfyUI may have it: the job must not vanish
-            try:
-                return await fetch_upstream(upstream.host, upstream.port, b"POST", target, headers, job.body)
-            except UpstreamUnreachable as exc:
-                job.forwarded = False
-                if job.client_left:
-                    self._abandon(job)
-                    await trio.lowlevel.checkpoint()  # raises Cancelled out of the job's scope
-                self.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc), retry_in_s=delay)
-                if not await backoff.sleep(delay):
-                    content = comfy_error_body(503, f"steward is shutting down and ComfyUI cannot be reached: {exc}",
-                                               code="shutting_down")
-                    return 503, error_headers(content), content
-            except UpstreamError as exc:
-                content = comfy_error_body(502, f"ComfyUI failed during the request: {exc}", code="engine_error")
-                return 502, error_headers(content), content
-        raise AssertionError("unreachable")
+            return await fetch_upstream(upstream.host, upstream.port, b"POST", target, headers, job.body)
+
+        async def on_retry(exc: Exception, delay: float) -> None:
+            job.forwarded = False
+            if job.client_left:
+                self._abandon(job)
+                await trio.lowlevel.checkpoint()  # raises Cancelled out of the job's scope
+            self.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc), retry_in_s=delay)
+
+        try:
+            return await retry_while_unreachable(self.backoff, attempt, UpstreamUnreachable, on_retry)
+        except RetryEnded as exc:
+            status, content = 503, comfy_error_body(
+                503, f"steward is shutting down and ComfyUI cannot be reached: {exc}", code="shutting_down")
+        except UpstreamError as exc:
+            status, content = 502, comfy_error_body(502, f"ComfyUI failed during the request: {exc}",
+                                                    code="engine_error")
+        return status, error_headers(content), content
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Everything but /prompt, as it is; a body (an image upload) goes on as it arrives,

@@ -29,7 +29,7 @@ import trio
 
 from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from adapters.comfyui_workflow import ImageParams, SavedImage, failure_of, saved_images
-from supervisor.backoff import Backoff
+from supervisor.backoff import Backoff, RetryEnded, retry_while_unreachable
 from supervisor.gateway.asgi import (
     BodyLimits,
     Receive,
@@ -302,20 +302,22 @@ class ImageHandler:
     async def _queue(self, graph: dict[str, Any]) -> str:
         """POST the prompt, retrying while ComfyUI cannot be reached (nothing was sent then)."""
         config = self.turnstile.config
-        backoff = Backoff(config.retry_initial, config.retry_max, self.shutting_down)
-        for delay in backoff.delays():
-            try:
-                answer = await self.http.post(f"{self.base_url}/prompt", json={"prompt": graph},
-                                              timeout=httpx.Timeout(30.0, connect=5.0))
-                break
-            except httpx.ConnectError as exc:
-                self.turnstile.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc),
-                                           retry_in_s=delay)
-                if not await backoff.sleep(delay):
-                    raise ImageFailed(503, "Steward is shutting down and ComfyUI cannot be reached.",
-                                      "shutting_down") from None
-            except httpx.HTTPError as exc:
-                raise ImageFailed(502, f"ComfyUI failed during the request: {exc}", "engine_error") from None
+
+        async def attempt() -> httpx.Response:
+            return await self.http.post(f"{self.base_url}/prompt", json={"prompt": graph},
+                                        timeout=httpx.Timeout(30.0, connect=5.0))
+
+        async def on_retry(exc: Exception, delay: float) -> None:
+            self.turnstile.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc),
+                                       retry_in_s=delay)
+
+        try:
+            answer = await retry_while_unreachable(Backoff(config.retry_initial, config.retry_max, self.shutting_down),
+                                                   attempt, httpx.ConnectError, on_retry)
+        except RetryEnded:
+            raise ImageFailed(503, "Steward is shutting down and ComfyUI cannot be reached.", "shutting_down") from None
+        except httpx.HTTPError as exc:
+            raise ImageFailed(502, f"ComfyUI failed during the request: {exc}", "engine_error") from None
         prompt_id = find_prompt_id(answer.content[: config.prompt_capture_limit]) if answer.status_code == 200 \
             else None
         self.turnstile.events.emit("image_forwarded", "info", prompt_id=prompt_id, status=answer.status_code)
