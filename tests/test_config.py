@@ -385,6 +385,7 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
     "Duration": (["1s", "250ms", "0s", 0, 2.5, "5m"], [math.nan, -math.inf]),
     "PositiveDuration": (["1s", "250ms", 2.5, "5m"], ["0s", 0, math.inf]),
     "PositiveInt": ([1, 4], [0, -1]),
+    "Count": ([0, 1, 3], [-1, 1.5]),
     "Port": ([8080, 8081, 11434], [0, 65536]),
     "DeviceIndex": ([0, 1, "1"], [-1, "gpu0"]),
     "Host": (["127.0.0.1", "::1", "localhost", "0.0.0.0"], ["not a host!"]),
