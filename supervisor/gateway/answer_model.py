@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from typing import Any
 
 import attrs
 
 from supervisor.gateway.asgi import Send
+from supervisor.gateway.sse import EVENT_END
 
 MAX_HELD_BYTES = 32 * 2**20
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 class _Framing(enum.Enum):
@@ -104,12 +103,12 @@ class ModelNamed:
     def _events_body(self, chunk: bytes, *, more: bool) -> bytes:
         seam = self._held_end(3)  # an event's end may begin before *chunk*: at most 3 bytes before
         self._hold(chunk)
-        if more and self._held_bytes <= MAX_HELD_BYTES and not _EVENT_END.search(seam + chunk):
+        if more and self._held_bytes <= MAX_HELD_BYTES and not EVENT_END.search(seam + chunk):
             return b""  # still inside one event (not looked at again for each piece of it)
         data = self._take_held()
         parts = []
         start = 0
-        for end in _EVENT_END.finditer(data):
+        for end in EVENT_END.finditer(data):
             parts.append(_renamed_event(data[start:end.start()], self.model))
             parts.append(end.group())
             start = end.end()

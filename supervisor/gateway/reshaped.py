@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,13 +23,13 @@ from supervisor.apis import Api
 from supervisor.gateway.api_routes import ApiRoute
 from supervisor.gateway.asgi import Send
 from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.gateway.sse import EVENT_END, event_data
 from supervisor.gateway.stream_start import OPENING, StreamOpened
 from supervisor.gateway.stream_usage import UsageChunkKept
 
 Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
 
 MAX_ERROR_BYTES = 64 * 1024
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 # Anthropic counts cached input apart from the rest; the usage log's prompt is all of it.
 _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
@@ -122,12 +121,12 @@ class MessagesUsageRead:
             content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
             self._streaming = message["status"] == 200 and content_type.startswith(b"text/event-stream")
         elif message["type"] == "http.response.body" and self._streaming and b'"usage"' in message.get("body", b""):
-            for event in _EVENT_END.split(message["body"]):
+            for event in EVENT_END.split(message["body"]):
                 self._read(event)
         await self.send(message)
 
     def _read(self, event: bytes) -> None:
-        data = next((line[5:] for line in event.splitlines() if line.startswith(b"data:")), None)
+        data = event_data(event)
         if data is None or b'"usage"' not in data:
             return
         try:

@@ -19,7 +19,6 @@ that the client's check of the response's identity holds); the rest goes through
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from typing import Any
 
@@ -27,8 +26,8 @@ import attrs
 
 from supervisor.apis import Api
 from supervisor.gateway.asgi import Send
+from supervisor.gateway.sse import EVENT_END, event_data
 
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 # How much is held while looking for the first event; past it the stream goes as it came.
 MAX_HELD = 64 * 1024
 OPENING = {Api.MESSAGES: ("message_start",), Api.RESPONSES: ("response.created", "response.queued")}
@@ -81,13 +80,13 @@ class StreamOpened:
 def first_event(stream: bytes) -> dict[str, Any] | None:
     """The data of the first whole event that has data (comments and pings pass over): {} when
     it is not a JSON object; None: none is whole yet."""
-    *whole, _rest = _EVENT_END.split(stream)
+    *whole, _rest = EVENT_END.split(stream)
     for event in whole:
-        lines = [line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")]
-        if not lines:
+        data = event_data(event)
+        if data is None:
             continue
         try:
-            value = json.loads(b"\n".join(lines))
+            value = json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}

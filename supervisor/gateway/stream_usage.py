@@ -13,15 +13,13 @@ as it came; only the one that holds it is split into its events and looked at.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from supervisor.gateway.asgi import Send
-
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
+from supervisor.gateway.sse import EVENT_END
 
 
 def ask_for_usage(payload: dict[str, Any]) -> bool:
@@ -59,7 +57,7 @@ class UsageChunkKept:
     def _without_usage_chunk(self, body: bytes) -> bytes:
         kept = []
         start = 0
-        for end in _EVENT_END.finditer(body):
+        for end in EVENT_END.finditer(body):
             event = body[start:end.end()]
             start = end.end()
             if not self._is_usage_chunk(event):

@@ -679,9 +679,7 @@ class Scheduler:
         if self.running_by_class["interactive"] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
         if self.policy.lower_class_engines > 0 and any(self.queues[k].size for k in CLASSES[1:]):
-            # Rule 3c ends when the last hot engine goes cold.
-            times.append(max((e.last_interactive for e in self.engines.values()), default=-math.inf)
-                         + self.policy.hot_window)
+            times.append(self._hot_until())  # rule 3c ends then
         for queue in self.queues.values():
             for head in queue.heads():
                 times.append(head.next_report)
@@ -908,11 +906,18 @@ class Scheduler:
         """Rule 3c: while a chat's engine is hot, background and batch steps compute on at most
         ``lower_class_engines`` engines at once; whether *model* is past that."""
         limit = self.policy.lower_class_engines
-        if klass == "interactive" or limit <= 0 or not any(e.hot(now, self.policy.hot_window)
-                                                            for e in self.engines.values()):
+        if klass == "interactive" or limit <= 0 or now >= self._hot_until():
             return False
-        busy = {job.model for job in self.running.values() if job.klass != "interactive"}
+        busy = self.lower_class_busy()
         return model not in busy and len(busy) >= limit
+
+    def lower_class_busy(self) -> set[str]:
+        """The engines background or batch steps compute on."""
+        return {job.model for job in self.running.values() if job.klass != "interactive" and job.model is not None}
+
+    def _hot_until(self) -> float:
+        """When the last engine used interactively stops being hot (EngineState.hot)."""
+        return max((e.last_interactive for e in self.engines.values()), default=-math.inf) + self.policy.hot_window
 
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
                      may_start_new: bool) -> None:

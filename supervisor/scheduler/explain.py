@@ -76,10 +76,9 @@ def _why(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     if gate != "open" and s.guard[job.klass] != job.id:
         return _held_by_higher(s, job)
     if gate == "open" and s.guard[job.klass] != job.id and s.lower_engines_full(job.klass, job.model, now):
-        busy = sorted({j.model for j in s.running.values() if j.klass != "interactive" and j.model is not None})
         return WaitReason.LOWER_CLASS_ENGINES, (
             f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
-            f"engine(s) at once, and {', '.join(busy)} computes")
+            f"engine(s) at once, and {', '.join(sorted(s.lower_class_busy()))} computes")
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])
