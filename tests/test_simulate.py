@@ -269,7 +269,7 @@ def test_json_output_is_one_object_of_the_documented_shape(capsys: pytest.Captur
         for stats in result["classes"].values():
             assert set(stats) == {"completed", "p50_s", "p95_s", "max_s", "errors", "wait_p50_s", "wait_p95_s",
                                   "wait_max_s", "overtake_max_s"}
-    assert set(report["interactive_alone"]) == {"p50_s", "p95_s"}
+    assert set(report["interactive_alone"]) == {"p50_s", "p95_s", "idle_s", "lower_room"}
     assert all(set(t) == {"what", "verdict", "detail"} and t["verdict"] in ("PASS", "MISS", "SKIP")
                for t in report["targets"])
 

@@ -103,8 +103,13 @@ class PolicyResult:
 
 @attrs.frozen
 class Alone:
+    """The interactive clients replayed alone: their latency, and the time they leave the card
+    idle, with the most lower-class requests that time could hold (room.py)."""
+
     p50_s: float | None
     p95_s: float | None
+    idle_s: float | None = None  # of the whole run (its warmup too) no step computed
+    lower_room: float | None = None  # None: the scenario has no lower-class client
 
 
 def _round(seconds: float | None) -> float | None:

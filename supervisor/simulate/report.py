@@ -12,6 +12,7 @@ import cattrs
 
 from supervisor.simulate.metrics import Alone, ClassStats, PolicyResult, percentile
 from supervisor.simulate.policies import POLICIES, make_policy
+from supervisor.simulate.room import lower_room
 from supervisor.simulate.runner import replay
 from supervisor.simulate.scenario import Scenario, format_seeds
 from supervisor.simulate.targets import Target, Verdict, targets_for, worst_case
@@ -67,10 +68,18 @@ class Sweep:
 def simulate(scenario: Scenario, policies: Sequence[str] = tuple(POLICIES)) -> Report:
     started = time.perf_counter()
     results = {name: PolicyResult.of(replay(scenario, make_policy(name, scenario))) for name in policies}
+    return Report(scenario, results, _interactive_alone(scenario), time.perf_counter() - started)
+
+
+def _interactive_alone(scenario: Scenario) -> Alone:
     alone = replay(scenario.only("interactive"), make_policy("steward", scenario))
     latencies = [r.latency for r in alone.records if r.latency is not None]
-    interactive_alone = Alone(*(None if (p := percentile(latencies, f)) is None else round(p, 3) for f in (0.5, 0.95)))
-    return Report(scenario, results, interactive_alone, time.perf_counter() - started)
+    p50, p95 = (None if (p := percentile(latencies, f)) is None else round(p, 3) for f in (0.5, 0.95))
+    if "interactive" not in scenario.present_classes():
+        return Alone(p50, p95)
+    idle = scenario.duration * (1 - alone.busy_share)
+    room = lower_room(scenario, idle)
+    return Alone(p50, p95, round(idle, 3), None if room is None else round(room, 1))
 
 
 def simulate_seeds(scenario: Scenario, seeds: Sequence[int], policies: Sequence[str] = tuple(POLICIES)) -> Sweep:
@@ -125,6 +134,9 @@ def _format_report(report: Report) -> str:
     if "interactive" in scenario.present_classes():
         lines += ["", f"interactive alone (steward, interactive clients only): p50 {_cell(alone.p50_s)} s, "
                       f"p95 {_cell(alone.p95_s)} s"]
+        if alone.lower_room is not None:
+            lines.append(f"  the GPU idle beside them {_cell(alone.idle_s, '.1f')} s: room for at most "
+                         f"{alone.lower_room:.0f} lower-class requests that slow no chat (room.py)")
     lines += _format_targets(report.targets())
     return "\n".join(lines)
 
@@ -159,6 +171,9 @@ def _sweep_columns(scenario: Scenario, policies: Sequence[str]) -> list[Column]:
         columns += [(group, "alone", lambda run: _cell(run.interactive_alone.p95_s)),
                     (group, "steward", _steward(lambda _, s: _cell(s.classes["interactive"].p95_s))),
                     (group, "ratio", _steward(_ratio))]
+        if any(k != "interactive" for k in scenario.present_classes()):
+            columns += [("chats alone", "idle s", lambda run: _cell(run.interactive_alone.idle_s, ".1f")),
+                        ("chats alone", "room", lambda run: _cell(run.interactive_alone.lower_room, ".0f"))]
     columns += [("steward done", k, _done(k)) for k in scenario.present_classes()]
     columns += [("steward", "overtake s", _steward(lambda _, s: _cell(s.overtake_max_s))),
                 ("steward", "GPU busy", _steward(lambda _, s: f"{100 * s.busy_share:.0f} %"))]

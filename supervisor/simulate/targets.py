@@ -102,6 +102,11 @@ def _gridcore(report: Report, steward: PolicyResult) -> list[Target]:
     measured = seed in GRIDCORE_BASE
     base = GRIDCORE_BASE[seed] if measured else LARGEST_BASE
     note = "" if measured else f"; seed {seed} was not measured: BASE is the largest of seeds 1-8"
+    room = report.interactive_alone.lower_room
+    if room is not None:
+        # Why a miss may be no scheduler's: both counts together against what the chats leave.
+        note += (f"; the chats alone leave room for at most {room:.0f} lower-class requests that slow no chat, "
+                 f"the two targets ask for {GRIDCORE_GAIN * sum(base)}")
     targets = _general(report, steward)
     for klass, today in zip(("background", "batch"), base, strict=True):
         done, wanted = steward.classes[klass].completed, GRIDCORE_GAIN * today
