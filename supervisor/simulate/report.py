@@ -136,7 +136,8 @@ def _format_report(report: Report) -> str:
                       f"p95 {_cell(alone.p95_s)} s"]
         if alone.lower_room is not None:
             lines.append(f"  the GPU idle beside them {_cell(alone.idle_s, '.1f')} s: room for at most "
-                         f"{alone.lower_room:.0f} lower-class requests that slow no chat (an upper bound: docs/simulator.md)")
+                         f"{alone.lower_room:.0f} lower-class requests that slow no chat "
+                         "(an upper bound: docs/simulator.md)")
     lines += _format_targets(report.targets())
     return "\n".join(lines)
 

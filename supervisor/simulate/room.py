@@ -27,7 +27,8 @@ def lower_rate(scenario: Scenario) -> float:
     sharing = scenario.gpu.sharing
     per_engine = []
     for name, engine in scenario.engines.items():
-        works = [mean_work(c, engine) for c in scenario.clients.values() if c.model == name and c.klass != "interactive"]
+        works = [mean_work(c, engine) for c in scenario.clients.values()
+                 if c.model == name and c.klass != "interactive"]
         if works and (smallest := min(works)) > 0:
             # All slots busy decode as one batch: slot_share x slots of one slot's speed.
             per_engine.append(sharing.slot_share(engine.slots) * engine.slots / smallest)
