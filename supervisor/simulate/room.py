@@ -11,15 +11,15 @@ card with a chat (on ``alpha: 1``, each second of its card time is a second the 
 
 from __future__ import annotations
 
-from supervisor.simulate.scenario import ClientSpec, EngineSpec, Range, Scenario
+from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
 
 
 def mean_work(client: ClientSpec, engine: EngineSpec) -> float:
     """The expected work of one of *client*'s requests, all its steps, in seconds alone
     (workload.py draws them)."""
     if client.inputs is not None:
-        return client.inputs * _mean(client.prompt_tokens) / engine.prefill_speed
-    return _mean(client.prompt_tokens) / engine.prefill_speed + _mean(client.output_tokens) / engine.speed
+        return client.inputs * client.prompt_tokens.mean / engine.prefill_speed
+    return client.prompt_tokens.mean / engine.prefill_speed + client.output_tokens.mean / engine.speed
 
 
 def lower_rate(scenario: Scenario) -> float:
@@ -42,7 +42,3 @@ def lower_room(scenario: Scenario, idle_s: float) -> float | None:
     if not any(c.klass != "interactive" for c in scenario.clients.values()):
         return None
     return idle_s * lower_rate(scenario)
-
-
-def _mean(tokens: Range) -> float:
-    return (tokens.low + tokens.high) / 2

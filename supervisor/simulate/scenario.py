@@ -52,6 +52,10 @@ class Range:
     def draw_int(self, rng: random.Random) -> int:
         return round(self.draw(rng))
 
+    @property
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
 
 Tokens = NewType("Tokens", Range)
 Seconds = NewType("Seconds", Range)
