@@ -30,12 +30,14 @@ from typing import IO, Any
 import attrs
 import trio
 
+from supervisor.safe_text import recordable
 from supervisor.units import format_elapsed, format_size
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 # The "v" of every record: bumped when a field changes meaning or goes away (new fields come at any time).
 SCHEMA_VERSION = 1
 _BUFFER = 1 << 16
+_REOPEN_CHECK_S = 1.0
 
 
 class EventLogUnavailable(Exception):
@@ -51,9 +53,16 @@ class Event:
     mono: float
 
     def to_json(self) -> str:
+        """One JSON line, whatever the fields hold: ASCII (a lone surrogate a client sent is
+        written as its escape), and a value JSON cannot hold (a loop, a key that is no string)
+        as its text rather than an event lost."""
         record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "v": SCHEMA_VERSION, "event": self.name,
                   "level": self.level, **self.fields}
-        return json.dumps(record, separators=(",", ":"), default=str)
+        try:
+            return json.dumps(record, separators=(",", ":"), default=str)
+        except (TypeError, ValueError, RecursionError):
+            return json.dumps({str(key): value if _dumps(value) else repr(value) for key, value in record.items()},
+                              separators=(",", ":"), default=str)
 
     def to_line(self) -> str:
         """``HH:MM:SS LEVEL   event          details``, one line: the event's own compact form if it
@@ -64,7 +73,8 @@ class Event:
             details = shape(self.fields)
         else:
             details = " ".join(f"{key}={_terminal_value(self.name, key, value)}" for key, value in self.fields.items())
-        return f"{clock} {self.level.upper():<7} {self.name:<14} {details}".rstrip()
+        # A terminal takes UTF-8 only: a lone surrogate a client sent is shown as its escape.
+        return recordable(f"{clock} {self.level.upper():<7} {self.name:<14} {details}".rstrip())
 
 
 @attrs.define(eq=False)
@@ -78,11 +88,15 @@ class EventLog:
     recent_max: int = 200
     # Called with every event as it is emitted (metrics are counted from the events).
     listeners: list[Callable[[Event], None]] = attrs.Factory(list)
+    _telling_failure: bool = False
 
     def emit(self, name: str, level: str = "info", **fields: Any) -> None:
         event = Event(name=name, level=level, fields=fields, wall=time.time(), mono=_now())
         for listener in self.listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - whoever emits (the scheduler actor) must not fail for it
+                self._listener_failed(listener, event, exc)
         self.recent.append(event)
         if len(self.recent) > self.recent_max:
             del self.recent[: len(self.recent) - self.recent_max]
@@ -94,6 +108,26 @@ class EventLog:
 
     def close(self) -> None:
         self._send.close()
+
+    def _listener_failed(self, listener: Callable[[Event], None], event: Event, exc: Exception) -> None:
+        """A listener's bug is an ``internal_error`` event (once: not for the failures that telling it causes)."""
+        if self._telling_failure:
+            return
+        self._telling_failure = True
+        try:
+            self.emit("internal_error", "error", source="event listener",
+                      listener=getattr(listener, "__qualname__", repr(listener)), event=event.name,
+                      error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._telling_failure = False
+
+
+def _dumps(value: Any) -> bool:
+    try:
+        json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def read_event_log(path: Path) -> list[dict[str, Any]]:
@@ -205,10 +239,9 @@ _LINE_SHAPES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "ready": _ready_line}
 
 
-async def serve_event_log(path: str | None, *, terminal_level: str = "info", terminal: IO[str] | None = None,
-                          max_size: int = 0, keep: int = 5,
-                          task_status: trio.TaskStatus[EventLog] = trio.TASK_STATUS_IGNORED) -> None:
-    """Write events until the log is closed; everything sent before ``close`` is written.
+def open_event_log(path: str | None, *, terminal_level: str = "info", terminal: IO[str] | None = None,
+                   max_size: int = 0, keep: int = 5) -> tuple[EventLog, EventLogWriter]:
+    """The senders' side and the writer of an event log. EventLogUnavailable if *path* cannot be opened.
 
     A line that would take the file past *max_size* bytes (0: no limit) goes to a fresh file,
     the full one becoming ``PATH.1``, of which *keep* are kept."""
@@ -216,58 +249,92 @@ async def serve_event_log(path: str | None, *, terminal_level: str = "info", ter
     log = EventLog(send, terminal_level=LEVELS[terminal_level])
     terminal = terminal or sys.stderr
     try:
-        sink = _LogFile.open(path, terminal, log, max_size=max_size, keep=keep) if path else None
+        sink = _LogFile.open(path, log, max_size=max_size, keep=keep) if path else None
     except OSError as exc:
         raise EventLogUnavailable(f"log.file: cannot open {path!r}: {exc.strerror or exc}") from None
-    try:
-        task_status.started(log)
+    return log, EventLogWriter(receive, sink, terminal, log.terminal_level)
+
+
+@attrs.define(eq=False)
+class EventLogWriter:
+    """The one task that writes the file. It may be restarted (supervise.py): what it needs
+    outlives a run of ``serve``, and an event that made it fail is the only one lost."""
+
+    receive: trio.MemoryReceiveChannel[Event]
+    sink: _LogFile | None
+    terminal: IO[str]
+    terminal_level: int
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write events until the log is closed; everything sent before ``close`` is written."""
+        task_status.started()
         with trio.CancelScope(shield=True):
             # Shielded: the writer outlives the cancellation of its siblings, so their
             # shutdown events still reach the file; it ends when the channel closes.
-            async for event in receive:
-                _write(event, sink, terminal, log.terminal_level)
+            async for event in self.receive:
+                self._write(event)
                 while True:
                     try:
-                        event = receive.receive_nowait()
+                        event = self.receive.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                    _write(event, sink, terminal, log.terminal_level)
-                if sink:
-                    sink.flush()
-                _flush_terminal(terminal)
+                    self._write(event)
+                if self.sink:
+                    self.sink.flush()
+                _flush_terminal(self.terminal)
+
+    def _write(self, event: Event) -> None:
+        _write(event, self.sink, self.terminal, self.terminal_level)
+
+    def close(self) -> None:
+        if self.sink:
+            self.sink.close()
+
+
+async def serve_event_log(path: str | None, *, terminal_level: str = "info", terminal: IO[str] | None = None,
+                          max_size: int = 0, keep: int = 5,
+                          task_status: trio.TaskStatus[EventLog] = trio.TASK_STATUS_IGNORED) -> None:
+    """Open the log (``open_event_log``) and write events until it is closed, unsupervised."""
+    log, writer = open_event_log(path, terminal_level=terminal_level, terminal=terminal, max_size=max_size,
+                                 keep=keep)
+    try:
+        task_status.started(log)
+        await writer.serve()
     finally:
-        if sink:
-            sink.close()
+        writer.close()
 
 
 @attrs.define(eq=False)
 class _LogFile:
-    """The event log file. A write that fails (disk full, a file made read-only) is said once on
-    the terminal and the lines are counted as lost until writing works again: losing log lines
-    must never stop steward. Rotation happens between two lines, by this task alone."""
+    """The event log file. A write that fails (disk full, a file made read-only) is one event,
+    ``log_write_failed`` (seen on the terminal, and by /healthz: degraded), and the lines are
+    counted as lost until writing works again (``log_write_recovered``): losing log lines must
+    never stop steward. Rotation happens between two lines, by this task alone."""
 
     path: str
     file: IO[str]
-    terminal: IO[str]
-    events: EventLog  # where a rotation is told (the file works: the event lands in it)
+    events: EventLog  # where a rotation and a failure to write are told
     max_size: int  # 0: never rotated
     keep: int
     size: int  # bytes given to the file so far
     failure: str | None = None
     lost: int = 0
     rotation_failure: str | None = None  # told once per cause; rotation is tried again at the next line
+    identity: tuple[int, int] | None = None  # (device, inode) of a regular file: noticed when it goes
+    checked_at: float = -math.inf
 
     @classmethod
-    def open(cls, path: str, terminal: IO[str], events: EventLog, *, max_size: int, keep: int) -> _LogFile:
+    def open(cls, path: str, events: EventLog, *, max_size: int, keep: int) -> _LogFile:
         file = _open_log(path)
         try:
             status = os.fstat(file.fileno())
         except OSError:
             file.close()
             raise
-        # Only a regular file is rotated: log.file may be /dev/stderr or a named pipe.
-        return cls(path, file, terminal, events, max_size if stat.S_ISREG(status.st_mode) else 0, keep,
-                   status.st_size)
+        # Only a regular file is rotated or opened again: log.file may be /dev/stderr or a named pipe.
+        regular = stat.S_ISREG(status.st_mode)
+        return cls(path, file, events, max_size if regular else 0, keep, status.st_size,
+                   identity=(status.st_dev, status.st_ino) if regular else None, checked_at=time.monotonic())
 
     def write(self, line: str) -> None:
         if self.max_size and self.size and self.size + len(line) > self.max_size:
@@ -286,8 +353,30 @@ class _LogFile:
             self._failed(exc)
             return
         if self.failure is not None:
-            self._say(f"steward: event log {self.path}: writing again ({self.lost} events were lost)")
+            self.events.emit("log_write_recovered", "info", path=self.path, lost=self.lost)
             self.failure, self.lost = None, 0
+        self._reopen_if_gone()
+
+    def _reopen_if_gone(self) -> None:
+        """A log file deleted or moved away under steward (by hand, by logrotate) is noticed, at
+        most once a second, and opened afresh: lines written into a deleted file are lost to everyone."""
+        now = time.monotonic()
+        if self.identity is None or now < self.checked_at + _REOPEN_CHECK_S:
+            return
+        self.checked_at = now
+        if _identity(self.path) == self.identity:
+            return
+        try:
+            fresh = _open_log(self.path)
+        except OSError as exc:
+            self._failed(exc)
+            return
+        old, self.file, self.size = self.file, fresh, 0
+        self.identity = _identity(self.path)
+        with contextlib.suppress(OSError):
+            old.close()
+        self.events.emit("log_reopened", "warning", path=self.path,
+                         detail="the event log file was deleted or moved away; a new one was opened")
 
     def close(self) -> None:
         try:
@@ -314,6 +403,7 @@ class _LogFile:
             self._rotation_failed(exc)
             return
         full, self.file, self.size = self.file, fresh, 0
+        self.identity = _identity(self.path)
         try:
             full.close()
         except OSError as exc:
@@ -335,14 +425,17 @@ class _LogFile:
         detail = exc.strerror or str(exc)
         if detail != self.failure:
             self.failure = detail
-            self._say(f"steward: event log {self.path}: cannot write: {detail}; its events go to the terminal "
-                      f"only until it works again")
+            self.events.emit("log_write_failed", "warning", path=self.path, detail=detail,
+                             text=f"event log {self.path}: cannot write: {detail}; its events go to the terminal "
+                                  f"only until it works again")
 
-    def _say(self, text: str) -> None:
-        try:
-            self.terminal.write(text + "\n")
-        except (OSError, ValueError):
-            pass
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _open_log(path: str) -> IO[str]:

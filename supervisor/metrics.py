@@ -227,6 +227,11 @@ class StewardMetrics:
                               registry=r)
         self.usage_failures = Counter("steward_usage_write_failures", "Times the usage log could not be written",
                                       registry=r)
+        self.log_failures = Counter("steward_event_log_write_failures", "Times the event log could not be written",
+                                    registry=r)
+        self.rows_lost = Counter("steward_usage_rows_lost", "Usage rows that never reached the database", registry=r)
+        self.task_failures = Counter("steward_task_failures", "Failures of steward's own long-lived tasks (restarted "
+                                     "unless fatal)", ["task", "fatal"], registry=r)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
     def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu") -> None:
@@ -265,6 +270,14 @@ class StewardMetrics:
                 self.alerts.labels(f["kind"], "sent" if event.name == "alert_sent" else "failed").inc()
             case "usage_write_failed":
                 self.usage_failures.inc()
+            case "log_write_failed":
+                self.log_failures.inc()
+            case "usage_rows_lost":
+                self.rows_lost.inc(f["lost"])
+            case "usage_rows_dropped":
+                self.rows_lost.inc(f["dropped"])
+            case "task_failed":
+                self.task_failures.labels(f["task"], "true" if f.get("fatal") else "false").inc()
             case "load" | "restart":
                 self.loads.labels(f["engine"]).inc()
             case "evict":

@@ -17,6 +17,7 @@ Events: ``reload`` (added, removed, changed, unchanged), ``reload_refused`` (pro
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import attrs
@@ -32,6 +33,7 @@ from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, MemoryPlan, budget_problems, plan_all
 from supervisor.reload import Reload, ReloadOutcome, plan_reload
 from supervisor.scheduler.actor import SchedulerClient
+from supervisor.supervise import Supervision, supervise
 
 
 @attrs.define(eq=False)
@@ -106,9 +108,11 @@ def _only(config: Config, names: list[str]) -> Config:
     return attrs.evolve(config, models={name: config.models[name] for name in names})
 
 
-async def serve_reloads(reloader: Reloader, *,
+async def serve_reloads(reloader: Reloader, supervision: Supervision | None = None, *,
                         task_status: trio.TaskStatus[Reload] = trio.TASK_STATUS_IGNORED) -> None:
-    """The one task that reloads: requests are served one at a time, each answered with its outcome."""
+    """The one task that reloads: requests are served one at a time, each answered with its outcome.
+    Under *supervision*, a reload that fails (a bug) is answered as refused and the task restarts
+    on the same requests."""
     send, receive = trio.open_memory_channel[tuple[trio.Event, list[ReloadOutcome]]](16)
 
     async def request() -> ReloadOutcome:
@@ -118,7 +122,21 @@ async def serve_reloads(reloader: Reloader, *,
         return outcome[0]
 
     task_status.started(request)
-    async for done, outcome in receive:
-        outcome.append(await reloader.reload())
-        done.set()
+    if supervision is None:
+        await _serve_requests(reloader, receive)
+    else:
+        await supervise(supervision, "reloader", functools.partial(_serve_requests, reloader, receive))
 
+
+async def _serve_requests(reloader: Reloader, receive: trio.MemoryReceiveChannel[tuple[trio.Event,
+                          list[ReloadOutcome]]], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                          ) -> None:
+    task_status.started()
+    async for done, outcome in receive:
+        try:
+            outcome.append(await reloader.reload())
+        finally:
+            if not outcome:  # it failed: whoever asked is answered, never left waiting
+                outcome.append(ReloadOutcome(None, ("steward failed while reloading (its task_failed event says "
+                                                    "how); the running config stays",)))
+            done.set()

@@ -2,15 +2,23 @@
 
     steward run
     └─ root nursery
-       ├─ event log writer          (owns the JSONL file; outlives everything else)
-       ├─ usage log writer          (owns the SQLite usage log; outlives the listeners)
-       ├─ key file watcher          (reloads the keys the front door checks)
-       ├─ GPU probe                 (polls NVML or the simulated GPU)
-       ├─ ledger + scheduler actor  (owns all scheduling and memory state)
+       ├─ event log writer          (owns the JSONL file; outlives everything else)     restarted
+       ├─ usage log writer          (owns the SQLite usage log; outlives the listeners) restarted
+       ├─ key file watcher          (reloads the keys the front door checks)            restarted
+       ├─ GPU probe                 (polls NVML or the simulated GPU)                   restarted
+       ├─ ledger + scheduler actor  (owns all scheduling and memory state)              fatal
        ├─ engine supervisors        (one task per engine; a reload adds and retires them)
-       ├─ reloader                  (owns the running config: SIGHUP, steward reload, /admin/reload)
-       ├─ health watch, alerts      (logs each change of /healthz; posts to the webhook)
-       └─ HTTP server               (Hypercorn serving the Quart-Trio app)
+       ├─ reloader                  (owns the running config: SIGHUP, steward reload)   restarted
+       ├─ health watch, alerts      (logs each change of /healthz; posts to the webhook) restarted
+       ├─ node directory            (one poller per node)                               restarted, each
+       ├─ upstream probes, image jobs                                                  contained
+       └─ HTTP server               (Hypercorn serving the Quart-Trio apps)             fatal
+
+Every long-lived task runs under ``supervise`` (supervise.py), which decides what its failure
+means: "restarted" ones come back after a backoff, as a ``task_failed`` and a
+``task_restarted`` event, with ``/healthz`` degraded meanwhile; only the actor, the listeners
+and the tree itself end the service. Engine supervisors restart their engine's process
+themselves (with ``engines.restart_backoff``).
 
 Startup is a sequence of ``nursery.start`` calls. Shutdown: the HTTP server stops
 accepting and lets requests in flight finish (bounded by limits.shutdown_timeout),
@@ -48,7 +56,7 @@ from supervisor.config_policy import (
     slo_waits,
 )
 from supervisor.engine import EngineHandle, serve_engine
-from supervisor.events import Event, EventLog, serve_event_log
+from supervisor.events import Event, EventLog, open_event_log
 from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.api_routes import error_shape_for
@@ -67,7 +75,7 @@ from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.server import Listener, serve_http
 from supervisor.gateway.upstream import Timeouts
-from supervisor.health import HealthWatch, RecentActivity, serve_health
+from supervisor.health import HealthWatch, RecentActivity, StandingFaults, serve_health
 from supervisor.measurements import MeasurementStore
 from supervisor.memory_plan import Device, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
@@ -80,6 +88,7 @@ from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, 
 from supervisor.scheduler.types import DeviceUse
 from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
+from supervisor.supervise import OnFailure, Supervision, serve_contained_nursery, supervise
 from supervisor.units import format_size
 from supervisor.usage.writer import UsageLog, serve_usage_log
 
@@ -151,24 +160,41 @@ async def run_steward(config: Config, stop: StopSignals, *, config_path: Path | 
                       task_status: trio.TaskStatus[Steward] = trio.TASK_STATUS_IGNORED) -> None:
     """Run until *stop* is requested, then drain and stop everything. With *config_path* (the
     file *config* was read from) the config can be reloaded (``Steward.reload``)."""
-    async with trio.open_nursery() as outer:
-        events = await outer.start(functools.partial(serve_event_log, config.log.file,
-                                                     terminal_level=config.log.terminal,
-                                                     max_size=config.log.max_size, keep=config.log.keep))
-        try:
-            async with trio.open_nursery() as writing:  # left once the usage log's last rows are written
-                usage = await writing.start(serve_usage_log, config.usage.db, events)
-                try:
-                    await _run_tree(config, stop, events, usage, config_path, task_status)
-                finally:
-                    usage.close()  # the listeners are gone: its writer writes the last rows and ends
-        finally:
-            events.emit("shutdown_complete", "info")
-            events.close()
+    events, log_writer = open_event_log(config.log.file, terminal_level=config.log.terminal,
+                                        max_size=config.log.max_size, keep=config.log.keep)
+    # Health hears from the first event on: a task or a file that fails at once is degraded health too.
+    health = HealthInputs(RecentActivity(config.health.window), StandingFaults(), Supervision(events))
+    events.listeners += [health.recent.observe, health.standing.observe]
+    try:
+        async with trio.open_nursery() as outer:
+            await outer.start(supervise, health.supervision, "event log writer", log_writer.serve)
+            try:
+                async with trio.open_nursery() as writing:  # left once the usage log's last rows are written
+                    usage = await writing.start(functools.partial(serve_usage_log, config.usage.db, events,
+                                                                  supervision=health.supervision))
+                    try:
+                        await _run_tree(config, stop, events, usage, health, config_path, task_status)
+                    finally:
+                        usage.close()  # the listeners are gone: its writer writes the last rows and ends
+            finally:
+                events.emit("shutdown_complete", "info")
+                events.close()
+    finally:
+        log_writer.close()
 
 
-async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: UsageLog, config_path: Path | None,
-                    task_status: trio.TaskStatus[Steward]) -> None:
+@attrs.frozen
+class HealthInputs:
+    """What /healthz reads besides the scheduler, there from the first event on."""
+
+    recent: RecentActivity
+    standing: StandingFaults
+    supervision: Supervision
+
+
+async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: UsageLog, inputs: HealthInputs,
+                    config_path: Path | None, task_status: trio.TaskStatus[Steward]) -> None:
+    supervision = inputs.supervision
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
     readings = probe.read() if probe else []
@@ -214,43 +240,46 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
 
         events.listeners.append(remember_load)
 
-        keys = await root.start(functools.partial(serve_key_file, config.auth.keys_file, events, door.replace_keys,
-                                                  interval=config.auth.reload_interval))
+        keys = await root.start(supervise, supervision, "key file watcher", functools.partial(
+            serve_key_file, config.auth.keys_file, events, door.replace_keys, interval=config.auth.reload_interval))
         if (problem := exposure_problem(config, has_keys=not keys.empty)) is not None:
             raise ConfigError([problem])
         for name, spec in specs.items():
             engines[name] = await root.start(serve_engine, spec, client, events, http)
         if config.ollama is not None:
-            root.start_soon(probe_upstream, http, OLLAMA_ENGINE, f"{config.ollama.upstream.url}/api/version", events,
-                            bool(config.ollama.command))
-        await root.start(functools.partial(serve_scheduler, core, mailbox, engines, events, on_measured=remember,
-                                           on_retired=reloader.on_retired))
-        reload = await root.start(serve_reloads, reloader) if config_path is not None else None
+            root.start_soon(supervise, supervision, "ollama probe", functools.partial(
+                probe_upstream, http, OLLAMA_ENGINE, f"{config.ollama.upstream.url}/api/version", events,
+                bool(config.ollama.command)))
+        await root.start(functools.partial(supervise, supervision, "scheduler actor", functools.partial(
+            serve_scheduler, core, mailbox, engines, events, on_measured=remember, on_retired=reloader.on_retired),
+            on_failure=OnFailure.STOP_SERVICE))
+        reload = await root.start(serve_reloads, reloader, supervision) if config_path is not None else None
         steward = Steward([], events, client, engines, probe, readings, reload=reload)
         if probe is not None:
-            await root.start(serve_probe, probe, config.gpu.poll_interval, steward, client)
+            await root.start(supervise, supervision, "gpu probe", functools.partial(
+                serve_probe, probe, config.gpu.poll_interval, steward, client))
         gate = RequestGate()
-        recent = RecentActivity(config.health.window)
-        events.listeners.append(recent.observe)
-        health = HealthWatch(client, recent, slo_waits(config))
-        await root.start(serve_health, health, events, config.health.interval)
+        health = HealthWatch(client, inputs.recent, slo_waits(config), inputs.standing, supervision)
+        await root.start(supervise, supervision, "health watch", functools.partial(
+            serve_health, health, events, config.health.interval))
         if config.alerts.webhook is not None:
             alerts = config.alerts  # the alerter follows the event log from here on
-            await root.start(functools.partial(serve_alerts, alerts.webhook, AlertPolicy(alerts.min_interval,
-                                               alerts.crash_loop), events, http, timeout=alerts.timeout))
+            await root.start(supervise, supervision, "alerts", functools.partial(
+                serve_alerts, alerts.webhook, AlertPolicy(alerts.min_interval, alerts.crash_loop), events, http,
+                timeout=alerts.timeout))
         metrics = StewardMetrics()
         metrics.watch(client, health, memory_device(probe))
         events.listeners.append(metrics.observe)
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
-        nodes = await _start_nodes(config, root, http, events) if config.nodes else None
+        nodes = await _start_nodes(config, root, http, events, supervision) if config.nodes else None
         turnstile = comfy_nodes = None
         if config.comfyui is not None:
             warm = None
             if config.ollama is not None and config.comfyui.warm_model is not None:
                 warm = functools.partial(warm_model, config.ollama, config.comfyui.warm_model, client, http, events)
-            turnstile = ComfyTurnstile(config.comfyui, client, events, http, await root.start(_serve_job_nursery),
-                                       warm)
+            turnstile = ComfyTurnstile(config.comfyui, client, events, http,
+                                       await root.start(serve_contained_nursery, "image job", events), warm)
             comfy_nodes = NodeCatalog(http, config.comfyui.upstream.url)
         openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes,
                                 catalog, reload, ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
@@ -265,8 +294,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
             await root.start(serve_service_process, "comfyui", config.comfyui.command, {}, events,
                              Backoff(config.comfyui.retry_initial, config.comfyui.retry_max))
         if config.comfyui is not None:
-            root.start_soon(probe_upstream, http, "comfyui", f"{config.comfyui.upstream.url}/system_stats", events,
-                            bool(config.comfyui.command))
+            root.start_soon(supervise, supervision, "comfyui probe", functools.partial(
+                probe_upstream, http, "comfyui", f"{config.comfyui.upstream.url}/system_stats", events,
+                bool(config.comfyui.command)))
         if turnstile is not None and comfy_nodes is not None and config.comfyui.listen is not None:
             app = create_comfy_app(turnstile, comfy_nodes, gate, turnstile.jobs, limits, metrics, door, health)
             listeners.append(_listener(config, events, door, "comfyui", app, config.comfyui.listen, comfy_error_body,
@@ -281,8 +311,10 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         def on_cut(requests: int, reason: str) -> None:
             events.emit("shutdown_cut", "warning", requests=requests, reason=reason)
 
-        urls = await root.start(_serve_gateway_then_stop, listeners, gate, config, events, shutdown_trigger,
-                                stop.hurried, on_cut, root.cancel_scope)
+        urls = await root.start(functools.partial(
+            supervise, supervision, "listeners", functools.partial(
+                _serve_gateway_then_stop, listeners, gate, config, events, shutdown_trigger, stop.hurried, on_cut,
+                root.cancel_scope), on_failure=OnFailure.STOP_SERVICE))
         steward.urls = urls["openai"]
         steward.ollama_urls = urls.get("ollama", [])
         steward.comfyui_urls = urls.get("comfyui", [])
@@ -291,11 +323,12 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         task_status.started(steward)
 
 
-async def _start_nodes(config: Config, root: trio.Nursery, http: httpx.AsyncClient, events: EventLog) -> NodeRouter:
+async def _start_nodes(config: Config, root: trio.Nursery, http: httpx.AsyncClient, events: EventLog,
+                       supervision: Supervision) -> NodeRouter:
     """A front door's nodes: their directory (polled, woken), and the router that sends requests to them."""
     remembered = None if config.state_file is None else Path(config.state_file).with_name("steward-nodes.json")
     directory = await root.start(functools.partial(serve_node_directory, node_specs(config, os.environ), http,
-                                                   events, remembered=remembered))
+                                                   events, remembered=remembered, supervision=supervision))
     return NodeRouter(directory, config.capabilities, events, scheduling_policy(config).queue_timeout,
                       {name: node.wake.timeout for name, node in config.nodes.items() if node.wake is not None},
                       Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout))
@@ -312,13 +345,6 @@ def _listener(config: Config, events: EventLog, door: FrontDoor, name: str, app:
 
     guarded = cross_site_guard(app, policy, shape_for, refused)  # type: ignore[arg-type]
     return Listener(name, front_door(guarded, door, name, shape_for, is_admin_route), address, shape)
-
-
-async def _serve_job_nursery(*, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
-    """Where image jobs live: they outlast the request that started them."""
-    async with trio.open_nursery() as nursery:
-        task_status.started(nursery)
-        await trio.sleep_forever()
 
 
 async def _serve_gateway_then_stop(listeners: list[Listener], gate: RequestGate, config: Config, events: EventLog,

@@ -8,6 +8,7 @@ StringIO. Events are emitted in batches and the writer is let drain them with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -310,3 +311,87 @@ def test_a_steward_logs_one_request_line_per_request(start_steward: StewardFacto
         wait_for(lambda expected=expected: any(line[9:] == expected
                                                 for line in steward.stderr_path.read_text().splitlines()),
                  f"the terminal line {expected!r}")
+
+
+# --- faults the writer contains (issue 26)
+
+
+async def test_an_event_log_deleted_under_steward_is_noticed_and_opened_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor import events as events_module
+    from supervisor.events import open_event_log
+
+    monkeypatch.setattr(events_module, "_REOPEN_CHECK_S", 0.0)
+    path = tmp_path / "steward.jsonl"
+    log, writer = open_event_log(str(path), terminal=io.StringIO())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.serve)
+        log.emit("first")
+        await trio.testing.wait_all_tasks_blocked()
+        path.unlink()
+        log.emit("second")  # written into the deleted file, then the file is found gone
+        await trio.testing.wait_all_tasks_blocked()
+        log.emit("third")
+        await trio.testing.wait_all_tasks_blocked()
+        log.close()
+    writer.close()
+    assert [record["event"] for record in read_event_log(path)] == ["log_reopened", "third"]
+
+
+async def test_an_event_log_that_cannot_be_written_is_an_event_and_so_is_its_recovery(tmp_path: Path) -> None:
+    from supervisor.events import open_event_log
+
+    path = tmp_path / "steward.jsonl"
+    terminal = io.StringIO()
+    log, writer = open_event_log(str(path), terminal=terminal, terminal_level="warning")
+    assert writer.sink is not None
+    good = writer.sink.file
+    writer.sink.file = open("/dev/full", "a")  # noqa: SIM115 - a disk that is full
+    seen: list[str] = []
+    log.listeners.append(lambda event: seen.append(event.name))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.serve)
+        try:
+            log.emit("lost")
+            await trio.testing.wait_all_tasks_blocked()
+            full, writer.sink.file = writer.sink.file, good
+            with contextlib.suppress(OSError):  # what it holds cannot be written: the disk is full
+                full.close()
+            log.emit("kept")
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            log.close()
+    writer.close()
+    assert seen == ["lost", "log_write_failed", "kept", "log_write_recovered"]
+    assert "event log " + str(path) + ": cannot write: No space left on device" in terminal.getvalue()
+    records = read_event_log(path)
+    assert [record["event"] for record in records] == ["kept", "log_write_recovered"]
+    assert records[1]["lost"] >= 1
+
+
+async def test_an_event_the_writer_fails_on_is_the_only_one_lost_and_the_writer_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
+    from supervisor.backoff import Backoff
+    from supervisor.events import EventLogWriter, open_event_log
+    from supervisor.supervise import Supervision, supervise
+
+    write = EventLogWriter._write
+
+    def poisoned(self: EventLogWriter, event: Event) -> None:
+        if event.name == "poison":
+            raise RuntimeError("an event the writer cannot take")
+        write(self, event)
+
+    monkeypatch.setattr(EventLogWriter, "_write", poisoned)
+    path = tmp_path / "steward.jsonl"
+    log, writer = open_event_log(str(path), terminal=io.StringIO())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervise, Supervision(log, Backoff(1.0, 1.0)), "event log writer", writer.serve)
+        log.emit("before")
+        log.emit("poison")
+        log.emit("after")
+        await trio.sleep(5.0)
+        log.close()
+    writer.close()
+    names = [record["event"] for record in read_event_log(path)]
+    assert names == ["before", "after", "task_failed", "task_restarted"]

@@ -122,4 +122,4 @@ def test_assess_is_pure_on_an_empty_snapshot() -> None:
     health = assess(Scheduler.create(GIB, []).snapshot(), RecentActivity(window=10.0), SLO, now=1000.0)
     assert health.to_json() == {"status": "ok", "reasons": [], "rejected": {},
                                 "waited_share": {"interactive": None, "background": None, "batch": None},
-                                "waiting_s": {"interactive": 0.0, "background": 0.0, "batch": 0.0}}
+                                "waiting_s": {"interactive": 0.0, "background": 0.0, "batch": 0.0}, "tasks": {}}

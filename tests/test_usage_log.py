@@ -471,3 +471,102 @@ def test_since_takes_durations_and_days(capsys: pytest.CaptureFixture[str]) -> N
         usage_args("--since", "soon")
     assert exited.value.code == 2
     assert "argument --since: must be a duration like 30m, 24h or 7d, got 'soon'" in capsys.readouterr().err
+
+
+# --- faults the writer contains (issue 26) -----------------------------------------------
+
+
+async def test_a_model_name_with_a_lone_surrogate_is_written_as_its_escape_and_the_batch_with_it(
+        tmp_path: Path) -> None:
+    """Before: UnicodeEncodeError escaped _insert and ended steward (one keyless request on the Ollama listener)."""
+    path = tmp_path / "usage.db"
+    async with open_usage_log(path) as (usage, events):
+        usage.record(usage_row(1))
+        usage.record(usage_row(2, model="x\ud800", error="\udfff"))
+        usage.record(usage_row(3))
+    assert stored(path, "request_id, model, error") == [("r1", "gemma", None), ("r2", "x\\ud800", "\\udfff"),
+                                                        ("r3", "gemma", None)]
+    assert named(events, "usage_rows_lost") == []
+
+
+async def test_a_row_no_database_takes_is_dropped_alone_and_said(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "usage.db"
+    column_values = writer.column_values
+
+    def poisoned(row: UsageRow) -> tuple[Any, ...]:
+        if row.request_id == "r2":
+            raise TypeError("a value no column takes")
+        return column_values(row)
+
+    monkeypatch.setattr(writer, "column_values", poisoned)
+    async with open_usage_log(path) as (usage, events):
+        for number in range(5):
+            usage.record(usage_row(number))
+    assert [request_id for (request_id,) in stored(path)] == ["r0", "r1", "r3", "r4"]
+    [lost] = named(events, "usage_rows_lost")
+    assert lost.fields["lost"] == 1 and lost.fields["request_ids"] == ["r2"]
+    assert "TypeError: a value no column takes" in lost.fields["detail"]
+
+
+async def test_a_usage_db_deleted_under_the_writer_is_noticed_and_created_again(tmp_path: Path) -> None:
+    """Before: SQLite went on writing into the deleted file; every row after was lost without a word."""
+    path = tmp_path / "usage.db"
+    async with open_usage_log(path, flush_interval=0.0) as (usage, events):
+        usage.record(usage_row(1))
+        await wait_until(lambda: path.exists() and stored(path) == [("r1",)])
+        for leftover in tmp_path.glob("usage.db*"):
+            leftover.unlink()
+        usage.record(usage_row(2))
+        await wait_until(lambda: named(events, "usage_db_recreated"))
+        usage.record(usage_row(3))
+    [recreated] = named(events, "usage_db_recreated")
+    assert recreated.fields["detail"] == "it was deleted" and recreated.fields["path"] == str(path)
+    assert stored(path) == [("r2",), ("r3",)]
+
+
+async def test_a_usage_db_replaced_under_the_writer_is_noticed_and_written_there(tmp_path: Path) -> None:
+    path = tmp_path / "usage.db"
+    async with open_usage_log(path, flush_interval=0.0) as (usage, events):
+        usage.record(usage_row(1))
+        await wait_until(lambda: stored(path) == [("r1",)])
+        moved = tmp_path / "usage-old.db"
+        path.rename(moved)
+        writer.open_usage_database(str(path)).close()  # another, empty usage log where it was
+        usage.record(usage_row(2))
+        await wait_until(lambda: named(events, "usage_db_recreated"))
+    assert named(events, "usage_db_recreated")[0].fields["detail"] == "it was replaced by another file"
+    assert stored(path) == [("r2",)]
+
+
+async def test_a_writer_that_fails_is_restarted_on_its_backlog_and_no_row_handed_over_is_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
+    from supervisor.backoff import Backoff
+    from supervisor.supervise import Supervision
+
+    path = tmp_path / "usage.db"
+    write_batch = writer._Writer._write_batch
+    failures = [RuntimeError("a bug in the writer")]
+
+    async def failing_once(self: Any) -> bool:
+        if failures:
+            raise failures.pop()
+        return await write_batch(self)
+
+    monkeypatch.setattr(writer._Writer, "_write_batch", failing_once)
+    async with trio.open_nursery() as outer:
+        events: EventLog = await outer.start(partial(serve_event_log, None, terminal=io.StringIO()))
+        supervision = Supervision(events, Backoff(2.0, 2.0))
+        async with trio.open_nursery() as nursery:
+            usage: UsageLog = await nursery.start(partial(serve_usage_log, str(path), events,
+                                                          supervision=supervision, flush_interval=0.5))
+            for number in range(3):
+                usage.record(usage_row(number))
+            await trio.sleep(1.0)  # failed at 0.5 s, with the three rows in its backlog
+            assert [e.fields["task"] for e in named(events, "task_failed")] == ["usage log writer"]
+            usage.record(usage_row(3))
+            await trio.sleep(5.0)
+            assert [e.mono for e in named(events, "task_restarted")] == [2.5]
+            usage.close()
+        events.close()
+    assert [request_id for (request_id,) in stored(path)] == ["r0", "r1", "r2", "r3"]

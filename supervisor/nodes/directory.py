@@ -36,7 +36,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -48,6 +48,7 @@ from supervisor.events import EventLog
 from supervisor.nodes.routing import Availability, NodeView
 from supervisor.nodes.state import STATE_PATH, NodeState, NodeStateError, parse_node_state, state_to_json
 from supervisor.nodes.wake import WakeError, send_magic_packet
+from supervisor.supervise import Supervision, supervise
 
 POLL_TIMEOUT = 2.0  # a node on the LAN answers in milliseconds; longer is as good as asleep
 WAKING_POLL = 0.25  # while a node wakes: how soon after it answers a waiting request is sent
@@ -244,7 +245,8 @@ class _Memory:
         self.states[name] = state
         self._dirty.set()
 
-    async def serve(self) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         try:
             while True:
                 await self._dirty.wait()
@@ -373,22 +375,28 @@ async def _send_packets(node: NodeTracker, wake: WakeConfig) -> None:
 
 
 async def serve_node_directory(nodes: Sequence[NodeSpec], http: httpx.AsyncClient, events: EventLog, *,
-                               remembered: Path | None = None,
+                               remembered: Path | None = None, supervision: Supervision | None = None,
                                task_status: trio.TaskStatus[NodeDirectory] = trio.TASK_STATUS_IGNORED) -> None:
     """Keep every node's view current until cancelled.
 
     Started (with the ``NodeDirectory``) once every node has been polled once, which takes
     at most ``POLL_TIMEOUT``: all are polled at the same time. *remembered* is the memory
-    file of what the nodes said when last awake (None: nothing is remembered).
+    file of what the nodes said when last awake (None: nothing is remembered). Under
+    *supervision* each node's poller is the task "node poller NAME", restarted on its own
+    tracker if it fails, and the memory's writer is "node memory writer".
     """
     names = [spec.name for spec in nodes]
     if len(set(names)) != len(names):
         raise ValueError(f"node names must differ, got {names}")
     memory = _Memory(remembered, events, await _read_memory(remembered, events))
     trackers = {spec.name: NodeTracker(spec, events, memory.states.get(spec.name)) for spec in nodes}
+    def supervised(name: str, run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        return run if supervision is None else functools.partial(supervise, supervision, name, run)
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(memory.serve)
+        nursery.start_soon(supervised("node memory writer", memory.serve))
         async with trio.open_nursery() as starting:  # first polls side by side: the slowest bounds the start
-            for tracker in trackers.values():
-                starting.start_soon(nursery.start, functools.partial(_serve_node, tracker, http, memory))
+            for name, tracker in trackers.items():
+                starting.start_soon(nursery.start, supervised(f"node poller {name}", functools.partial(
+                    _serve_node, tracker, http, memory)))
         task_status.started(NodeDirectory(trackers))

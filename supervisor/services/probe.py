@@ -13,9 +13,10 @@ SPAWNED_GRACE_S = 30.0
 POLL_S = 0.1
 
 
-async def probe_upstream(http: httpx.AsyncClient, service: str, url: str, events: EventLog,
-                         spawned: bool) -> None:
+async def probe_upstream(http: httpx.AsyncClient, service: str, url: str, events: EventLog, spawned: bool, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """One `upstream_probe` event: the service answered (status, version), or it did not."""
+    task_status.started()
     deadline = trio.current_time() + (SPAWNED_GRACE_S if spawned else 0.0)
     while True:
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import attrs
 
+from supervisor.safe_text import recordable
+
 TABLE = "requests"
 # Bumped when the table changes; the writer refuses a database written by a newer steward.
 SCHEMA_VERSION = 1
@@ -25,8 +27,8 @@ class UsageRow:
     model: str | None  # the model steward resolved (an alias's target), or the name sent to Ollama
     engine: str | None  # the engine that served it ("ollama" for Ollama, None if none was granted)
     klass: str | None  # "interactive" | "background" | "batch" (column: class)
-    status: int  # the HTTP status the client got; 499: the client left first
-    error: str | None  # the error code the client got ("queue_full", "rate_limited"), None if ok
+    status: int  # the HTTP status the client got; 499: the client left first; a failed stream's (docs/events.md)
+    error: str | None  # the error code ("queue_full", the engine's "server_error"), None if ok (docs/events.md)
     queued_s: float | None  # seconds waited in steward's queue for a grant (None: never queued)
     ttft_s: float | None  # seconds from arrival to the first byte of the answer body
     duration_s: float  # seconds from arrival to the end of the answer
@@ -49,8 +51,11 @@ def column_values(row: UsageRow) -> tuple[str | int | float | None, ...]:
 
 
 def _column_value(value: object) -> str | int | float | None:
-    if value is None or isinstance(value, str | float):
+    if isinstance(value, str):
+        return recordable(value)
+    if value is None or isinstance(value, float):
         return value
     if isinstance(value, int):  # bool and IntEnum too; beyond 64 bits it is no count of anything
         return int(value) if -_INT64 <= value < _INT64 else None
-    return str(value)
+    return recordable(str(value))
+

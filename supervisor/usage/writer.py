@@ -23,9 +23,11 @@ are being cancelled at shutdown are still written; it ends when ``close`` closes
 from __future__ import annotations
 
 import collections
+import functools
 import math
+import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -33,6 +35,7 @@ import trio
 
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
+from supervisor.supervise import Supervision, supervise
 from supervisor.usage.row import COLUMNS, SCHEMA_VERSION, TABLE, UsageRow, column_values
 
 # No NOT NULL or CHECK constraints: a row the gateway got slightly wrong is still a row
@@ -84,24 +87,38 @@ class UsageLog:
             self._send.close()
 
 
-async def serve_usage_log(path: str | None, events: EventLog, *, batch_max: int = 1000, flush_interval: float = 0.5,
-                          retry_initial: float = 1.0, retry_max: float = 30.0, pending_max: int = 100_000,
-                          busy_timeout: float = 5.0,
+async def serve_usage_log(path: str | None, events: EventLog, *, supervision: Supervision | None = None,
+                          batch_max: int = 1000, flush_interval: float = 0.5, retry_initial: float = 1.0,
+                          retry_max: float = 30.0, pending_max: int = 100_000, busy_timeout: float = 5.0,
                           task_status: trio.TaskStatus[UsageLog] = trio.TASK_STATUS_IGNORED) -> None:
-    """Write recorded rows until the log is closed; with a working disk, nothing recorded before ``close`` is lost."""
+    """Write recorded rows until the log is closed; with a working disk, nothing recorded before ``close`` is lost.
+
+    Under *supervision* the writing loop is the supervised task "usage log writer": a failure
+    of the loop itself (a bug, not a disk: those are retried inside it) restarts it on the same
+    channel and backlog, so no row already handed over is lost."""
     if path is None:
         task_status.started(UsageLog(None, events, None))
         return
     connection = await trio.to_thread.run_sync(open_usage_database, path, busy_timeout)
     send, receive = trio.open_memory_channel[UsageRow](math.inf)
+    backlog = Backlog(pending_max=pending_max, backoff=Backoff(retry_initial, retry_max))
+    writer = _Writer(_Database(path, busy_timeout, connection), events, backlog, batch_max, flush_interval)
     try:
         task_status.started(UsageLog(send, events, path))
         with trio.CancelScope(shield=True):
-            backlog = Backlog(pending_max=pending_max, backoff=Backoff(retry_initial, retry_max))
-            await _Writer(connection, path, events, backlog, batch_max, flush_interval).run(receive)
+            if supervision is None:
+                await writer.run(receive)
+            else:
+                await supervise(supervision, "usage log writer", functools.partial(_started, writer.run, receive))
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(connection.close)  # it may checkpoint the WAL: a write
+            await trio.to_thread.run_sync(writer.database.close)  # it may checkpoint the WAL: a write
+
+
+async def _started(run: Callable[..., Awaitable[None]], *args: object,
+                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    await run(*args)
 
 
 def open_usage_database(path: str, busy_timeout: float = 5.0) -> sqlite3.Connection:
@@ -234,9 +251,54 @@ class Backlog:
 
 
 @attrs.define(eq=False)
-class _Writer:
-    connection: sqlite3.Connection
+class _Database:
+    """The open database, and the file it was opened as: a usage log deleted or replaced under a
+    running steward is noticed before the next write (SQLite would go on writing into the
+    deleted file, and every row would be lost without a word), and opened afresh."""
+
     path: str
+    busy_timeout: float
+    connection: sqlite3.Connection
+    identity: tuple[int, int] | None = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.identity = _identity(self.path)
+
+    def insert(self, rows: list[UsageRow]) -> str | None:
+        """*rows* in one transaction (in a worker thread); what happened to the file first, if it
+        was deleted or replaced (the rows then went into a new one)."""
+        gone = self._gone()
+        if gone is not None:
+            self.close()
+            self.connection = open_usage_database(self.path, self.busy_timeout)
+            self.identity = _identity(self.path)
+        _insert(self.connection, rows)
+        return gone
+
+    def _gone(self) -> str | None:
+        now = _identity(self.path)
+        if now == self.identity:
+            return None
+        return "it was deleted" if now is None else "it was replaced by another file"
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        except sqlite3.Error:
+            pass
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+@attrs.define(eq=False)
+class _Writer:
+    database: _Database
     events: EventLog
     backlog: Backlog
     batch_max: int
@@ -278,22 +340,47 @@ class _Writer:
             return False
         return True
 
+    @property
+    def path(self) -> str:
+        return self.database.path
+
     async def _write_batch(self) -> bool:
         batch = self.backlog.batch(self.batch_max)
         try:
-            await trio.to_thread.run_sync(_insert, self.connection, batch)
-        except sqlite3.Error as exc:
-            detail = _detail(exc)
+            gone = await trio.to_thread.run_sync(self.database.insert, batch)
+        except (sqlite3.Error, UsageLogUnavailable) as exc:
+            detail = _detail(exc) if isinstance(exc, sqlite3.Error) else str(exc)
             starts, retry_in = self.backlog.failed(detail, trio.current_time())
             if starts:
                 self.events.emit("usage_write_failed", "warning", path=self.path, detail=detail,
                                  pending=len(self.backlog.rows), retry_in_s=retry_in)
             self._report_dropped()
             return False
+        except Exception as exc:  # noqa: BLE001 - a row no database takes: it alone is dropped, said, never retried
+            await self._write_one_by_one(batch, exc)
+            return True
+        if gone is not None:
+            self.events.emit("usage_db_recreated", "warning", path=self.path, detail=gone,
+                             written=len(batch), text=f"the usage log {self.path} was gone ({gone}): a new one "
+                                                      f"was created and writing goes on there")
         if self.backlog.written(len(batch)):
             self.events.emit("usage_write_recovered", "info", path=self.path, written=len(batch))
         self._report_dropped()
         return True
+
+    async def _write_one_by_one(self, batch: list[UsageRow], error: Exception) -> None:
+        """A batch failed for something in a row, not the disk: each row alone, the ones that
+        fail again dropped (an event names them), so that one bad row never holds up the rest."""
+        lost = []
+        for row in batch:
+            try:
+                await trio.to_thread.run_sync(self.database.insert, [row])
+            except Exception:  # noqa: BLE001 - the same decision, row by row
+                lost.append(row.request_id)
+        self.backlog.written(len(batch))
+        if lost:
+            self.events.emit("usage_rows_lost", "error", path=self.path, lost=len(lost), request_ids=lost[:20],
+                             detail=f"rows no database accepts: {type(error).__name__}: {error}")
 
     def _report_dropped(self) -> None:
         if dropped := self.backlog.take_dropped():
