@@ -30,10 +30,11 @@ from supervisor.config_policy import (
     exposure_problem,
     listen_addresses,
 )
+from supervisor.dry_start import dry_start_problems
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import budget_problems, plan_all
+from supervisor.memory_plan import budget_problems, device_total_problems, plan_all
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.top.command import add_top_parser, run_top
 from supervisor.tree import Steward, StopSignals, memory_device, resolve_budgets, run_steward
@@ -251,7 +252,9 @@ def _check(config: Config) -> int:
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
     profiles = engine_profiles(config, specs, plans)
-    problems = budget_problems(config, profiles, [device.nbytes for device in budgets]) + _auth_problems(config)
+    problems = device_total_problems(config, readings, memory_device(probe))
+    problems += budget_problems(config, profiles, [device.nbytes for device in budgets]) + _auth_problems(config)
+    problems += dry_start_problems(config)  # what run opens at start, opened here the same way
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0

@@ -10,6 +10,7 @@ import ipaddress
 import json
 import re
 import sys
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NewType, get_args, get_origin
@@ -17,11 +18,13 @@ from typing import Any, Literal, NewType, get_args, get_origin
 import attrs
 import cattrs
 import cattrs.cols
+import httpx
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 from supervisor.address import Address
 from supervisor.nodes.wake import MacAddress
+from supervisor.safe_text import encodes
 from supervisor.units import format_duration, is_host, parse_duration, parse_size, show
 
 Size = NewType("Size", int)
@@ -49,11 +52,20 @@ LogLevel = Literal["debug", "info", "warning"]
 
 
 class ConfigError(Exception):
-    """A config problem a person can fix; ``problems`` holds one line per problem."""
+    """A config problem a person can fix; ``problems`` holds one line per problem, as a terminal
+    shows it: a control character, a lone surrogate or a line break a key or value holds is
+    written as its escape (``\\x1b``), never acted on by the terminal that shows the problem."""
 
     def __init__(self, problems: list[str]) -> None:
+        problems = [_printable(problem) for problem in problems]
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+def _printable(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 @attrs.frozen
@@ -314,6 +326,8 @@ class OllamaConfig:
 
 
 OLLAMA_ENGINE = "ollama"  # the name of the Ollama service in the scheduler and the ledger
+# In a key's models, the ComfyUI listener (supervisor/auth/keys.py): with a comfyui section no model takes the name.
+COMFYUI_SCOPE = "comfyui"
 
 
 @attrs.frozen
@@ -424,16 +438,24 @@ def _structure_image_size(value: Any, _: Any) -> str:
     raise ValueError(f"must be WIDTHxHEIGHT like 1024x1024, got {show(value)}")
 
 
+# Counts go where sizes go (C's 64-bit integers: a deque's maxlen, SQLite, JSON readers): 10**100 is no setting.
+_COUNT_LIMIT = 2**63
+
+
 def _structure_positive_int(value: Any, _: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _COUNT_LIMIT:
         return value
-    raise ValueError(f"must be a positive integer, got {show(value)}")
+    raise ValueError(f"must be a positive integer{_below_limit(value)}, got {show(value)}")
 
 
 def _structure_count(value: Any, _: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT:
         return value
-    raise ValueError(f"must be a whole number, 0 or more, got {show(value)}")
+    raise ValueError(f"must be a whole number, 0 or more{_below_limit(value)}, got {show(value)}")
+
+
+def _below_limit(value: Any) -> str:
+    return " less than 2**63" if isinstance(value, int) and value >= _COUNT_LIMIT else ""
 
 
 def _structure_port(value: Any, _: Any) -> int:
@@ -504,8 +526,23 @@ def _structure_fraction(value: Any, _: Any) -> float:
 def _structure_str(value: Any, _: Any) -> str:
     # YAML reads `8080` or `yes` as int/bool; a command-line argument is text.
     if isinstance(value, str | int | float) and not isinstance(value, bool):
-        return str(value)
+        return _passable(str(value))
     raise ValueError(f"must be a string, got {show(value)}")
+
+
+def _passable(text: str, where: str = "") -> str:
+    """*text*, if it can go where every string of a config may end up: an engine's argv or
+    environment (exec takes no NUL), a file path, a URL, an event, a UTF-8 terminal. YAML's
+    escapes can write a NUL (``"\\0"``) and a lone surrogate (``"\\ud800"``); both are refused here,
+    once for every key, so that `steward run` never meets them at an engine's first start."""
+    if "\0" in text:
+        raise ValueError(f"must not contain a NUL character (an argument, a path or the environment cannot "
+                         f"hold one), got {show(text)}{where}")
+    if not encodes(text):
+        surrogate = next(char for char in text if not encodes(char))
+        raise ValueError(f"must be text UTF-8 can write; it holds the lone surrogate {surrogate!r}, got "
+                         f"{show(text)}{where}")
+    return text
 
 
 def _structure_bool(value: Any, _: Any) -> bool:
@@ -516,9 +553,9 @@ def _structure_bool(value: Any, _: Any) -> bool:
 
 def _structure_command(value: Any, _: Any) -> list[str]:
     if isinstance(value, str) and value.strip():
-        return [value]
+        return [_passable(value)]
     if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
-        return list(value)
+        return [_passable(part, f" (item [{i}])" if len(value) > 1 else "") for i, part in enumerate(value)]
     raise ValueError(f"must be a program path or a non-empty list of strings, got {show(value)}")
 
 
@@ -693,7 +730,8 @@ class _Loader(yaml.SafeLoader):
         self._paths[node] = path or "(top level)"
         holders = (*holders, node)
         if isinstance(node, yaml.SequenceNode):
-            return [p for i, item in enumerate(node.value) for p in self.check_tree(item, f"{path}[{i}]", holders)]
+            return [p for i, item in enumerate(node.value)
+                    for p in self.check_tree(item, f"{path or '(top level)'}[{i}]", holders)]
         if isinstance(node, yaml.MappingNode):
             return self._check_mapping(node, path, holders)
         return []
@@ -704,7 +742,7 @@ class _Loader(yaml.SafeLoader):
         for key, value in node.value:
             child = path  # a merge key (`<<: *base`) adds its keys to this mapping
             if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:
-                child = f"{path}.{key.value}" if path else key.value
+                child = f"{path}.{_key_text(key.value)}" if path else _key_text(key.value)
                 problems += _given_twice(lines, key, child)
             problems += self.check_tree(key, child, holders) + self.check_tree(value, child, holders)
         return problems
@@ -805,7 +843,7 @@ def _describe(exc: BaseException, path: str) -> list[str]:
                 child = f"{path}.{name}" if path else str(name)
             else:
                 child = f"{path}[{show(index)}]" if not isinstance(index, str) else (
-                    f"{path}.{index}" if path else index)
+                    f"{path}.{_key_text(index)}" if path else _key_text(index))
             lines.extend(_describe(sub, child))
         return lines
     if isinstance(exc, ForbiddenExtraKeysError):
@@ -819,7 +857,8 @@ def _describe(exc: BaseException, path: str) -> list[str]:
 
 
 def _key_text(key: object) -> str:
-    return key if isinstance(key, str) else show(key)
+    """A key as a key path shows it: the empty one as '' (so that it is seen, not taken for its parent)."""
+    return key if isinstance(key, str) and key else show(key)
 
 
 def _check_semantics(config: Config) -> list[str]:
@@ -841,6 +880,7 @@ def _check_semantics(config: Config) -> list[str]:
             problems.append(f"models.{name}.memory: required when models.{name}.model names no GGUF file "
                             f"to estimate it from")
         problems += _runtime_problems(name, model) + _device_problems(f"models.{name}", model)
+        problems += _env_problems(f"models.{name}.env", model.env)
         if (config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget
                 and not config.gpu.devices and not model.devices and model.runtime != "llama-server"):
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
@@ -861,13 +901,29 @@ def _check_semantics(config: Config) -> list[str]:
             problems.append(f"aliases.{alias}: already names {seen.get(alias, alias)!r}")
     if config.ollama is not None and OLLAMA_ENGINE in config.models:
         problems.append(f"models.{OLLAMA_ENGINE}: the name is taken by the Ollama service; rename the model")
+    problems += _comfyui_scope_problems(config)
     if config.comfyui is not None and config.comfyui.warm_model is not None and config.ollama is None:
         problems.append("comfyui.warm_model: names an Ollama model, but no ollama section is configured")
+    if config.comfyui is not None and config.comfyui.warm_model is not None and \
+            (why := _invisible_problem(config.comfyui.warm_model)) is not None:
+        problems.append(f"comfyui.warm_model: {why}")
     problems += _front_door_problems(config) + _node_problems(config) + _image_model_problems(config)
     problems += _warm_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
+
+
+def _comfyui_scope_problems(config: Config) -> list[str]:
+    """With a ComfyUI listener, `comfyui` in a key's models lets the key reach it: no model or alias is called that."""
+    names = {**config.alias_table(), **config.image_alias_table()}
+    if config.comfyui is None or COMFYUI_SCOPE not in names:
+        return []
+    target = names[COMFYUI_SCOPE]
+    where = f"models.{COMFYUI_SCOPE}" if target == COMFYUI_SCOPE else \
+        f"aliases.{COMFYUI_SCOPE}" if COMFYUI_SCOPE in config.aliases else f"models.{target}.aliases"
+    return [f"{where}: the name {COMFYUI_SCOPE!r} is taken by the ComfyUI listener (in a key's models, it lets the "
+            f"key reach that listener); rename it"]
 
 
 def _warm_problems(config: Config) -> list[str]:
@@ -930,6 +986,17 @@ def _device_problems(where: str, model: ModelConfig) -> list[str]:
     return problems
 
 
+def _env_problems(where: str, env: dict[str, str]) -> list[str]:
+    """What no process environment can hold: each entry is one NAME=VALUE string (NUL: _passable)."""
+    problems = []
+    for name in env:
+        if not name:
+            problems.append(f"{where}: a variable needs a name, got ''")
+        elif "=" in name:
+            problems.append(f"{where}.{name}: a variable's name cannot hold '=' (the environment is NAME=VALUE)")
+    return problems
+
+
 def _front_door_problems(config: Config) -> list[str]:
     problems = []
     if not config.auth.keys_file:
@@ -942,7 +1009,55 @@ def _front_door_problems(config: Config) -> list[str]:
     webhook = config.alerts.webhook
     if webhook is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", webhook):
         problems.append(f"alerts.webhook: must be an http:// or https:// URL, got {show(webhook)}")
+    elif webhook is not None and (why := _url_problem(webhook)) is not None:
+        problems.append(f"alerts.webhook: {why}, got {show(webhook)}")
+    for i, host in enumerate(config.security.allowed_hosts):
+        if not _is_host_name(host):
+            problems.append(f"security.allowed_hosts[{i}]: must be a host name or an IP address without a port, "
+                            f"like lab.local or 192.168.1.20, or '*'; got {show(host)}")
+    for i, origin in enumerate(config.security.allowed_origins):
+        if not _is_origin(origin):
+            problems.append(f"security.allowed_origins[{i}]: must be an origin, scheme://host[:port] like "
+                            f"https://app.example.com or http://localhost:3000, or '*'; got {show(origin)}")
     return problems
+
+
+def _is_host_name(text: str) -> bool:
+    """What the cross-site guard can find in a Host header (its name, lower case, without the port):
+    lab.local, my_service (a container's), 192.168.1.20, ::1; not lab.local:8080 nor [::1]."""
+    if text == "*":
+        return True
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        return bool(text) and ":" not in text and urllib.parse.urlsplit(f"//{text}").hostname == text.lower()
+    except ValueError:
+        return False
+
+
+def _is_origin(text: str) -> bool:
+    """What a browser sends as Origin (and the cross-site guard compares, normalized): no path, query or user."""
+    from supervisor.gateway.cross_site import ANY, normalize_origin  # the guard's own reading of an origin
+
+    if text == ANY:
+        return True
+    if normalize_origin(text) is None:
+        return False
+    parts = urllib.parse.urlsplit(text.strip())
+    return parts.path in ("", "/") and not parts.query and not parts.fragment and "@" not in parts.netloc
+
+
+def _url_problem(url: str) -> str | None:
+    """What httpx, which makes steward's every request, refuses in *url* (a control character, a length)."""
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        said = str(exc).split(", '", 1)[0].rstrip(".")  # without the character: the value is quoted after it
+        return said[:1].lower() + said[1:]
+    return None
 
 
 def _node_problems(config: Config) -> list[str]:
@@ -957,6 +1072,23 @@ def _node_problems(config: Config) -> list[str]:
             problems.append(f"nodes.{name}.models: name at least one model, or leave it out")
         if node.url == config.listen:
             problems.append(f"nodes.{name}.url: is this steward's own listen address")
+    for name, node in config.nodes.items():
+        for i, model in enumerate(node.models or []):
+            if (why := _invisible_problem(model)) is not None:
+                problems.append(f"nodes.{name}.models[{i}]: {why}")
+    return problems + _capability_problems(config)
+
+
+def _capability_problems(config: Config) -> list[str]:
+    """A capability means the first fitting one of its models on the nodes (supervisor/nodes/routing.py):
+    the nodes' models, where the config lists them all, are the only ones it can mean."""
+    problems = []
+    if config.capabilities and not config.nodes:
+        problems.append("capabilities: a capability chooses among the models of the nodes, and no node is "
+                        "configured (nodes)")
+    served = None  # what the nodes serve, where each lists it (else: known only once they answer)
+    if config.nodes and all(node.models is not None for node in config.nodes.values()):
+        served = {model for node in config.nodes.values() for model in node.models or []}
     names = config.alias_table()
     for capability, models in config.capabilities.items():
         if (why := _alias_problem(capability)) is not None:
@@ -965,8 +1097,12 @@ def _node_problems(config: Config) -> list[str]:
             problems.append(f"capabilities.{capability}: already names the model {names[capability]!r}")
         if not models:
             problems.append(f"capabilities.{capability}: name the models it means, in order of preference")
-    if config.capabilities and not config.nodes and not config.models:
-        problems.append("capabilities: need models or nodes to mean")
+        for i, model in enumerate(models):
+            if (why := _invisible_problem(model)) is not None:
+                problems.append(f"capabilities.{capability}[{i}]: {why}")
+            elif served is not None and model not in served:
+                problems.append(f"capabilities.{capability}[{i}]: names model {show(model)}, which no node serves "
+                                f"(nodes.NAME.models lists what each serves)")
     return problems
 
 
@@ -1001,6 +1137,10 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
         problems.append(f"{key}.sleep: only runtime openai engines can sleep (vLLM's /sleep and /wake_up)")
     if not model.health.startswith("/"):
         problems.append(f"{key}.health: must be a path like /health, got {show(model.health)}")
+    elif (why := _url_problem(f"http://127.0.0.1{model.health}")) is not None:
+        problems.append(f"{key}.health: must be a path like /health ({why}), got {show(model.health)}")
+    if model.served_name is not None and (why := _invisible_problem(model.served_name)) is not None:
+        problems.append(f"{key}.served_name: {why}")
     if model.idle_unload is not None and model.resident:
         problems.append(f"{key}.idle_unload: an always-on engine is never unloaded; drop idle_unload, or set "
                         f"always_on: false")
@@ -1016,7 +1156,16 @@ def _alias_problem(alias: str) -> str | None:
         return "an alias must not be empty"
     if "@" in alias:
         return f"{show(alias)} holds '@', which separates a class suffix (model@batch)"
-    return None
+    return _invisible_problem(alias)
+
+
+def _invisible_problem(name: str) -> str | None:
+    """A name clients send and events and terminals show: a control character, a line break or an
+    invisible one (a right-to-left override, a zero-width space) is a typo or a trick."""
+    hidden = next((char for char in name if not char.isprintable()), None)
+    if hidden is None:
+        return None
+    return f"{show(name)} holds {hidden!r}, a control or invisible character; a name is visible text"
 
 
 _PARALLEL_FLAGS = ("-np", "--parallel")

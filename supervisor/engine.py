@@ -18,6 +18,7 @@ import enum
 import functools
 import math
 import socket
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -29,7 +30,15 @@ from adapters import LogReader, Residence, Runtime
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
-from supervisor.process import ChildProcess, describe_exit, open_child, pump_lines, report_reaper, stop_child
+from supervisor.process import (
+    ChildProcess,
+    SpawnError,
+    describe_exit,
+    open_child,
+    pump_lines,
+    report_reaper,
+    stop_child,
+)
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import Placement
 from supervisor.services.process import ServiceProcess, serve_service_process
@@ -183,10 +192,7 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
         async for command in receive:
             if command.kind == "start":
                 handle.generation = command.generation
-                if residence is Residence.SPAWNED:
-                    ended = await _run_spawned(engine, command.generation, command.placement)
-                else:
-                    ended = await _run_kept(engine, command.generation)
+                ended = await _run_contained(engine, command)
                 if ended.kind is EndKind.ASLEEP:
                     scheduler.report_asleep(spec.name, command.generation, ended.detail)
                 else:
@@ -198,6 +204,21 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
                                         f"({command.detail})")
             # Anything else refers to a generation that is already over.
         nursery.cancel_scope.cancel(reason="engine mailbox closed")
+
+
+async def _run_contained(engine: _Engine, command: _Command) -> Ended:
+    """One generation of the engine; a bug of steward's while driving it (its process is stopped
+    on the way out, as on every path) ends that generation as a crash: an ``internal_error``
+    event, then the scheduler's usual backoff and restart. The engine's task, and steward, go on."""
+    try:
+        if engine.spec.runtime.residence is Residence.SPAWNED:
+            return await _run_spawned(engine, command.generation, command.placement)
+        return await _run_kept(engine, command.generation)
+    except Exception as exc:  # noqa: BLE001 - contained here, like any other way a generation ends
+        error = f"{type(exc).__name__}: {exc}"
+        engine.events.emit("internal_error", "error", source=f"engine {engine.name}", error=error,
+                           traceback="".join(traceback.format_exception(exc))[-4000:])
+        return Ended(EndKind.EXITED, f"steward failed while driving it ({error})")
 
 
 def _service_argv(spec: EngineSpec, handle: EngineHandle) -> list[str] | None:
@@ -229,17 +250,21 @@ def placed_command(spec: EngineSpec, argv: list[str], placement: Placement | Non
 async def _run_spawned(engine: _Engine, generation: int, placement: Placement | None) -> Ended:
     """Run one process of the engine from spawn to exit."""
     spec, handle = engine.spec, engine.handle
-    port = spec.port or pick_port(spec.host)
+    try:
+        port = spec.port or pick_port(spec.host)
+    except OSError as exc:  # engines.host is no address of this machine: a failed start, like a missing program
+        detail = f"cannot pick a port on {spec.host}: {exc.strerror or exc}"
+        engine.events.emit("spawn_failed", "error", engine=spec.name, argv=[], detail=detail)
+        return Ended(EndKind.EXITED, detail)
     command = spec.command(port)
     assert command is not None  # a spawned runtime always has a command
     argv, env = placed_command(spec, command, placement)
     handle.output_tail.clear()
     try:
         process = open_child(argv, env)
-    except OSError as exc:
-        detail = f"cannot run {argv[0]!r}: {exc.strerror or exc}"
-        engine.events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=detail)
-        return Ended(EndKind.EXITED, detail)
+    except SpawnError as exc:
+        engine.events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=str(exc))
+        return Ended(EndKind.EXITED, str(exc))
     handle.pid, handle.port = process.pid, port
     engine.scheduler.report_spawned(spec.name, generation, process.pid)
     engine.events.emit("spawn", "info", engine=spec.name, pid=process.pid, port=port, argv=argv,

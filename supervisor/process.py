@@ -105,17 +105,32 @@ def _has_exited(pid: int) -> bool:
         return True  # reaped already: poll() records its status
 
 
+class SpawnError(Exception):
+    """The child could not be started; the message says which program and why. One kind for
+    every way a spawn fails, so that each caller makes it a failed start (an event, a backoff),
+    never an exception that ends its task: the program is missing or not executable (OSError,
+    an exec format error included), or its arguments or environment are ones exec cannot
+    take (ValueError: a NUL byte, a lone surrogate, '=' in a name; TypeError: no string), or
+    the child failed between fork and exec (SubprocessError)."""
+
+
 def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
     """Spawn *argv* in a new session; its stdout and stderr arrive merged on ``output``.
+    SpawnError if it cannot be started.
 
     Deliberately synchronous, in the trio thread: PR_SET_PDEATHSIG fires when the
     *thread* that forked the child exits, and trio.open_process forks in a worker
     thread that exits after ten idle seconds, which would kill a healthy engine.
     """
-    popen = subprocess.Popen(
-        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, env={**os.environ, **(env or {})},
-        preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    try:
+        popen = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, **(env or {})},
+            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+        program = argv[0] if argv else "(no program)"
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise SpawnError(f"cannot run {program!r}: {detail}") from exc
     assert popen.stdout is not None
     output = trio.lowlevel.FdStream(os.dup(popen.stdout.fileno()))
     popen.stdout.close()

@@ -43,12 +43,12 @@ def _find(value: Any, path: str) -> str | None:
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            if not _encodes(item):
+            if not encodes(item):
                 return where or "(the body)"
         elif isinstance(item, dict):
             for key, child in item.items():
                 here = f"{where}.{key}" if where else str(key)
-                if not _encodes(key):
+                if not encodes(key):
                     return recordable(here)
                 stack.append((child, here))
         elif isinstance(item, list):
@@ -56,7 +56,8 @@ def _find(value: Any, path: str) -> str | None:
     return None
 
 
-def _encodes(text: str) -> bool:
+def encodes(text: str) -> bool:
+    """Whether UTF-8 can write *text* (False: it holds a lone surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -128,7 +128,7 @@ async def supervise(supervision: Supervision, name: str, run: Startable, *,
 
 async def _run_once(run: Startable, status: trio.TaskStatus[Any], task: SupervisedTask, events: EventLog) -> None:
     async with trio.open_nursery() as nursery:
-        handle = await nursery.start(run)
+        handle = await nursery.start(run, name=f"steward: {task.name}")  # (a partial's repr may be huge)
         if task.state is TaskState.RESTARTING:
             events.emit("task_restarted", "info", task=task.name, failures=task.failures,
                         detail=f"running again after {task.last_error}")

@@ -77,7 +77,7 @@ from supervisor.gateway.server import Listener, serve_http
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch, RecentActivity, StandingFaults, serve_health
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, budget_problems, plan_all
+from supervisor.memory_plan import Device, budget_problems, device_total_problems, plan_all
 from supervisor.metrics import StewardMetrics
 from supervisor.nodes.directory import serve_node_directory
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
@@ -198,6 +198,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
     readings = probe.read() if probe else []
+    if problems := device_total_problems(config, readings, memory_device(probe)):
+        raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
     budgets = resolve_budgets(config, readings)
     budget = sum(device.nbytes for device in budgets)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
@@ -344,7 +346,7 @@ def _listener(config: Config, events: EventLog, door: FrontDoor, name: str, app:
         events.emit("cross_site_refused", "info", listener=name, path=scope.get("path"), detail=problem)
 
     guarded = cross_site_guard(app, policy, shape_for, refused)  # type: ignore[arg-type]
-    return Listener(name, front_door(guarded, door, name, shape_for, is_admin_route), address, shape)
+    return Listener(name, front_door(guarded, door, name, shape_for, is_admin_route), address, shape, shape_for)
 
 
 async def _serve_gateway_then_stop(listeners: list[Listener], gate: RequestGate, config: Config, events: EventLog,

@@ -48,6 +48,13 @@ def test_every_route_has_its_api_and_error_shape() -> None:
     assert openai_shaped == {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": "x"}}
 
 
+@pytest.mark.parametrize("path", ["/v1/messages/batches", "/v1/messages//count_tokens", "/v1/messages/count_tokens/"])
+def test_paths_under_the_messages_routes_are_answered_in_anthropic_s_shape(path: str) -> None:
+    # The listener fuzzer found 404s and 401s under /v1/messages/ in OpenAI's shape (issue 26).
+    assert json.loads(error_shape_for({"path": path})(404, "Unknown route."))["type"] == "error"
+    assert set(json.loads(error_shape_for({"path": "/v1/messagesx"})(404, "Unknown route."))) == {"error"}  # OpenAI's
+
+
 @pytest.mark.parametrize(("status", "kind"), [(400, "invalid_request_error"), (401, "authentication_error"),
                                               (403, "permission_error"), (413, "request_too_large"),
                                               (429, "rate_limit_error"), (503, "overloaded_error"),
@@ -63,7 +70,7 @@ def test_stream_errors_in_each_apis_own_event() -> None:
         "type": "error", "error": {"type": "api_error", "message": "engine 'chat' failed"}}
     responses = responses_stream_error(b"text/event-stream", "stalled", code="engine_timeout")
     assert json.loads(responses.split(b"data: ", 1)[1]) == {
-        "type": "error", "code": "engine_timeout", "message": "stalled", "param": None}
+        "type": "error", "code": "engine_timeout", "message": "stalled", "param": None, "sequence_number": 0}
 
 
 def test_a_json_request_on_a_new_route_is_routed_like_chat() -> None:
@@ -121,6 +128,21 @@ def test_bad_forms_are_400s(content_type: str, body: bytes, message: str) -> Non
     with pytest.raises(RequestError) as refused:
         route_request(scope("/v1/audio/transcriptions", {"content-type": content_type}), body, ALIASES)
     assert refused.value.status == 400 and message in refused.value.message
+
+
+def test_a_form_of_more_than_a_thousand_parts_is_a_413() -> None:
+    """Issue 26: werkzeug refuses a form past max_parts with RequestEntityTooLarge, not ValueError:
+    it escaped as a 500. Now it is a 413 like any body too large (the route gives it its shape)."""
+    parts = b"".join(b'--x\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nv\r\n' % i for i in range(1001))
+    body = b'--x\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n' + parts + b"--x--\r\n"
+    with pytest.raises(RequestError) as refused:
+        route_request(scope("/v1/audio/transcriptions", {"content-type": "multipart/form-data; boundary=x"}), body,
+                      ALIASES)
+    assert (refused.value.status, refused.value.code) == (413, "request_too_large")
+    assert "more than 1000 parts" in refused.value.message
+    few = body.replace(parts, parts[: parts.index(b"--x", 10)])  # the model and one more part: read as ever
+    assert route_request(scope("/v1/audio/transcriptions", {"content-type": "multipart/form-data; boundary=x"}), few,
+                         ALIASES).model == "asr"
 
 
 def test_a_form_without_a_model_or_with_a_bad_class_is_a_400() -> None:

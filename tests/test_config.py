@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import math
+import os
+import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
@@ -14,9 +19,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from supervisor.backoff import Backoff
 from supervisor.config import Config, ConfigError, load_config, parse_config
-from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
-from supervisor.memory_plan import MemoryPlan, budget_problems
+from supervisor.config_policy import (
+    build_scheduler,
+    engine_profiles,
+    engine_specs,
+    listen_addresses,
+    node_specs,
+    scheduling_policy,
+    slo_waits,
+)
+from supervisor.engine import placed_command
+from supervisor.gateway.app import body_limits
+from supervisor.gateway.cross_site import CrossSitePolicy
+from supervisor.measurements import MeasurementStore
+from supervisor.memory_plan import MemoryPlan, budget_problems, plan_all
+from supervisor.tree import resolve_budgets
 from supervisor.units import parse_duration, parse_size, show
 
 GOOD = {"command": "llama-server", "memory": "8.3GiB"}
@@ -366,26 +385,37 @@ def test_unreadable_bytes_are_a_clear_error(tmp_path: Path) -> None:
         load_config(path)
 
 
-# --- property: whatever the YAML, a Config or a ConfigError -----------------------------------------
+# --- property: whatever the YAML, a Config or a ConfigError naming a key; a Config run starts with ------
 
-class Raw(str):
-    """YAML text written as it is (numbers no Python value can be dumped as, nesting too deep to build)."""
+@attrs.frozen
+class Raw:
+    """YAML text written as it is (numbers no Python value can be dumped as, nesting too deep to build).
+    No str subclass: hypothesis re-encodes a drawn value as a text choice, and fails on a str subclass."""
+
+    text: str
 
 
 WEIRD = [Raw("9" * 5000), Raw(".nan"), Raw(".inf"), Raw("-.inf"), Raw("[" * 3000 + "]" * 3000),
          Raw("{a: 1, a: 2}"), Raw("2001-13-45"), Raw("!!int nope"), Raw("*undefined"), Raw("&x [*x]"),
          Raw("&y {<<: *y}"), Raw("!!python/object:os.system ls")]
+# Any code point: control characters, NUL, lone surrogates (YAML's "\\ud800" gives one), RTL marks.
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=12)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.builds(pow, st.just(10), st.just(5000)), st.floats(),
-                    st.text(max_size=12), st.sampled_from(WEIRD))
+                    st.text(max_size=12), ANY_TEXT, st.sampled_from(WEIRD))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-    st.text(max_size=8), inner, max_size=4), max_leaves=12)
+    st.text(max_size=8) | ANY_TEXT, inner, max_size=4), max_leaves=12)
+# Strings that exec, a path, a URL, an event or a terminal cannot take (or can only just): NUL, a lone
+# surrogate, control characters, an RTL override, '=' (an environment variable's name), past exec's
+# 128 KiB for one argument.
+HOSTILE_TEXT = ["a\0b", "\0", "x\ud800", "\udfff", "\x1b[31m", "\x7f", "\x85", "\u202egpt", "line\nbreak", "\t",
+                "A=B", "=", " ", "\ufeff", "\U0010ffff", "a" * 140_000]
 # Values of the kind each key takes: (good ones, ones on or past an edge).
 BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
-    "Size": (["8GiB", "512MiB", 1024], [0, "1e9"]),
-    "Duration": (["1s", "250ms", "0s", 0, 2.5, "5m"], [math.nan, -math.inf]),
-    "PositiveDuration": (["1s", "250ms", 2.5, "5m"], ["0s", 0, math.inf]),
-    "PositiveInt": ([1, 4], [0, -1]),
-    "Count": ([0, 1, 3], [-1, 1.5]),
+    "Size": (["8GiB", "512MiB", 1024], [0, "1e9", 2**63 - 1, 2**63, 10**100]),
+    "Duration": (["1s", "250ms", "0s", 0, 2.5, "5m"], [math.nan, -math.inf, 1e300, 10**100]),
+    "PositiveDuration": (["1s", "250ms", 2.5, "5m"], ["0s", 0, math.inf, 1e300, 1e-300]),
+    "PositiveInt": ([1, 4], [0, -1, 2**63 - 1, 2**63, 10**100]),
+    "Count": ([0, 1, 3], [-1, 1.5, 2**63 - 1, 10**100]),
     "Port": ([8080, 8081, 11434], [0, 65536]),
     "DeviceIndex": ([0, 1, "1"], [-1, "gpu0"]),
     "Host": (["127.0.0.1", "::1", "localhost", "0.0.0.0"], ["not a host!"]),
@@ -397,7 +427,8 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
     "MacAddress": (["aa:bb:cc:dd:ee:ff", "AA-BB-CC-DD-EE-FF", "aabbccddeeff"], ["aa:bb", "zz:zz:zz:zz:zz:zz"]),
     "Fraction": ([0.5, "10%", 1], [0]),
     "ImageSize": (["1024x1024", "512x768"], ["big", "0x512", 1024]),
-    "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"], ["a@b", "", "two"]),
+    "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"],
+            ["a@b", "", "two", *HOSTILE_TEXT]),
     "bool": ([True, False], ["yes"]),
 }
 
@@ -433,13 +464,13 @@ configs = st.one_of(plausible(Config, edges=False), plausible(Config, edges=True
 def to_yaml(value: object) -> str:
     """Flow-style YAML of a generated value, Python's oddities (huge ints, nan) included."""
     if isinstance(value, Raw):
-        return str(value)
+        return value.text
     if isinstance(value, dict):
         return "{" + ", ".join(f"{to_yaml(k)}: {to_yaml(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(to_yaml(item) for item in value) + "]"
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return yaml_string(value)
     if isinstance(value, float) and not math.isfinite(value):
         return {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}[repr(value)]
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**4000:
@@ -447,17 +478,93 @@ def to_yaml(value: object) -> str:
     return json.dumps(value)
 
 
-def only_config_errors(load: Callable[[], Config]) -> None:
+def yaml_string(text: str) -> str:
+    """*text* as a double-quoted YAML scalar that gives it back exactly: everything but printable
+    ASCII as an escape, so a NUL, a control character or a lone surrogate reaches the config."""
+    def escape(char: str) -> str:
+        if " " <= char <= "~":
+            return "\\" + char if char in '"\\' else char
+        code = ord(char)
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+    return '"' + "".join(map(escape, text)) + '"'
+
+
+def only_config_errors(load: Callable[[], Config], raw: object = None, where: str = "") -> Config | None:
+    """What *load* gives: a Config, or None for a ConfigError whose every line names a key (or
+    the file), printably. *raw*: the mapping it was made from, whose unknown keys are named too."""
     try:
-        assert isinstance(load(), Config)
+        config = load()
     except ConfigError as exc:
-        assert exc.problems and all(isinstance(line, str) and line for line in exc.problems)
+        keys = [*get_type_hints(Config), "(top level)", "image_models", *(map(key_text, raw) if isinstance(raw, dict)
+                                                                         else [])]
+        heads = "|".join(re.escape(printable(key)) for key in [*keys, where] if key)
+        assert exc.problems
+        for line in exc.problems:
+            assert line.isprintable() and re.match(rf"({heads})[.:\[ ,]", line), line
+        return None
+    assert isinstance(config, Config)
+    return config
+
+
+def key_text(key: object) -> str:
+    return key if isinstance(key, str) and key else show(key)
+
+
+def printable(text: str) -> str:
+    """As a ConfigError shows it: what a terminal would act on, as its escape."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def run_would_start(config: Config) -> None:
+    """What `steward run` does with a config before it serves, short of opening files and ports and
+    starting anything: each engine's argv and environment as exec gets them, the budgets, the memory
+    plans, the scheduler, the listeners' guards. Only a ConfigError may come out (from the same
+    functions `steward check` calls: it refuses those configs too)."""
+    specs = engine_specs(config)
+    for spec in specs.values():
+        collections.deque(maxlen=spec.tail_lines)  # each engine's output tail
+        command = spec.command(PORT)
+        if command is not None:
+            exec_would_take(*placed_command(spec, command, None))
+    for address in listen_addresses(config).values():
+        CrossSitePolicy.create(address, config.security.allowed_hosts, config.security.allowed_origins)
+    body_limits(config)
+    slo_waits(config)
+    node_specs(config, {node.key_env: "a key" for node in config.nodes.values() if node.key_env is not None})
+    for backoff in [Backoff(config.engines.restart_backoff, config.engines.restart_backoff_max)]:
+        list(itertools.islice(backoff.delays(), 70))
+    try:
+        budgets = [budget.nbytes for budget in resolve_budgets(config, [])]
+        plans = plan_all(config, {name: specs[name].command(0) for name in config.models}, MeasurementStore(None),
+                         "gpu")
+    except ConfigError:
+        return
+    profiles = engine_profiles(config, specs, plans)
+    if not budget_problems(config, profiles, budgets):
+        build_scheduler(config, specs, plans, budgets, observe_memory=True)
+
+
+PORT = 18080
+
+
+def exec_would_take(argv: list[str], env: dict[str, str]) -> None:
+    """What Popen (open_child) does with *argv* and *env* up to the exec itself, which finds no
+    program: an OSError is a failed start (no such program; E2BIG), anything else a crash."""
+    try:
+        subprocess.Popen(argv, executable="/nonexistent/steward-config-fuzz", env={**os.environ, **env},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return
+    raise AssertionError(f"{argv} ran")
 
 
 @settings(max_examples=200, database=None, deadline=None)
 @given(configs)
 def test_any_structure_gives_a_config_or_a_config_error(raw: object) -> None:
-    only_config_errors(lambda: parse_config(raw))
+    config = only_config_errors(lambda: parse_config(raw), raw)
+    if config is not None:
+        run_would_start(config)
 
 
 @settings(max_examples=200, database=None, deadline=None)
@@ -465,10 +572,63 @@ def test_any_structure_gives_a_config_or_a_config_error(raw: object) -> None:
 def test_any_yaml_file_gives_a_config_or_a_config_error(tmp_path_factory: pytest.TempPathFactory, raw: object,
                                                        text: str) -> None:
     path = tmp_path_factory.getbasetemp() / "any.yaml"
-    for content in (to_yaml(raw), text):
+    for content, mapping in ((to_yaml(raw), raw), (text, None)):
         path.write_text(content)
-        only_config_errors(lambda: load_config(path))
+        config = only_config_errors(lambda: load_config(path), mapping, str(path))
+        if config is not None:
+            run_would_start(config)
 
+
+# Configs close to ones that run, with hostile text and huge numbers where run takes text and numbers
+# (most of them are accepted: the property above, on these, is about what run does with them).
+TEXT = st.one_of(st.sampled_from(HOSTILE_TEXT), ANY_TEXT, st.text(max_size=8))
+ARGUMENT = st.one_of(st.sampled_from(["-c", "4096", "--alias", "${PORT}", "--port", "-np", "2"]), TEXT)
+DURATION = st.sampled_from(["1s", "250ms", 1e300, 10**100, 1e-300])
+COUNT = st.sampled_from([1, 4, 2**63 - 1, 2**63 - 1, 10**100])  # the largest taken, mostly; one past it
+SIZE = st.sampled_from(["1GiB", "1MiB", 2**63 - 1, 2**63 - 1, 2**63])
+EITHER_RUNTIME = {"args": st.lists(ARGUMENT, max_size=4), "parallel": COUNT, "idle_unload": DURATION,
+                  "env": st.dictionaries(st.one_of(st.sampled_from(["HF_HOME", "A=B", "", "X\0"]), TEXT), ARGUMENT,
+                                         max_size=3),
+                  "aliases": st.lists(st.one_of(st.sampled_from(["gpt-4o", "gpt\u202e4o", "a\nb"]), TEXT), max_size=2),
+                  "devices": st.sampled_from([[0], [0, 1]])}
+near_models = st.one_of(
+    st.fixed_dictionaries({"command": st.lists(ARGUMENT, min_size=1, max_size=3), "memory": SIZE},
+                          optional={**EITHER_RUNTIME, "model": st.one_of(st.just("/models/m.gguf"), TEXT)}),
+    st.fixed_dictionaries(
+        {"runtime": st.just("openai"), "memory": SIZE,
+         "command": st.lists(ARGUMENT, min_size=1, max_size=3).map(lambda parts: [*parts, "--port", "${PORT}"])},
+        optional={**EITHER_RUNTIME, "served_name": TEXT,
+                  "health": st.one_of(st.just("/health"), TEXT.map(lambda text: "/" + text))}))
+near_configs = st.fixed_dictionaries(
+    {"models": st.dictionaries(st.sampled_from(["chat", "embed", "coder"]), near_models, min_size=1, max_size=2)},
+    optional={
+        "engines": st.fixed_dictionaries({}, optional={
+            "stderr_tail_lines": COUNT, "restart_backoff": DURATION, "restart_backoff_max": DURATION,
+            "start_timeout": DURATION, "health_interval": DURATION, "unhealthy_after": COUNT,
+            "host": st.sampled_from(["127.0.0.1", "localhost", "::1"])}),
+        "security": st.fixed_dictionaries({}, optional={
+            "allowed_origins": st.lists(st.one_of(st.sampled_from(["*", "https://app.example.com", "not a url"]),
+                                                  TEXT.map(lambda text: "https://" + text)), max_size=2),
+            "allowed_hosts": st.lists(st.one_of(st.sampled_from(["*", "lab.local", "lab:80"]), TEXT), max_size=2)}),
+        "limits": st.fixed_dictionaries({}, optional={"max_connections": COUNT, "body_timeout": DURATION,
+                                                      "max_body_size": SIZE}),
+        "log": st.fixed_dictionaries({}, optional={"keep": COUNT, "max_size": SIZE}),
+        "scheduler": st.fixed_dictionaries({}, optional={"embedding_chunk": COUNT, "lower_class_engines": COUNT,
+                                                         "hot_window": DURATION, "swap_hold": DURATION}),
+        "aliases": st.dictionaries(TEXT, st.just("chat"), max_size=2),
+        "gpu": st.fixed_dictionaries({"probe": st.just("none")}, optional={
+            "budget": SIZE, "devices": st.just({1: {"budget": "8GiB"}})}),
+        "nodes": st.just({"lab": {"url": "http://192.168.1.20:8080", "models": ["qwen"]}}),
+        "capabilities": st.dictionaries(TEXT, st.lists(st.one_of(st.just("qwen"), TEXT), max_size=2), max_size=2),
+    })
+
+
+@settings(max_examples=300, database=None, deadline=None)
+@given(near_configs)
+def test_a_config_check_accepts_is_one_run_starts_with(raw: dict[str, Any]) -> None:
+    config = only_config_errors(lambda: parse_config(raw), raw)
+    if config is not None:
+        run_would_start(config)
 
 @pytest.mark.parametrize(("section", "expected"), [
     ({"alerts": {"webhook": "ntfy.sh/topic"}}, "alerts.webhook: must be an http:// or https:// URL, got 'ntfy.sh/topic'"),
@@ -526,3 +686,92 @@ def test_scheduler_warm_does_not_take_an_image_model(tmp_path: Path) -> None:
            "comfyui": {"upstream": "127.0.0.1:8189"}, "scheduler": {"warm": ["flux"]}}
     assert problems(raw) == ["scheduler.warm[0]: 'flux' is an image model: its workflow runs in ComfyUI, which "
                              "steward does not load"]
+
+
+# --- what `steward run` cannot take: refused by the config, naming the key (issue 26, defect 4) --------
+
+NUL = "must not contain a NUL character (an argument, a path or the environment cannot hold one)"
+NODES = {"lab": {"url": "http://192.168.1.20:8080", "models": ["qwen3-32b", "qwen3-8b"]},
+         "den": {"url": "http://192.168.1.21:8080", "models": ["gemma"]}}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (with_model(args=["-c", "4096", "a\0b"]), f"models.chat.args[2]: {NUL}, got 'a\\x00b'"),
+    (with_model(command=["llama-server", "--x\0"]), f"models.chat.command: {NUL}, got '--x\\x00' (item [1])"),
+    (with_model(command="llama\0server"), f"models.chat.command: {NUL}, got 'llama\\x00server'"),
+    (with_model(env={"HF_HOME": "/data\0"}), f"models.chat.env.HF_HOME: {NUL}, got '/data\\x00'"),
+    (with_model(env={"HF\0HOME": "/data"}), f"models.chat.env.HF\\x00HOME: {NUL}, got 'HF\\x00HOME'"),
+    (with_model(model="/models/m\0.gguf"), f"models.chat.model: {NUL}, got '/models/m\\x00.gguf'"),
+    ({**with_model(), "log": {"file": "events\0.jsonl"}}, f"log.file: {NUL}, got 'events\\x00.jsonl'"),
+    (with_model(args=["x\ud800"]), "models.chat.args[0]: must be text UTF-8 can write; it holds the lone surrogate "
+                                   "'\\ud800', got 'x\\ud800'"),
+    (with_model(env={"A=B": "c"}), "models.chat.env.A=B: a variable's name cannot hold '=' (the environment is "
+                                   "NAME=VALUE)"),
+    (with_model(env={"": "c"}), "models.chat.env: a variable needs a name, got ''"),
+    (with_model(aliases=["gpt\x1b[31m"]), "models.chat.aliases: 'gpt\\x1b[31m' holds '\\x1b', a control or "
+                                          "invisible character; a name is visible text"),
+    (with_model(aliases=["gpt\u202e4o"]), "models.chat.aliases: 'gpt\\u202e4o' holds '\\u202e', a control or "
+                                          "invisible character; a name is visible text"),
+    (with_model(health="/health\x01", runtime="openai", upstream="127.0.0.1:9000", command=None),
+     "models.chat.health: must be a path like /health (invalid non-printable ASCII character in URL), got "
+     "'/health\\x01'"),
+    (with_model(parallel=10**100), "models.chat.parallel: must be a positive integer less than 2**63, got a "
+                                   "101-digit integer"),
+    ({**with_model(), "engines": {"stderr_tail_lines": 2**63}},
+     "engines.stderr_tail_lines: must be a positive integer less than 2**63, got 9223372036854775808"),
+    ({**with_model(), "scheduler": {"lower_class_engines": 10**100}},
+     "scheduler.lower_class_engines: must be a whole number, 0 or more less than 2**63, got a 101-digit integer"),
+    ({**with_model(), "alerts": {"webhook": "https://ntfy.sh/lab\x01"}},
+     "alerts.webhook: invalid non-printable ASCII character in URL, got 'https://ntfy.sh/lab\\x01'"),
+    ({**with_model(), "security": {"allowed_origins": ["not a url"]}},
+     "security.allowed_origins[0]: must be an origin, scheme://host[:port] like https://app.example.com or "
+     "http://localhost:3000, or '*'; got 'not a url'"),
+    ({**with_model(), "security": {"allowed_origins": ["*", "https://app.example.com/chat"]}},
+     "security.allowed_origins[1]: must be an origin, scheme://host[:port] like https://app.example.com or "
+     "http://localhost:3000, or '*'; got 'https://app.example.com/chat'"),
+    ({**with_model(), "security": {"allowed_origins": ["ftp://files.lan"]}}, "security.allowed_origins[0]: must be"),
+    ({**with_model(), "security": {"allowed_hosts": ["lab.local:8080"]}},
+     "security.allowed_hosts[0]: must be a host name or an IP address without a port, like lab.local or "
+     "192.168.1.20, or '*'; got 'lab.local:8080'"),
+    ({**with_model(), "security": {"allowed_hosts": ["lab", "[::1]"]}}, "security.allowed_hosts[1]: must be a host"),
+    ({**with_model(), "security": {"allowed_hosts": ["http://lab.local"]}}, "security.allowed_hosts[0]: must be"),
+    ({**with_model(), "nodes": NODES, "capabilities": {"reasoning": ["qwen3-32b", "qwen3-70b"]}},
+     "capabilities.reasoning[1]: names model 'qwen3-70b', which no node serves (nodes.NAME.models lists what each "
+     "serves)"),
+    ({**with_model(), "capabilities": {"reasoning": ["chat"]}},
+     "capabilities: a capability chooses among the models of the nodes, and no node is configured (nodes)"),
+    ({**with_model(), "nodes": {"lab": {"url": "http://192.168.1.20:8080"}}, "capabilities": {"smart": ["a\nb"]}},
+     "capabilities.smart[0]: 'a\\nb' holds '\\n', a control or invisible character; a name is visible text"),
+])
+def test_what_run_cannot_take_is_refused_naming_the_key(raw: dict[str, Any], expected: str) -> None:
+    found = problems(raw)
+    assert any(problem.startswith(expected) for problem in found), found
+    assert all(problem.isprintable() for problem in found), found
+
+
+@pytest.mark.parametrize("raw", [
+    # A chat template is text with line breaks and tabs; an environment value may hold any of them.
+    with_model(args=["--chat-template", "{% for m in messages %}\n\t{{ m.content }}{% endfor %}"],
+               env={"PROMPT": "line one\nline two", "PATH_WITH_SPACE": "/opt/my models"}),
+    with_model(args=["--alias", "gpt-4o", "--api-key", "sk-\u00e9\u00e8"], aliases=["modèle", "模型"]),
+    {**with_model(), "security": {"allowed_origins": ["*", "https://app.example.com", "http://localhost:3000",
+                                                      "http://[::1]:8080", "https://app.example.com/"],
+                                  "allowed_hosts": ["*", "lab.local", "192.168.1.20", "::1", "gpu-box.",
+                                                    "my_service"]}},
+    {**with_model(), "nodes": NODES, "capabilities": {"reasoning": ["qwen3-32b", "qwen3-8b"]}},
+    # A node that lists no models serves what it says once it answers: any name may be one of them.
+    {**with_model(), "nodes": {**NODES, "new": {"url": "http://192.168.1.22:8080"}},
+     "capabilities": {"reasoning": ["qwen3-70b"]}},
+    with_model(parallel=2**63 - 1),
+])
+def test_what_run_takes_is_accepted(raw: dict[str, Any]) -> None:
+    run_would_start(parse_config(raw))
+
+
+def test_a_problem_shows_what_a_key_holds_as_escapes_never_raw(tmp_path: Path) -> None:
+    """A terminal must not act on a config's escape sequences (a colour, a cleared screen) or lose a line to them."""
+    found = load_problems(tmp_path, 'models:\n  "chat\\e[2J": {command: llama-server, memory: 1GiB}\n'
+                                    '"\\0": 1\n"": 2\n')
+    assert found == ["\\x00: unknown key", "'': unknown key"]
+    found = load_problems(tmp_path, 'models:\n  "chat\\e[2J": {command: llama-server, memory: 1GiB}\n')
+    assert found == ["models.chat\\x1b[2J: a model name may hold letters, digits and ._:/- (no '@')"]

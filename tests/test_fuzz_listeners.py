@@ -1,13 +1,19 @@
 """Property-based tests of every listener: whatever a client sends, steward answers it
-itself in the listener's error shape, or passes on the engine's own answer, and stays up.
+itself in the listener's error shape, or passes on the engine's own answer, and stays up;
+with keys in force, nothing gets through without one.
 
 One steward for the whole module, with all three listeners, every process real: fake
-llama-servers (``chat``, alias ``gpt-4o``, and a pinned ``embed``) behind the OpenAI
-listener, a fake Ollama behind the Ollama listener and a fake ComfyUI behind the ComfyUI
-listener, both supervised by steward. Hypothesis sends each listener raw HTTP/1.1
-requests built in ``tests/fuzz_strategies.py`` (methods, paths and near misses of the
-real routes, headers, valid bodies mutated and bodies that are not bodies at all), one
-fresh connection per example, and checks three things per example:
+llama-servers (``chat``, alias ``gpt-4o``, and a pinned ``embed``) and an image model
+(``sketch``, a workflow run on ComfyUI) behind the OpenAI listener, a fake Ollama behind
+the Ollama listener and a fake ComfyUI behind the ComfyUI listener, both supervised by
+steward. Hypothesis sends each listener raw HTTP/1.1 requests built in
+``tests/fuzz_strategies.py`` (methods, paths and near misses of the real routes, headers,
+valid bodies mutated, hostile strings over the whole of Unicode in every field, header and
+path steward reads, and bodies that are not bodies at all), one fresh connection per
+example, first with no keys, then with the keys of ``FUZZ_KEYS`` in force (written to the
+steward's key file with ``supervisor.auth.keys``, picked up by its key watcher: one steward
+for both), each request then showing a key, a limited one, a bad one or none. It checks
+four things per example:
 
 1. steward never answers 5xx itself. An engine's or upstream's own 5xx, passed through,
    is fine; so is the 502 steward answers when the upstream broke the connection without
@@ -29,11 +35,21 @@ fresh connection per example, and checks three things per example:
      ``{"error": {"type", "message", "details", "extra_info"}, "node_errors"}`` and
      OpenAI's object both qualify).
 
-   The path is the one steward sees: the request target before ``?``, percent-decoded.
-   Answers to ``HEAD`` have no body; for them only rule 1 is checked.
+   On ``/v1/models`` an ``anthropic-version`` header asks for Anthropic's shape: either
+   qualifies there. The path is the one steward sees: the request target before ``?``,
+   percent-decoded (for the absolute form, ``http://host/path``, the shape of either that
+   or the URL's path qualifies). Answers to ``HEAD`` have no body; for them only rule 1
+   is checked.
 3. Afterwards a known-good request on the same listener answers 200 within 30 s: a chat
    (OpenAI), a ``/api/generate`` (Ollama), ``/healthz`` and a passed-through
-   ``/system_stats`` (ComfyUI); and the steward process is still running.
+   ``/system_stats`` (ComfyUI), with the unlimited key while keys are in force; and the
+   steward process is still running.
+4. With keys in force, a request that shows no key of the file (none, an unknown one, a
+   hostile string) is never answered with a status below 400, nor by an upstream that
+   signs its answers (llama-server, ComfyUI: below), except on the paths open to all
+   (``/livez``, ``/healthz``; GET of an image's URL on the OpenAI listener, where the
+   path is the key). A 400 for a string steward refuses (a lone surrogate, say) is an
+   error like any other: rule 2 applies to it.
 
 A request that gets no answer at all (the connection closed, or nothing within 15 s)
 fails too.
@@ -51,20 +67,25 @@ Who wrote an answer is told by what the fakes themselves send (``fakes/``):
   errors are ``application/json`` (``supervisor/gateway/errors.py``) and Quart's pages
   ``text/html``; its bare 400 for an unreadable request has an empty Server value.
   Should steward ever write errors with one of those two types, this rule would take
-  them for Ollama's: they would go unchecked, never fail wrongly.
+  them for Ollama's: they would go unchecked, never fail wrongly (rule 4 therefore
+  trusts it only for answers below 400, which are wrong without a key whoever wrote them).
 
 Hypercorn adds its own ``Server: hypercorn-h11`` to every answer; it is ignored.
 
-Examples per listener: ``STEWARD_FUZZ_EXAMPLES`` (default 100; Hypothesis draws many a
-request twice, and a request is sent only once, so about half as many are sent), plus the
-listener's regressions (``regressions`` in ``tests/fuzz_strategies.py``: kinds of request
-that broke a listener before), each its own test so that every one is reported. Runs are
-reproducible (``derandomize=True``, no example database). ``tests/benchmarks/fuzz_listeners.py
---long`` runs the same properties with thousands of examples and counts what it saw.
+Examples per listener: ``STEWARD_FUZZ_EXAMPLES`` (default 80: half with no keys, half with
+keys in force; with the regressions below the module takes about what it took with 100
+examples and keys off alone; Hypothesis draws many a request twice, and a request is sent
+only once, so about half as many are sent), plus the listener's regressions (``regressions`` and ``keyed_regressions``
+in ``tests/fuzz_strategies.py``: kinds of request that broke a listener before), each its
+own test so that every one is reported. Runs are reproducible (``derandomize=True``, no
+example database). ``tests/benchmarks/fuzz_listeners.py --long`` runs the same properties
+until each listener has had thousands of distinct requests, and counts what it saw.
 """
 
 from __future__ import annotations
 
+import collections
+import datetime
 import json
 import os
 import signal
@@ -83,21 +104,32 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from supervisor.auth.keys import ApiKey, KeyFile, KeyHash, KeyName, key_digest, write_key_file
 from tests.conftest import RunningSteward, fake_model, kill_leftovers, free_port, launch_steward
 from tests.fuzz_strategies import (
+    ALL_KEY,
+    CAPABILITY_PREFIX,
     COMFY_ROUTES,
+    FUZZ_KEYS,
+    IMAGE_MODEL,
     OLLAMA_CHAT,
     OLLAMA_EMBED,
     OLLAMA_ROUTES,
+    OPEN_PATHS,
     OPENAI_ROUTES,
+    FuzzKey,
     FuzzRequest,
     Route,
     comfy_workflow,
+    image_workflow,
+    keyed_regressions,
+    keyed_requests,
     regressions,
     requests,
 )
 
-EXAMPLES = int(os.environ.get("STEWARD_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("STEWARD_FUZZ_EXAMPLES", "80"))  # per listener: keys off and on together
+KEYED_EXAMPLES = max(1, EXAMPLES // 2)
 BODY_LIMIT = 64 * 1024            # limits.max_body_size of the module's steward
 REQUEST_TIMEOUT_S = 15.0          # one fuzzed request: connect, send, each read
 GOOD_TIMEOUT_S = 30.0             # the known-good request after it
@@ -127,6 +159,10 @@ class NoAnswer(ListenerViolation):
 
 class StewardDown(ListenerViolation):
     """Rule 3: the known-good request after the example failed."""
+
+
+class ServedWithoutAKey(ListenerViolation):
+    """Rule 4: with keys in force, a request without a valid key got through."""
 
 
 @cache
@@ -267,29 +303,36 @@ def _anthropic_problem(value: Any) -> str | None:
     return None
 
 
-def openai_shape(path: str, body: bytes) -> str | None:
+def _openai_or_anthropic_problem(path: str, value: Any, anthropic: bool) -> str | None:
+    """The error object of a /v1 path: Anthropic's on the Messages routes, and on /v1/models
+    asked with an anthropic-version header (either there); else OpenAI's."""
+    if path.startswith("/v1/messages"):
+        return _anthropic_problem(value)
+    problem = _openai_problem(value)
+    if problem and anthropic and path.startswith("/v1/models") and _anthropic_problem(value) is None:
+        return None
+    return problem
+
+
+def openai_shape(path: str, body: bytes, anthropic: bool = False) -> str | None:
     value, problem = _as_json(body)
-    if problem:
-        return problem
-    return _anthropic_problem(value) if path.startswith("/v1/messages") else _openai_problem(value)
+    return problem or _openai_or_anthropic_problem(path, value, anthropic)
 
 
-def ollama_shape(path: str, body: bytes) -> str | None:
+def ollama_shape(path: str, body: bytes, anthropic: bool = False) -> str | None:
     value, problem = _as_json(body)
     if problem:
         return problem
     if path.startswith("/api/"):
         return _ollama_native_problem(value)
-    if path.startswith("/v1/messages"):
-        return _anthropic_problem(value)
     if path.startswith("/v1/"):
-        return _openai_problem(value)
+        return _openai_or_anthropic_problem(path, value, anthropic)
     if _ollama_native_problem(value) and _openai_problem(value):
         return "neither Ollama's {'error': '...'} nor OpenAI's error object"
     return None
 
 
-def comfy_shape(path: str, body: bytes) -> str | None:
+def comfy_shape(path: str, body: bytes, anthropic: bool = False) -> str | None:
     value, problem = _as_json(body)
     return problem or _comfy_problem(value)
 
@@ -320,24 +363,77 @@ class Listener:
     url: str
     routes: tuple[Route, ...]
     from_upstream: Callable[[Answer], bool]
-    error_shape: Callable[[str, bytes], str | None]  # (path steward sees, body) -> what is wrong, or None
+    # (path steward sees, body, an anthropic-version header sent) -> what is wrong, or None
+    error_shape: Callable[[str, bytes, bool], str | None]
     good: tuple[GoodRequest, ...]
     upstreams: frozenset[str]  # the engines behind it, as the event log names them
+    # Its upstream signs every answer (a Server header): from_upstream is then sure, not a guess.
+    upstream_signs: bool = True
+
+    def open_to_all(self, method: str, path: str) -> bool:
+        """Whether the door lets *path* through without a key (rule 4); on the OpenAI listener also
+        Claude Code's probe, `HEAD /` (steward answers it 200 itself: supervisor/gateway/door.py PROBE)."""
+        return path in OPEN_PATHS or (self.name == "openai" and (
+            (method == "GET" and path.startswith(CAPABILITY_PREFIX)) or (method, path) == ("HEAD", "/")))
 
 
 UPSTREAM_FAILED = "fake: connection from "  # ... failed: <exception>, logged by every fake (fakes/http11.py)
+
+
+def api_key(key: FuzzKey) -> ApiKey:
+    """*key* as the key file holds it (as `steward keys add` would write it: its default class
+    the highest it may ask for)."""
+    return ApiKey(name=KeyName(key.name), hash=KeyHash(key_digest(key.text)), models=key.models,
+                  classes=key.classes, default_class=key.classes[0] if key.classes else None, rpm=key.rpm,
+                  concurrency=key.concurrency, admin=key.admin,
+                  created=datetime.datetime.now(datetime.UTC).replace(microsecond=0))
 
 
 @attrs.define(eq=False, repr=False)
 class FuzzSteward:
     steward: RunningSteward
     listeners: dict[str, Listener]
+    keys_path: Path  # auth.keys_file: FUZZ_KEYS while keys are on, no key while off
+    keys_on: bool = False
     _log_offset: int = 0  # how far upstream_failures has read the event log
-    # What check() found per (listener, request): Hypothesis draws many a request twice.
-    outcomes: dict[tuple[str, FuzzRequest], tuple[type[ListenerViolation], str] | None] = attrs.Factory(dict)
+    # The requests sent last, newest last: a task steward shares (the usage writer, say) may fail
+    # a moment after the request that broke it, when the next one is under way.
+    recent: collections.deque[str] = attrs.Factory(lambda: collections.deque(maxlen=4))
+    # What check() found per (listener, keys on, request): Hypothesis draws many a request twice.
+    outcomes: dict[tuple[str, bool, FuzzRequest], tuple[type[ListenerViolation], str] | None] = attrs.Factory(dict)
 
     def __repr__(self) -> str:
-        return f"<FuzzSteward pid={self.steward.process.pid} {' '.join(sorted(self.listeners))}>"
+        keys = "keys on" if self.keys_on else "keys off"
+        return f"<FuzzSteward pid={self.steward.process.pid} {' '.join(sorted(self.listeners))}, {keys}>"
+
+    def use_keys(self, on: bool, timeout: float = 30.0) -> None:
+        """Put FUZZ_KEYS in force (*on*) or none, and wait until steward has loaded the file."""
+        if on == self.keys_on:
+            return
+        offset = self.steward.events_path.stat().st_size
+        keys = tuple(api_key(key) for key in FUZZ_KEYS) if on else ()
+        write_key_file(self.keys_path, KeyFile(keys=keys))
+        deadline = time.monotonic() + timeout
+        while not any(record.get("event") == "keys_loaded" and record.get("keys") == len(keys)
+                      for record in self._records_from(offset)):
+            if time.monotonic() > deadline or self.steward.process.poll() is not None:
+                raise AssertionError(f"steward did not load the key file ({len(keys)} keys) within {timeout} s")
+            time.sleep(0.02)
+        self.keys_on = on
+
+    def credential(self) -> dict[str, str]:
+        """The header the known-good requests send: the unlimited key while keys are on."""
+        return {"authorization": f"Bearer {ALL_KEY.text}"} if self.keys_on else {}
+
+    def _records_from(self, offset: int) -> Iterator[dict[str, Any]]:
+        with open(self.steward.events_path, "rb") as log:
+            log.seek(offset)
+            lines = log.read().splitlines()
+        for line in lines:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue  # a line still being written
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # how Hypothesis prints a failing example
         printer.text(repr(self))
@@ -351,15 +447,8 @@ class FuzzSteward:
         (waiting up to *wait* seconds for steward to pass the engine's output on)."""
         deadline = time.monotonic() + wait
         while True:
-            with open(self.steward.events_path, "rb") as log:
-                log.seek(self._log_offset)
-                lines = log.read().splitlines()
             found = []
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line still being written
+            for record in self._records_from(self._log_offset):
                 text = str(record.get("line", ""))
                 if record.get("event") == "engine_output" and record.get("engine") in engines \
                         and UPSTREAM_FAILED in text and "failed:" in text:
@@ -374,6 +463,16 @@ def seen_path(target: bytes) -> str:
     return unquote(target.split(b"?", 1)[0].decode("ascii"))
 
 
+def seen_paths(target: bytes) -> tuple[str, ...]:
+    """The paths a layer of steward may read from *target*: Hypercorn's (seen_path), and for the
+    absolute form (``http://host/path``, as sent to a proxy) also the URL's path, which Quart's
+    routing reads where the front door sees the whole URL."""
+    path = seen_path(target)
+    if not path.startswith(("http://", "https://")):
+        return (path,)
+    return path, "/" + path.split("://", 1)[1].partition("/")[2]
+
+
 @attrs.frozen
 class Verdict:
     origin: str  # "upstream", "steward", "upstream broke" (a 502 for a fake that failed), "none" (no answer)
@@ -381,16 +480,28 @@ class Verdict:
 
 
 def judge(fuzz: FuzzSteward, listener: Listener, request: FuzzRequest, answer: Answer) -> Verdict:
-    """Who wrote *answer*, and what rules 1 and 2 (and the need for an answer) say about it.
+    """Who wrote *answer*, and what rules 1, 2 and 4 (and the need for an answer) say about it.
     Call fuzz.mark() before sending *request*."""
-    where = f"{listener.name} listener: {request.describe()}\n  -> {answer.summary()}"
+    keys = "keys on" if fuzz.keys_on else "keys off"
+    where = f"{listener.name} listener, {keys}: {request.describe()}\n  -> {answer.summary()}"
     if answer.status is None:
         return Verdict("none", violation(NoAnswer, None)(where))
-    if listener.from_upstream(answer):
+    paths = seen_paths(request.target)
+    upstream = listener.from_upstream(answer)
+    if fuzz.keys_on and request.keyed is False and not any(listener.open_to_all(request.method, p) for p in paths) \
+            and ((upstream and listener.upstream_signs) or answer.status < 400):
+        served = "the upstream answered" if upstream else "steward answered"
+        return Verdict("upstream" if upstream else "steward", violation(ServedWithoutAKey, answer.status)(
+            f"{where}\n  ({served} a request without a valid key)"))
+    if upstream:
         return Verdict("upstream")
     if answer.status < 400:
         return Verdict("steward")
-    problem = None if request.method == "HEAD" else listener.error_shape(seen_path(request.target), answer.body)
+    anthropic = any(name.lower() == b"anthropic-version" for name, _ in request.headers)
+    problem = None
+    if request.method != "HEAD":  # its answer has no body
+        problems = [listener.error_shape(p, answer.body, anthropic) for p in paths]
+        problem = None if None in problems else problems[0]  # fine if fine for one reading of the path
     broke = fuzz.upstream_failures(listener.upstreams) if answer.status == 502 else []
     origin = "upstream broke" if broke else "steward"
     if answer.status >= 500 and not broke:
@@ -405,15 +516,20 @@ def still_up(fuzz: FuzzSteward, listener: Listener, after: FuzzRequest | None = 
     context = f" after {after.describe()}" if after is not None else ""
     for good in listener.good:
         try:
-            response = httpx.request(good.method, listener.url + good.path, json=good.body, timeout=GOOD_TIMEOUT_S)
+            response = httpx.request(good.method, listener.url + good.path, json=good.body, timeout=GOOD_TIMEOUT_S,
+                                     headers=fuzz.credential())
             outcome = f"{response.status_code} {response.content[:200]!r}"
             ok = response.status_code == 200
         except httpx.HTTPError as exc:
             outcome, ok = f"{type(exc).__name__}: {exc}", False
         if not ok or fuzz.steward.process.poll() is not None:
-            state = "running" if fuzz.steward.process.poll() is None else f"exited {fuzz.steward.process.returncode}"
+            exited = fuzz.steward.process.poll() is not None
+            state = f"exited {fuzz.steward.process.returncode}" if exited else "running"
+            before = list(fuzz.recent)[:-1] if after is not None else list(fuzz.recent)
+            earlier = "".join(f"\n    {line}" for line in before) if exited and before else ""
             return violation(StewardDown, None)(
-                f"{listener.name} listener: {good.method} {good.path} -> {outcome} (steward {state}){context}")
+                f"{listener.name} listener: {good.method} {good.path} -> {outcome} (steward {state}){context}"
+                + (f"\n  sent before it, newest last:{earlier}" if earlier else ""))
     return None
 
 
@@ -421,6 +537,7 @@ def exercise(fuzz: FuzzSteward, name: str, request: FuzzRequest) -> tuple[Answer
     """Send *request* to listener *name*, judge the answer, check the listener is still up."""
     listener = fuzz.listeners[name]
     fuzz.mark()
+    fuzz.recent.append(f"{name} listener, keys {'on' if fuzz.keys_on else 'off'}: {request.describe()[:300]}")
     answer = send(listener.url, request)
     verdict = judge(fuzz, listener, request, answer)
     return answer, verdict, still_up(fuzz, listener, request)
@@ -429,7 +546,7 @@ def exercise(fuzz: FuzzSteward, name: str, request: FuzzRequest) -> tuple[Answer
 def check(fuzz: FuzzSteward, name: str, request: FuzzRequest) -> None:
     """Raise what exercise() finds; a request seen before is not sent again, the same
     outcome is raised again (so Hypothesis sees one outcome per request)."""
-    key = (name, request)
+    key = (name, fuzz.keys_on, request)
     if key not in fuzz.outcomes:
         _, verdict, down = exercise(fuzz, name, request)
         failure = verdict.failure or down
@@ -446,10 +563,12 @@ CHAT_OK = GoodRequest("POST", "/v1/chat/completions", {"model": "chat", "max_tok
 GENERATE_OK = GoodRequest("POST", "/api/generate", {"model": OLLAMA_CHAT, "prompt": "still there?", "stream": False})
 
 
-def steward_sections(ollama_port: int, comfy_port: int) -> dict[str, Any]:
-    """The module steward's config: fast fakes, short polls, a 64 KiB body limit."""
+def steward_sections(ollama_port: int, comfy_port: int, keys_path: Path) -> dict[str, Any]:
+    """The module steward's config: fast fakes, short polls, a 64 KiB body limit, the key file
+    looked at every 0.1 s."""
     return {
         "limits": {"max_body_size": f"{BODY_LIMIT // 1024}KiB"},
+        "auth": {"keys_file": str(keys_path), "reload_interval": "0.1s"},
         "gpu": {"probe": "none", "budget": "16GiB"},
         "scheduler": {"interactive_window": "50ms"},
         "ollama": {"upstream": f"127.0.0.1:{ollama_port}", "listen": f"127.0.0.1:{free_port()}", "memory": "2GiB",
@@ -474,13 +593,22 @@ MODELS = {
 }
 
 
+def image_model(run_dir: Path) -> dict[str, Any]:
+    """The image model (its workflow written to *run_dir*): small images, two steps."""
+    workflow = run_dir / f"{IMAGE_MODEL}.json"
+    workflow.write_text(json.dumps(image_workflow()))
+    return {"runtime": "comfyui", "workflow": str(workflow), "size": "64x64", "steps": 2}
+
+
 @contextmanager
 def open_fuzz_steward(run_dir: Path) -> Iterator[FuzzSteward]:
     """Start the module's steward (which starts the fake Ollama and ComfyUI), wait until
     every listener does real work, and stop it all afterwards, leaving no process behind."""
     registry: list[RunningSteward] = []
     try:
-        steward = launch_steward(run_dir, MODELS, registry, **steward_sections(free_port(), free_port()))
+        keys_path = run_dir / "steward-keys.json"
+        steward = launch_steward(run_dir, {**MODELS, IMAGE_MODEL: image_model(run_dir)}, registry,
+                                 **steward_sections(free_port(), free_port(), keys_path))
         listening = steward.wait_event("listening")
         for service in ("ollama", "comfyui"):
             steward.wait_event("upstream_probe", timeout=30, service=service)
@@ -488,11 +616,11 @@ def open_fuzz_steward(run_dir: Path) -> Iterator[FuzzSteward]:
             "openai": Listener("openai", steward.url, OPENAI_ROUTES, from_llama_server, openai_shape, (CHAT_OK,),
                                frozenset(MODELS)),
             "ollama": Listener("ollama", listening["ollama"][0], OLLAMA_ROUTES, from_ollama, ollama_shape,
-                               (GENERATE_OK,), frozenset({"ollama"})),
+                               (GENERATE_OK,), frozenset({"ollama"}), upstream_signs=False),
             "comfyui": Listener("comfyui", listening["comfyui"][0], COMFY_ROUTES, from_comfyui, comfy_shape,
                                 (GoodRequest("GET", "/healthz"), GoodRequest("GET", "/system_stats")),
                                 frozenset({"comfyui"})),
-        })
+        }, keys_path)
         for listener in fuzz.listeners.values():
             deadline = time.monotonic() + 30
             while (failure := still_up(fuzz, listener)) is not None:  # loads the chat engine and Ollama's model
@@ -531,38 +659,77 @@ def fuzz_settings(examples: int = EXAMPLES) -> settings:
 # ---- the properties
 
 
-@fuzz_settings()
+@fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(OPENAI_ROUTES, BODY_LIMIT))
 def test_the_openai_listener_answers_anything_in_openai_error_shape_and_stays_up(
         fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(False)
     check(fuzz, "openai", request)
 
 
-@fuzz_settings()
+@fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(OLLAMA_ROUTES, BODY_LIMIT))
 def test_the_ollama_listener_answers_anything_in_ollamas_error_shapes_and_stays_up(
         fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(False)
     check(fuzz, "ollama", request)
 
 
-@fuzz_settings()
+@fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(COMFY_ROUTES, BODY_LIMIT))
 def test_the_comfyui_listener_answers_anything_with_an_error_object_and_stays_up(
         fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(False)
     check(fuzz, "comfyui", request)
 
 
-REGRESSIONS = [(name, request) for name in ("openai", "ollama", "comfyui") for request in regressions(name, BODY_LIMIT)]
+@fuzz_settings(KEYED_EXAMPLES)
+@given(request=keyed_requests(OPENAI_ROUTES, BODY_LIMIT))
+def test_with_keys_in_force_the_openai_listener_lets_nothing_through_without_one_and_stays_up(
+        fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(True)
+    check(fuzz, "openai", request)
 
 
-@pytest.mark.parametrize(("listener", "request_"), REGRESSIONS,
-                         ids=[f"{n}:{r.method} {r.target[:40].decode()} {r.body.kind}" for n, r in REGRESSIONS])
+@fuzz_settings(KEYED_EXAMPLES)
+@given(request=keyed_requests(OLLAMA_ROUTES, BODY_LIMIT))
+def test_with_keys_in_force_the_ollama_listener_lets_nothing_through_without_one_and_stays_up(
+        fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(True)
+    check(fuzz, "ollama", request)
+
+
+@fuzz_settings(KEYED_EXAMPLES)
+@given(request=keyed_requests(COMFY_ROUTES, BODY_LIMIT))
+def test_with_keys_in_force_the_comfyui_listener_lets_nothing_through_without_one_and_stays_up(
+        fuzz: FuzzSteward, request: FuzzRequest) -> None:
+    fuzz.use_keys(True)
+    check(fuzz, "comfyui", request)
+
+
+REGRESSIONS = [(name, keys, request) for name in ("openai", "ollama", "comfyui")
+               for keys, made in ((False, regressions), (True, keyed_regressions))
+               for request in made(name, BODY_LIMIT)]
+# Keys off first, then on: the key file changes once.
+REGRESSIONS.sort(key=lambda case: case[1])
+
+
+def _regression_id(name: str, keys: bool, request: FuzzRequest) -> str:
+    body = request.body.kind + (f":{request.body.hostile}" if request.body.hostile else "")
+    credential = f" {request.credential}" if keys else ""
+    return f"{name}:{request.method} {request.target[:40].decode()} {body}{credential}"
+
+
+@pytest.mark.parametrize(("listener", "keys", "request_"), REGRESSIONS,
+                         ids=[_regression_id(*case) for case in REGRESSIONS])
 def test_requests_that_broke_a_listener_before_hold_the_same_properties(
-        fuzz: FuzzSteward, listener: str, request_: FuzzRequest) -> None:
+        fuzz: FuzzSteward, listener: str, keys: bool, request_: FuzzRequest) -> None:
+    fuzz.use_keys(keys)
     check(fuzz, listener, request_)
 
 
 def test_after_the_fuzz_every_listener_still_does_real_work(fuzz: FuzzSteward) -> None:
+    fuzz.use_keys(False)
     openai, ollama, comfy = (fuzz.listeners[name].url for name in ("openai", "ollama", "comfyui"))
     assert httpx.post(f"{openai}/v1/embeddings", json={"model": "embed", "input": ["a", "b"]},
                       timeout=GOOD_TIMEOUT_S).status_code == 200
@@ -571,6 +738,9 @@ def test_after_the_fuzz_every_listener_still_does_real_work(fuzz: FuzzSteward) -
     answer = httpx.post(f"{comfy}/prompt", json=comfy_workflow(), timeout=GOOD_TIMEOUT_S)
     assert answer.status_code == 200, answer.text
     fuzz.steward.wait_event("image_released", timeout=GOOD_TIMEOUT_S, prompt_id=answer.json()["prompt_id"])
+    image = httpx.post(f"{openai}/v1/images/generations", timeout=GOOD_TIMEOUT_S,
+                       json={"model": IMAGE_MODEL, "prompt": "a red square", "response_format": "b64_json"})
+    assert image.status_code == 200, image.text
     for listener in fuzz.listeners.values():
         assert still_up(fuzz, listener) is None
     assert httpx.get(f"{comfy}/healthz", timeout=GOOD_TIMEOUT_S).json()["state"] == "idle"

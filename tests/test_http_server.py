@@ -14,6 +14,7 @@ import trio
 from supervisor.address import Address
 from supervisor.events import EventLog
 from supervisor.gateway import server
+from supervisor.gateway.connection_budget import HEALTH_SEATS
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.server import HttpServer, Listener, serve_http
 
@@ -63,7 +64,8 @@ async def test_an_error_in_one_connection_ends_that_connection_only(monkeypatch:
 async def test_connections_beyond_the_cap_get_503_and_the_cap_frees_when_they_close() -> None:
     async with open_server(max_connections=2) as (running, events):
         address = running.urls["openai"][0].removeprefix("http://").rsplit(":", 1)
-        held = [await trio.open_tcp_stream(address[0], int(address[1])) for _ in range(2)]
+        # The cap, then the health seats beyond it (connection_budget.py)
+        held = [await trio.open_tcp_stream(address[0], int(address[1])) for _ in range(2 + HEALTH_SEATS)]
         extra = await trio.open_tcp_stream(address[0], int(address[1]))
         answer = b""
         while chunk := await extra.receive_some():

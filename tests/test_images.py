@@ -11,6 +11,7 @@ import pytest
 
 from adapters.comfyui_workflow import ImageParams, SavedImage, Workflow, WorkflowError, failure_of, saved_images
 from supervisor.config import ConfigError, ImageModelConfig, load_config, parse_config
+from supervisor.gateway import images as image_api
 from supervisor.gateway.asgi import RequestError
 from supervisor.gateway.catalog import ImageModel, ModelCatalog
 from supervisor.gateway.images import FILE_TTL, ImageFiles, read_image_request
@@ -134,6 +135,18 @@ def test_a_bad_request_names_its_parameter(payload: Any, status: int, param: str
         read(payload)
     assert (caught.value.status, caught.value.param) == (status, param)
     assert words in caught.value.message
+
+
+@pytest.mark.parametrize(("size", "said"), [("1024x1024", True), ("1024x1536", True), ("1536x1024", True),
+                                          ("512x768", False), ("1024x1025", False)])
+def test_the_answer_names_a_size_only_as_openai_s_enum_does(size: str, said: bool) -> None:
+    """Issue 26: OpenAI's ImagesResponse `size` is 1024x1024, 1024x1536 or 1536x1024; any other
+    size was written there too. Now it is left out, and steward's own object says it."""
+    request = read({"model": "sketch", "prompt": "a fox", "size": size})
+    answer = image_api.images_answer(request, [{"url": "u"}], ["p1"], 1700000000)
+    assert answer.get("size") == (size if said else None) and ("size" in answer) == said
+    assert answer["steward"] == {"model": "sketch", "size": size, "seeds": [11], "prompt_ids": ["p1"]}
+    assert (answer["created"], answer["data"], answer["output_format"]) == (1700000000, [{"url": "u"}], "png")
 
 
 def test_without_image_models_a_request_is_told_so() -> None:

@@ -439,3 +439,39 @@ async def test_a_node_that_never_answers_holds_the_start_one_poll_timeout(
             assert trio.current_time() == started + POLL_TIMEOUT  # side by side, not one after the other
             assert [v.availability for v in directory.views()] == [Availability.DOWN] * 2
             assert [e["detail"] for e in fields_of(events, "node_state")] == ["no answer within 2s"] * 2
+
+
+# --- supervision (issue 26)
+
+async def test_a_node_poller_that_fails_is_restarted_on_its_own_tracker_and_the_others_poll_on(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.backoff import Backoff
+    from supervisor.nodes import directory as directory_module
+    from supervisor.supervise import Supervision
+
+    big = await switched_on(nursery, state=node_state(("qwen",), "chat"))
+    small = await switched_on(nursery, state=node_state(("gemma",), "chat"))
+    poll = directory_module._poll
+    failures = ["big"]
+
+    async def failing_once(node: Any, *args: Any) -> None:
+        if node.spec.name in failures and node.view.availability is Availability.AWAKE:
+            failures.remove(node.spec.name)
+            raise RuntimeError("a poller's bug")
+        await poll(node, *args)
+
+    monkeypatch.setattr(directory_module, "_poll", failing_once)
+    events = open_event_log()
+    supervision = Supervision(events, Backoff(0.05, 0.05))
+    async with httpx.AsyncClient(trust_env=False) as http, trio.open_nursery() as serving:
+        directory = await serving.start(functools.partial(
+            serve_node_directory, (NodeSpec("big", big.url, poll=POLL), NodeSpec("small", small.url, poll=POLL)),
+            http, events, supervision=supervision))
+        restarted = await wait_event(events, "task_restarted", task="node poller big")
+        assert restarted.fields["failures"] == 1
+        [failed] = fields_of(events, "task_failed", task="node poller big")
+        assert failed["error"] == "RuntimeError: a poller's bug" and failed["fatal"] is False
+        assert fields_of(events, "task_failed", task="node poller small") == []
+        assert [view.availability for view in directory.views()] == [Availability.AWAKE, Availability.AWAKE]
+        assert set(supervision.tasks) == {"node poller big", "node poller small", "node memory writer"}
+        serving.cancel_scope.cancel()

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from supervisor.auth.keys import ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
-from supervisor.config import load_config_for_command
+from supervisor.config import COMFYUI_SCOPE, load_config_for_command
 from supervisor.scheduler.types import CLASSES
 
 EXIT_OK = 0
@@ -24,7 +24,9 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: igno
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="make a new key and print it once")
     add.add_argument("name", metavar="NAME", help="who uses the key: 1-64 letters, digits and ._-")
-    add.add_argument("--models", type=_names, metavar="A,B", help="models or aliases it may use (default: all)")
+    add.add_argument("--models", type=_names, metavar="A,B",
+                     help=f"models or aliases it may use, and {COMFYUI_SCOPE} for the ComfyUI listener (any workflow) "
+                          f"(default: all, the ComfyUI listener included)")
     add.add_argument("--classes", type=_names, metavar="A,B",
                      help=f"classes it may ask for, of {','.join(CLASSES)} (default: all)")
     add.add_argument("--default-class", choices=CLASSES, metavar="CLASS",
@@ -47,7 +49,8 @@ def run_keys(args: argparse.Namespace) -> int:
     path = config.auth.keys_file
     try:
         if args.keys_command == "add":
-            known = {**config.alias_table(), **config.image_alias_table()}
+            known = {**config.alias_table(), **config.image_alias_table(),
+                     **({COMFYUI_SCOPE: COMFYUI_SCOPE} if config.comfyui is not None else {})}
             text = add_key(path, args.name, models=args.models, classes=args.classes,
                            default_class=args.default_class, rpm=args.rpm, concurrency=args.concurrency,
                            admin=args.admin, known_models=known, ollama=config.ollama is not None)
@@ -69,13 +72,17 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 def format_key_table(keys: Sequence[ApiKey]) -> str:
-    """One row per key (never its hash); empty for no keys."""
+    """One row per key (never its hash), and what ``comfyui`` in MODELS means if a key names it; empty for no keys."""
     if not keys:
         return ""
     rows = [_COLUMNS, *(_row(key) for key in keys)]
     widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    table = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                      for row in rows)
+    if any(COMFYUI_SCOPE in (key.models or ()) for key in keys):
+        table += (f"\n\n{COMFYUI_SCOPE} in MODELS: the key may use the ComfyUI listener (any workflow). A key with all "
+                  f"models may too; one whose MODELS leave out {COMFYUI_SCOPE} may not.")
+    return table
 
 
 def _row(key: ApiKey) -> tuple[str, ...]:

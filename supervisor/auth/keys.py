@@ -13,6 +13,15 @@ writes a temporary file in the same folder and renames it over the old one, so a
 the old file or the new one, never half of one. Like ssh with its private keys, the loader
 refuses a file that others may read.
 
+A key's ``models`` limit it on every listener: the models and aliases it names, by the name the
+client sends (a chat, an embedding, an image model on ``/v1/images/generations``, an Ollama
+model). The ComfyUI listener runs whatever workflow a client posts: any checkpoint, any node,
+more than any one image model can do. So it has a name of its own there, the scope ``comfyui``
+(``COMFYUI_SCOPE``; no model may take that name while a comfyui section is configured): a key
+with a models list reaches the ComfyUI listener only if the list names ``comfyui``, and naming
+``comfyui`` opens that listener only, not the image models of ``/v1/images/generations``. A key
+without a models list reaches everything.
+
 Nothing here writes a key in clear: not the file, not an error message, not a repr.
 """
 
@@ -36,7 +45,7 @@ from typing import Any, Literal, NewType, get_args, get_origin
 import attrs
 import cattrs
 
-from supervisor.config import ClassName, PositiveInt, make_converter
+from supervisor.config import COMFYUI_SCOPE, ClassName, PositiveInt, make_converter
 from supervisor.scheduler.types import CLASSES, RANK
 from supervisor.units import show
 
@@ -78,7 +87,7 @@ class ApiKey:
 
     name: KeyName
     hash: KeyHash = attrs.field(repr=False)
-    models: tuple[str, ...] | None = None  # names as the client sends them (a model or an alias)
+    models: tuple[str, ...] | None = None  # names as the client sends them (a model or an alias), or COMFYUI_SCOPE
     classes: tuple[ClassName, ...] | None = None
     default_class: ClassName | None = None
     rpm: PositiveInt | None = None  # requests per minute (any 60 s)
@@ -94,6 +103,11 @@ class ApiKey:
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    @property
+    def reaches_comfyui(self) -> bool:
+        """Whether it may use the ComfyUI listener: with all models, or a models list naming ``comfyui``."""
+        return self.models is None or COMFYUI_SCOPE in self.models
 
     def may_ask(self, klass: str) -> bool:
         return klass in self.allowed_classes
@@ -255,8 +269,9 @@ def add_key(path: str | Path, name: str, *, models: Collection[str] | None = Non
             ollama: bool = False, now: datetime | None = None) -> str:
     """Add a key named *name* to the key file at *path*; returns the key text, which nothing keeps.
 
-    *known_models* are the names the config accepts (``config.alias_table()``); with *ollama*, other
-    names are accepted too (they may be Ollama's own). Raises KeyCommandError or KeyFileError."""
+    *known_models* are the names the config accepts (``config.alias_table()``, and ``comfyui`` with a
+    ComfyUI listener); with *ollama*, other names are accepted too (they may be Ollama's own).
+    Raises KeyCommandError or KeyFileError."""
     allowed, problems = _allowed_classes(classes)
     problems = _name_problems(name) + _limit_problems(rpm, concurrency) + problems
     if default_class is not None and default_class not in (allowed or CLASSES):
@@ -307,8 +322,9 @@ def _model_problems(models: tuple[str, ...], known_models: Collection[str], olla
     unknown = unknown_models(models, known_models)
     if not unknown or ollama:
         return []
+    scope = f"; {COMFYUI_SCOPE}, the ComfyUI listener, needs a comfyui section" if COMFYUI_SCOPE in unknown else ""
     return [f"--models: not a model or alias in the config: {', '.join(map(show, unknown))} "
-            f"(known: {', '.join(sorted(known_models)) or 'none'})"]
+            f"(known: {', '.join(sorted(known_models)) or 'none'}{scope})"]
 
 
 def _name_problems(name: str) -> list[str]:

@@ -85,9 +85,17 @@ def api_route(scope: Scope) -> ApiRoute:
 
 
 def error_shape_for(scope: Scope) -> ErrorShape:
-    """The error shape a path's clients read: Anthropic's on the Messages routes, else OpenAI's."""
-    route = API_ROUTES.get(scope.get("path", ""))
-    return route.error_shape if route is not None else error_body
+    """The error shape a path's clients read: Anthropic's on the Messages routes and anything
+    under them (an Anthropic client asking for ``/v1/messages/batches`` reads Anthropic's 404),
+    else OpenAI's."""
+    path = scope.get("path", "")
+    route = API_ROUTES.get(path)
+    if route is not None:
+        return route.error_shape
+    return anthropic_error_body if path.startswith(_MESSAGES_PREFIX) else error_body
+
+
+_MESSAGES_PREFIX = "/v1/messages/"
 
 
 def stream_error_for(scope: Scope) -> StreamError:

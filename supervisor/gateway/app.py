@@ -19,9 +19,9 @@ from supervisor.config import Config
 from supervisor.events import EventLog
 from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
 from supervisor.gateway.api_routes import error_shape_for
-from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send
+from supervisor.gateway.asgi import BodyLimits, Receive, Scope, Send, send_whole
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.gateway.door import FrontDoor, exchange_of
+from supervisor.gateway.door import FrontDoor, exchange_of, is_probe
 from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.images import FILES_PREFIX, GENERATIONS_PATH, ImageHandler
@@ -55,7 +55,9 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
+        if is_probe(scope):  # Claude Code's, at its start: the server is there (llama-server's web UI says 200)
+            await send_whole(send, 200, [(b"content-type", b"text/plain; charset=utf-8")], b"")
+        elif scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
             await inference(scope, receive, send)
         elif images is not None and scope["path"] == GENERATIONS_PATH and scope["method"] == "POST":
             await images.generate(scope, receive, send)

@@ -9,12 +9,22 @@ once; a client that leaves before the prompt was sent leaves the queue cleanly.
 A prompt ComfyUI would refuse anyway (not an object, no nodes, a node class ComfyUI does
 not list in its ``/object_info``, no output, inputs its validation fails on:
 adapters/comfyui_inputs.py) is answered in ComfyUI's own 400 shape before anything is
-unloaded. The GPU itself is held through the turnstile both listeners share (comfy_jobs.py). Everything else passes through untouched, with the Host and Origin
-ComfyUI expects (steward checks Origin itself, at the door of every listener).
+unloaded. The GPU itself is held through the turnstile both listeners share (comfy_jobs.py).
+Everything else passes through untouched, with the Host and Origin ComfyUI expects (steward
+checks Origin itself, at the door of every listener).
+
+Keys: a workflow can load any model and run any node, so a key with a models list reaches
+this listener only if the list names the scope ``comfyui`` (supervisor/auth/keys.py); a
+key without one is refused 403 on every ComfyUI route and on ``/ws``. A prompt and an
+upload (it fills ComfyUI's disk) are also admitted as requests of the job's class: the
+key's classes, rate and concurrency apply. Everything else (ComfyUI's page polls
+``/history`` and ``/queue`` all the time) needs the scope only, so a rate limit never
+locks the page out.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import attrs
@@ -23,8 +33,9 @@ from quart_trio import QuartTrio
 
 from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.address import Address
+from supervisor.auth.keys import ApiKey
 from supervisor.backoff import Backoff, RetryEnded, retry_while_unreachable
-from supervisor.config import ComfyConfig
+from supervisor.config import COMFYUI_SCOPE, ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import (
     BodyLimits,
@@ -41,7 +52,7 @@ from supervisor.gateway.asgi import (
     send_whole,
 )
 from supervisor.gateway.comfy_jobs import ComfyTurnstile, HeldGpu
-from supervisor.gateway.door import MONITORING_PATHS, Exchange, FrontDoor, exchange_of
+from supervisor.gateway.door import MONITORING_PATHS, Exchange, FrontDoor, Refusal, body_unread, exchange_of
 from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.ollama_app import turnstile_health
@@ -52,10 +63,24 @@ from supervisor.gateway.websocket_proxy import proxy_websocket
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.actor import JobFailed
+from supervisor.supervise import ContainedNursery
 
+LISTENER = "comfyui"  # the listener's name at the front door (tree.py)
 PROMPT_PATHS = frozenset({"/prompt", "/api/prompt"})
+UPLOAD_PATHS = frozenset({"/upload/image", "/upload/mask", "/api/upload/image", "/api/upload/mask"})
 WEBSOCKET_PATHS = frozenset({"/ws", "/api/ws"})
 RELEASE_PATH = "/steward/release"
+SCOPE_REFUSED = "comfyui_not_allowed"  # the code of a key refused for want of the scope
+
+
+def scope_refusal(key: ApiKey | None) -> Refusal | None:
+    """The 403 of a key whose models leave out the scope ``comfyui`` (None: it may come in)."""
+    if key is None or key.reaches_comfyui:
+        return None
+    return Refusal(403, f"Key {key.name!r} may not use the ComfyUI listener: a workflow can run any model, so it "
+                        f"takes a key whose models name the scope {COMFYUI_SCOPE!r} (steward keys add NAME --models "
+                        f"...,{COMFYUI_SCOPE}). This key may use: {', '.join(key.models or ())}.",
+                   code=SCOPE_REFUSED)
 
 
 def is_admin_route(scope: Scope) -> bool:
@@ -80,7 +105,7 @@ class ImageJob:
 class ComfyListener:
     turnstile: ComfyTurnstile
     catalog: NodeCatalog
-    jobs: trio.Nursery
+    jobs: ContainedNursery  # image jobs: they outlast the request that started them
     body_limits: BodyLimits
     shutting_down: trio.Event  # ends the retries of an unreachable ComfyUI
     door: FrontDoor
@@ -108,10 +133,25 @@ class ComfyListener:
             body = await read_body(scope, receive, self.body_limits)
             if body is None:
                 return
+            self._check_scope(exchange)
             with self.door.admit(exchange, model=None, klass=self.config.job_class):
                 await self._prompt(scope, receive, send, body, exchange)
         except RequestError as exc:
             await send_refusal(send, exc, comfy_error_body)
+
+    def _check_scope(self, exchange: Exchange) -> None:
+        """Refusal (403) if the request's key may not use this listener."""
+        refusal = scope_refusal(exchange.key)
+        if refusal is not None:
+            self.door.refuse(exchange, SCOPE_REFUSED)
+            raise refusal
+
+    def _admitted(self, scope: Scope, exchange: Exchange) -> AbstractContextManager[None]:
+        """An upload counts as one of the key's requests, in the job's class; other routes do not."""
+        if scope["method"] != "POST" or scope["path"] not in UPLOAD_PATHS:
+            return nullcontext()
+        exchange.klass = self.config.job_class
+        return self.door.admit(exchange, model=None, klass=self.config.job_class)
 
     async def _prompt(self, scope: Scope, receive: Receive, send: Send, body: bytes, exchange: Exchange) -> None:
         # Before the GPU is taken: a prompt ComfyUI would refuse must not unload anything.
@@ -120,7 +160,7 @@ class ComfyListener:
         if refused is not None:
             self.events.emit("image_refused", "info", type=refused.type, detail=refused.message)
             content = refused.body()
-            await send_whole(send, 400, error_headers(content), content)
+            await send_whole(send, 400, error_headers(content, shape=comfy_error_body), content)
             return
         job = ImageJob(body, exchange=exchange)
         self.jobs.start_soon(self._run, job, scope["raw_path"] or scope["path"].encode())
@@ -152,7 +192,7 @@ class ComfyListener:
         except JobFailed as exc:
             failure = exc.failure
             content = comfy_error_body(failure.status, failure.message, code=failure.code)
-            job.answer = (failure.status, error_headers(content, failure.retry_after), content)
+            job.answer = (failure.status, error_headers(content, failure.retry_after, shape=comfy_error_body), content)
         finally:
             job.answered.set()
 
@@ -193,11 +233,21 @@ class ComfyListener:
         except UpstreamError as exc:
             status, content = 502, comfy_error_body(502, f"ComfyUI failed during the request: {exc}",
                                                     code="engine_error")
-        return status, error_headers(content), content
+        return status, error_headers(content, shape=comfy_error_body), content
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Everything but /prompt, as it is; a body (an image upload) goes on as it arrives,
-        within comfyui.max_body_size, never held whole."""
+        """Everything but /prompt, as it is, once the key may (see the module docstring)."""
+        exchange = exchange_of(scope)
+        try:
+            self._check_scope(exchange)
+            with self._admitted(scope, exchange):
+                await self._passthrough(scope, receive, send)
+        except Refusal as exc:  # before the body was read: as the door's own refusals, it closes if there is one
+            exc.close = exc.close or body_unread(scope)
+            await send_refusal(send, exc, comfy_error_body)
+
+    async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A body (an image upload) goes on as it arrives, within comfyui.max_body_size, never held whole."""
         limits = BodyLimits(self.config.max_body_size, self.body_limits.timeout)
         try:
             body = await open_streamed_body(scope, receive, limits)
@@ -233,7 +283,7 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> l
     return [(k, upstream.url.encode() if k == b"origin" else v) for k, v in out]
 
 
-def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: RequestGate, jobs: trio.Nursery,
+def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: RequestGate, jobs: ContainedNursery,
                      body_limits: BodyLimits, metrics: StewardMetrics, door: FrontDoor, health: HealthWatch) -> QuartTrio:
     config, scheduler, events = turnstile.config, turnstile.scheduler, turnstile.events
     app = new_quart_app("steward-comfyui", comfy_error_body, events)
@@ -250,6 +300,12 @@ def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: Requ
 
     async def other(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
+            key, _ = door.authenticate(scope, LISTENER, admin=False)  # the door let it in: its key, if any
+            if key is not None and (refusal := scope_refusal(key)) is not None:
+                events.emit("refused", "info", listener=LISTENER, route=scope["path"], reason=refusal.code,
+                            key=key.name, model=None, **{"class": None}, request_id=None)
+                await send({"type": "websocket.close", "code": 1008})  # before accept: hypercorn answers 403
+                return
             # Outside the gate: a websocket only reports, and must not hold a shutdown open.
             await proxy_websocket(scope, receive, send, config.upstream.host, config.upstream.port,
                                   [(k, v) for k, v in upstream_headers(scope["headers"], config.upstream)

@@ -23,6 +23,7 @@ from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
 from supervisor.gateway.door import Exchange
 from supervisor.scheduler.actor import Lease, SchedulerClient
+from supervisor.supervise import ContainedNursery
 
 COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
 
@@ -47,7 +48,7 @@ class ComfyTurnstile:
     scheduler: SchedulerClient
     events: EventLog
     http: httpx.AsyncClient
-    jobs: trio.Nursery  # where a warm-up runs once a job is done
+    jobs: ContainedNursery  # where a warm-up runs once a job is done
     warm: Callable[[], Awaitable[None]] | None = None  # reload a chat model once the GPU is idle
     running: set[HeldGpu] = attrs.Factory(set)
 

@@ -37,12 +37,17 @@ from supervisor.auth.limits import KeyLimiter, Refused
 from supervisor.events import EventLog
 from supervisor.gateway.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
 from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.gateway.stream_errors import Failure, final_failure
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
 # Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): no usage rows.
 MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
+# Claude Code's probe when it starts (`HEAD /`, a "preflight" that reads anything but a 2xx as the
+# server being down): the OpenAI listener answers it 200 itself (app.py), as llama-server and
+# Ollama answer it, without a key and without a usage row. The other listeners pass `/` on.
+PROBE = ("HEAD", "/")
 # Paths whose last part is itself the credential (an image's URL, as OpenAI hands them out):
 # open without a key, and never written whole into a log.
 CAPABILITY_PREFIX = "/v1/images/files/"
@@ -82,12 +87,15 @@ class Exchange:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     status: int | None = None  # as sent
+    # The engine's own error, as a wrapper read it before putting it in the route's words (reshaped.py).
+    engine_failure: Failure | None = None
     complete: bool = False
     client_left: bool = False
     first_byte: float | None = None
     request_bytes: int = 0
     response_bytes: int = 0
     _tapped: bool = False
+    _content_type: bytes = b""
     _tail: bytes = b""
     _error_head: bytes = b""
 
@@ -105,10 +113,16 @@ class Exchange:
         self.prompt_tokens = prompt if prompt is not None else self.prompt_tokens
         self.completion_tokens = completion if completion is not None else self.completion_tokens
 
+    def engine_failed(self, failure: Failure) -> None:
+        """The engine's error, read before steward reshaped it: the usage row keeps its code (the
+        client may get Anthropic's type instead), and a stream it ended records its status."""
+        if self.engine_failure is None:
+            self.engine_failure = failure
+
     def saw_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
-        content_type = next((v for k, v in headers if k == b"content-type"), b"")
-        self._tapped = content_type.startswith(_TAPPED)
+        self._content_type = next((v for k, v in headers if k == b"content-type"), b"")
+        self._tapped = self._content_type.startswith(_TAPPED)
 
     def saw_body(self, chunk: bytes, now: float) -> None:
         if not chunk:
@@ -125,6 +139,9 @@ class Exchange:
 
     def row(self, now: float) -> UsageRow:
         status = self.status if self.status is not None else 500
+        failure = self.failure()
+        if status == 200 and failure is not None:
+            status = failure.status  # the stream's 200 went out before it failed
         if self.client_left and not self.complete:
             status = 499  # the client left before its answer ended
         prompt, completion = self.prompt_tokens, self.completion_tokens
@@ -132,7 +149,10 @@ class Exchange:
             prompt, completion = _read_tokens(self._tail)
         error = self.error
         if error is None and status >= 400:
-            error = "client_left" if status == 499 else _error_code(self._error_head)
+            if status == 499:
+                error = "client_left"
+            else:
+                error = failure.code if failure is not None else _error_code(self._error_head)
         return UsageRow(
             ts=self.wall, request_id=self.request_id, key=self.key.name if self.key is not None else None,
             listener=self.listener, method=self.method, route=self.route, model=self.model, engine=self.engine,
@@ -140,6 +160,17 @@ class Exchange:
             ttft_s=_round(None if self.first_byte is None else self.first_byte - self.arrived),
             duration_s=round(now - self.arrived, 6), prompt_tokens=prompt, completion_tokens=completion,
             request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+
+    def failure(self) -> Failure | None:
+        """The error the answer ended on, where its status does not tell it all: the engine's own
+        (engine_failed), else the error event a stream ended on (stream_errors.py)."""
+        if self.engine_failure is not None:
+            return self.engine_failure
+        if self._content_type.startswith(b"text/event-stream"):
+            return final_failure(self._tail, lines=False)
+        if self._content_type.startswith(b"application/x-ndjson"):
+            return final_failure(self._tail, lines=True)
+        return None
 
 
 class Refusal(RequestError):
@@ -229,7 +260,7 @@ class FrontDoor:
 
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
-        if not self.required(listener) or scope["path"] in self.open_paths or (
+        if not self.required(listener) or scope["path"] in self.open_paths or is_probe(scope, listener) or (
                 listener == "openai" and scope["path"].startswith(CAPABILITY_PREFIX) and scope.get("method") == "GET"):
             return None, None
         presented = presented_key(scope)
@@ -345,15 +376,19 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
                 await app(scope, observed_receive, observed_send)
             else:
                 door.refuse(exchange, refusal.code or "unauthorized")
-                await _send_auth_refusal(observed_send, refusal, shape_for(scope), _body_unread(scope))
+                await _send_auth_refusal(observed_send, refusal, shape_for(scope), body_unread(scope))
         finally:
-            if scope["path"] not in MONITORING_PATHS:
+            if scope["path"] not in MONITORING_PATHS and not is_probe(scope, listener):
                 door.record(exchange)
 
     return guarded
 
 
-def _body_unread(scope: Scope) -> bool:
+def is_probe(scope: Scope, listener: str = "openai") -> bool:
+    return listener == "openai" and (scope.get("method"), scope.get("path")) == PROBE
+
+
+def body_unread(scope: Scope) -> bool:
     """Whether the request has a body the refusal goes out before: the connection cannot be
     used again until that body was read, so the answer says it closes (a client that sent the
     body in a second packet would otherwise send its next request on a closed connection)."""
@@ -364,7 +399,7 @@ def _body_unread(scope: Scope) -> bool:
 
 async def _send_auth_refusal(send: Send, refusal: RequestError, shape: ErrorShape, close: bool) -> None:
     body = shape(refusal.status, refusal.message, code=refusal.code)
-    headers = error_headers(body)
+    headers = error_headers(body, shape=shape)
     if close:
         headers.append((b"connection", b"close"))
     if refusal.status == 401:

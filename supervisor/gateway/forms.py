@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 from werkzeug.datastructures import Headers
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, MultipartEncoder, NeedData
 
@@ -82,7 +83,10 @@ def parse_form(content_type: str | None, body: bytes) -> Form:
                 if not event.more_data:
                     parts.append(Part(*current, b"".join(data)))
                     current = None
-    except ValueError as exc:  # werkzeug's word for a malformed form, too many parts included
+    except RequestEntityTooLarge:  # werkzeug's word for more than max_parts
+        raise RequestError(413, f"The multipart body has more than {MAX_PARTS} parts.",
+                           code="request_too_large") from None
+    except ValueError as exc:  # werkzeug's word for a malformed form
         raise RequestError(400, f"The multipart body could not be read: it is cut short or malformed ({exc}).") \
             from None
     if isinstance(event, NeedData):

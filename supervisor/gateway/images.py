@@ -59,6 +59,7 @@ MAX_SEED = 2**32  # random seeds below this; a client's own may go to 2**64
 FILE_TTL = 3600.0  # seconds a URL stays valid, as OpenAI's do
 MAX_FILES = 4096  # URLs remembered at once; the oldest go first
 RESPONSE_FORMATS = ("url", "b64_json")
+OPENAI_SIZES = frozenset({"1024x1024", "1024x1536", "1536x1024"})  # the answer's `size` enum
 
 
 @attrs.frozen
@@ -156,6 +157,19 @@ def _size(size: Any) -> tuple[int, int]:
         return int(width), int(height)
     raise RequestError(400, f"Invalid size {json.dumps(size)[:40]}: use WIDTHxHEIGHT like 1024x1024, or auto.",
                        param="size")
+
+
+def images_answer(request: ImageRequest, data: list[dict[str, str]], prompt_ids: list[str],
+                  created: int) -> dict[str, Any]:
+    """OpenAI's ImagesResponse for *request*, with steward's own object beside it. Its ``size``
+    is an enum there (1024x1024, 1024x1536, 1536x1024): another size is left out, where a typed
+    client could not read it, and said in ``steward.size``."""
+    size = {"size": request.size} if request.size in OPENAI_SIZES else {}
+    return {"created": created, "data": data, "output_format": "png", **size,
+            "usage": {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
+                      "output_tokens": 0, "total_tokens": 0},
+            "steward": {"model": request.model, "size": request.size, "seeds": [run.seed for run in request.runs],
+                        "prompt_ids": prompt_ids}}
 
 
 def refusal_words(model: str, refused: PromptRefused) -> str:
@@ -276,11 +290,7 @@ class ImageHandler:
             raise ImageFailed(503, "An operator released the GPU while the images were being made; try again.",
                               "force_released")
         data = [await self._item(image, request.response_format, base_url) for image in saved]
-        return {"created": int(time.time()), "data": data, "output_format": "png", "size": request.size,
-                "usage": {"input_tokens": 0, "input_tokens_details": {"image_tokens": 0, "text_tokens": 0},
-                          "output_tokens": 0, "total_tokens": 0},
-                "steward": {"model": request.model, "seeds": [run.seed for run in request.runs],
-                            "prompt_ids": list(held.prompt_ids)}}
+        return images_answer(request, data, list(held.prompt_ids), int(time.time()))
 
     async def _run(self, held: HeldGpu, graph: dict[str, Any]) -> list[SavedImage]:
         prompt_id = await self._queue(graph)

@@ -139,7 +139,7 @@ class InferenceHandler:
                 tracked = TrackedSend(send)
                 try:
                     await self._proxy(scope, routed, reading_answer(
-                        tracked, routed.route, exchange.count_tokens, keep_usage_chunk=routed.keep_usage_chunk,
+                        tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
                         stream=routed.stream, model=routed.model), lease)
                 finally:
                     if disconnect.happened and not tracked.complete:

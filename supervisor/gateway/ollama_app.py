@@ -30,6 +30,7 @@ from supervisor.gateway.asgi import (
     dump_json,
     open_disconnect_watch,
     read_body,
+    refuse_lone_surrogates,
     send_error,
     send_refusal,
 )
@@ -71,13 +72,15 @@ class OllamaRoute:
 def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
     """The class (header, `steward.class` field or `model@class` suffix), steward's own bits removed.
 
-    A body that is not a JSON object goes to Ollama as it is: Ollama answers it in its own words."""
+    A body that is not a JSON object goes to Ollama as it is: Ollama answers it in its own words.
+    RequestError(400) for text no one can read (a lone surrogate), as on every listener."""
     try:
         payload = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError, RecursionError):
         payload = None
     if not isinstance(payload, dict):
         return OllamaRoute(choose_class(scope, {}, default_class).klass, body)
+    refuse_lone_surrogates(body, payload)
     choice = choose_class(scope, payload, default_class)
     model = payload.get("model")
     route = API_ROUTES.get(scope.get("path", ""))
@@ -125,6 +128,7 @@ class OllamaListener:
             with self.door.admit(exchange, model=route.model, klass=route.klass):
                 await self._serve(scope, receive, send, route, shape)
         except RequestError as exc:
+            exchange.error = exchange.error or exc.code  # Ollama's own shape has no code: the usage row keeps it
             await send_refusal(send, exc, shape)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, route: OllamaRoute, shape: ErrorShape) -> None:
@@ -157,7 +161,7 @@ class OllamaListener:
         api_route = API_ROUTES.get(scope["path"])
         if api_route is None:
             return send
-        return reading_answer(send, api_route, exchange_of(scope).count_tokens,
+        return reading_answer(send, api_route, exchange_of(scope),
                               keep_usage_chunk=route.keep_usage_chunk, stream=route.stream, model=route.model)
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:

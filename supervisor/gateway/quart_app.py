@@ -3,6 +3,9 @@
 Quart answers what steward's own ASGI handlers do not take (health, metrics, model list,
 unknown routes, wrong methods); left to itself it would answer 404/405 as HTML pages and
 merge ``//v1/...`` into ``/v1/...``, routing it to a handler that is never meant to run.
+It serves no websocket (ComfyUI's ``/ws`` is relayed before Quart is reached): a websocket
+handshake is refused with a 404 in the listener's shape, before Quart's routing, whose
+errors in a websocket's context were 500s.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from quart import Response, request
+from quart import Response, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from supervisor.events import EventLog
-from supervisor.gateway.errors import ErrorShape
+from supervisor.gateway.asgi import Receive, Scope, Send, refuse_websocket
+from supervisor.gateway.errors import ErrorShape, content_type_of
 from supervisor.health import HealthStatus, HealthWatch
 from supervisor.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from supervisor.metrics import StewardMetrics
@@ -29,8 +33,11 @@ def new_quart_app(name: str, shape: ErrorShape, events: EventLog,
     """*shape_of* names the shape by the request's path where the listener speaks several (Anthropic's routes)."""
     app = QuartTrio(name)
 
+    def shape_at(path: str) -> ErrorShape:
+        return shape_of(path) if shape_of is not None else shape
+
     def shape_here() -> ErrorShape:
-        return shape_of(request.path) if shape_of is not None else shape
+        return shape_at(request.path if has_request_context() else websocket.path)
 
     app.url_map.merge_slashes = False  # `//v1/models` is not `/v1/models`: 404, not a redirect
     app.url_map.strict_slashes = False
@@ -46,12 +53,22 @@ def new_quart_app(name: str, shape: ErrorShape, events: EventLog,
         events.emit("internal_error", "error", source=name, error=f"{type(exc).__name__}: {exc}")
         return json_error(shape_here(), 500, f"steward failed to handle this request ({type(exc).__name__}).")
 
+    quart_asgi = app.asgi_app
+
+    async def without_websockets(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await refuse_websocket(scope, send, shape_at(scope["path"]), 404, "steward serves no websocket here.")
+        else:
+            await quart_asgi(scope, receive, send)
+
+    app.asgi_app = without_websockets  # type: ignore[method-assign]
     return app
 
 
 def json_error(shape: ErrorShape, status: int, message: str, *, param: str | None = None,
                code: str | None = None) -> Response:
-    return Response(shape(status, message, param=param, code=code), status=status, content_type="application/json")
+    return Response(shape(status, message, param=param, code=code), status=status,
+                    content_type=content_type_of(shape).decode())
 
 
 def add_health_routes(app: QuartTrio, health: HealthWatch, metrics: StewardMetrics,

@@ -137,7 +137,8 @@ class _Answer:
         if self.framing is None:
             body = self.error_shape(status, message, code=code)
             self.framing = b"application/json"
-            await self.send({"type": "http.response.start", "status": status, "headers": error_headers(body)})
+            await self.send({"type": "http.response.start", "status": status,
+                             "headers": error_headers(body, shape=self.error_shape)})
             await self.body(body, more=False)
         elif not self.length_declared:
             await self.body(self.stream_error(self.framing, message, code=code), more=False)

@@ -10,17 +10,28 @@ Steward speaks HTTP/1.1 only: the clients of these APIs do, and every protocol s
 attack surface. HTTP/2 with prior knowledge is refused with 505; ``Upgrade: h2c`` is
 ignored and the request answered in HTTP/1.1 (RFC 9110 §7.8 lets a server ignore Upgrade).
 
-Also bounded here: open connections over all listeners (more are answered 503 and closed,
-before file descriptors run out), how long a client may leave a response unread, and the
-close itself, which runs shielded (hypercorn runs it in the handler's task, and a handler
-cancelled at its end used to leave ``Connection: close`` and HTTP/1.0 answers open).
+Also bounded here: open connections, each listener within its share of the cap
+(connection_budget.py: more are answered 503 and closed, before file descriptors run out;
+``/livez`` and ``/healthz`` are still answered at the cap), how long a client may leave a
+response unread, and the close itself, which runs shielded (hypercorn runs it in the
+handler's task, and a handler cancelled at its end used to leave ``Connection: close`` and
+HTTP/1.0 answers open). Each request's scope notes when its headers were in: the deadline
+of its whole body counts from there (asgi.py ``body_deadline``).
+
+HTTP/1.1 framing a request may not use is answered in the listener's error shape and the
+connection closed: a Transfer-Encoding other than ``chunked`` (501), a head h11 cannot
+parse (400) or too large (431). A request with both Content-Length and
+``Transfer-Encoding: chunked`` is read as chunked, its Content-Length dropped before the app
+sees it, and its connection closed after the answer (RFC 9112 §6.1, §6.3: request smuggling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -28,6 +39,8 @@ import h11
 import hypercorn.config
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.task_group import TaskGroup
@@ -35,15 +48,28 @@ from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, wrap_app
 
-from supervisor.events import EventLog
-from supervisor.gateway.errors import ErrorShape
 from supervisor.address import Address
+from supervisor.events import EventLog
+from supervisor.gateway.asgi import ASGI, HEADERS_IN, Receive, Scope, Send, refuse_websocket, send_error
+from supervisor.gateway.connection_budget import ConnectionBudget, Seat
+from supervisor.gateway.errors import ErrorShape, error_headers
 
 _RECEIVE_SIZE = 65536
 # A client that has not taken a single byte of its answer for this long is gone.
 SEND_TIMEOUT_S = 120.0
-# File descriptors kept out of the connection cap: engines' pipes, the event log, upstream sockets.
+# File descriptors kept out of the connection cap: engines' pipes, the event log, upstream sockets,
+# and the health seats beyond the cap (connection_budget.py).
 _FD_RESERVE = 256
+# What a connection on a health seat may ask.
+HEALTH_PATHS = frozenset({"/livez", "/healthz"})
+_CAPPED = "steward has too many open connections; try again shortly."
+# HTTP/1.1 that h11 refuses, by the status it suggests: what the client is told, and the error's code.
+_PROTOCOL_ERRORS = {
+    400: ("steward could not read this HTTP/1.1 request.", "bad_request"),
+    431: ("The request's head is too large.", "request_header_fields_too_large"),
+    501: ("steward reads request bodies sent whole (Content-Length) or with Transfer-Encoding: chunked, no other "
+          "transfer coding.", "unsupported_transfer_encoding"),
+}
 
 
 class ListenError(Exception):
@@ -60,6 +86,10 @@ class Listener:
     app: Any  # an ASGI app
     address: Address
     error_shape: ErrorShape  # for refusals written before any route is known
+    shape_for: Callable[[Scope], ErrorShape] | None = None  # once the path is known, where it speaks several
+
+    def shape_of(self, scope: Scope) -> ErrorShape:
+        return self.shape_for(scope) if self.shape_for is not None else self.error_shape
 
 
 class _Http2Refused(Exception):
@@ -67,12 +97,42 @@ class _Http2Refused(Exception):
 
 
 class Http11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol without its switches to HTTP/2."""
+    """Hypercorn's HTTP/1.1 protocol without its switches to HTTP/2, its refusals in the
+    listener's error shape, and a connection that closes after a request framed two ways."""
+
+    def __init__(self, *args: Any, error_shape: ErrorShape, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.error_shape = error_shape
+        self.close_after_answer = False
 
     async def _check_protocol(self, event: h11.Request) -> None:
         if event.method == b"PRI" and event.target == b"*":
             raise _Http2Refused()
         # `Upgrade: h2c` is not acted on: the request is served in HTTP/1.1.
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        # h11 reads the body as chunked when both are given; the app must not see the other length.
+        names = [name for name, _ in request.headers]
+        if b"transfer-encoding" in names and b"content-length" in names:
+            self.close_after_answer = True
+            request = h11.Request(method=request.method, target=request.target, http_version=request.http_version,
+                                  headers=[(k, v) for k, v in request.headers if k != b"content-length"])
+        await super()._create_stream(request)
+
+    async def stream_send(self, event: StreamEvent) -> None:
+        if self.close_after_answer and isinstance(event, Response) and event.status_code >= 200:
+            event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
+        await super().stream_send(event)
+
+    async def _send_error_response(self, status_code: int) -> None:
+        """What h11 refused (a malformed head, an unknown transfer coding), as an error object."""
+        message, code = _PROTOCOL_ERRORS.get(status_code, _PROTOCOL_ERRORS[400])
+        body = self.error_shape(status_code, message, code=code)
+        headers = [*error_headers(body, shape=self.error_shape), (b"connection", b"close"),
+                   *self.config.response_headers("h11")]
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
 
 
 def connection_capacity(configured: int) -> int:
@@ -126,7 +186,7 @@ class HttpServer:
     urls: dict[str, list[str]]
     context: WorkerContext
     _listeners: list[trio.SocketListener]
-    connections: trio.CapacityLimiter
+    connections: ConnectionBudget
 
     async def stop_accepting(self) -> None:
         """No new connections; idle keep-alive connections close, answers in progress go on."""
@@ -140,26 +200,80 @@ async def serve_http(listeners: list[Listener], max_connections: int, events: Ev
     """Bind every listener, then serve connections until cancelled."""
     settings = hypercorn_settings(events)
     context = WorkerContext(None)
-    capacity = trio.CapacityLimiter(connection_capacity(max_connections))
-    bound = [(listener, _bind(listener), wrap_app(listener.app, settings.wsgi_max_body_size, "asgi"))
-             for listener in listeners]
+    budget = ConnectionBudget.split(connection_capacity(max_connections), [listener.name for listener in listeners])
+    bound = [(listener, _bind(listener), _Apps.of(listener, settings, budget, events)) for listener in listeners]
     async with trio.open_nursery() as nursery:
-        for _, _, app in bound:
-            lifespan = Lifespan(app, settings, {})
+        for _, _, apps in bound:
+            lifespan = Lifespan(apps.any, settings, {})
             await nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
         sockets = []
         urls: dict[str, list[str]] = {}
         async with trio.open_nursery() as connections:
-            for listener, sock, app in bound:
+            for listener, sock, apps in bound:
                 serving = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 sockets.append(serving)
                 host, port = sock.getsockname()[:2]
                 urls.setdefault(listener.name, []).append(f"http://{Address(host, port)}")
-                handler = _ConnectionHandler(app, listener, settings, context, capacity, events)
+                handler = _ConnectionHandler(apps, listener, settings, context, budget, events)
                 nursery.start_soon(_accept_forever, serving, handler, connections)
-            task_status.started(HttpServer(urls, context, sockets, capacity))
+            task_status.started(HttpServer(urls, context, sockets, budget))
             await trio.sleep_forever()
+
+
+@attrs.frozen
+class _Apps:
+    """A listener's app as hypercorn calls it: for a connection within the cap, and for one
+    on a health seat (only /livez and /healthz, then close)."""
+
+    any: Any
+    health: Any
+
+    @classmethod
+    def of(cls, listener: Listener, settings: hypercorn.config.Config, budget: ConnectionBudget,
+           events: EventLog) -> _Apps:
+        noted = _noting_headers_in(listener.app)
+        return cls(wrap_app(noted, settings.wsgi_max_body_size, "asgi"),
+                   wrap_app(_health_only(noted, listener, budget, events), settings.wsgi_max_body_size, "asgi"))
+
+
+def _noting_headers_in(app: ASGI) -> ASGI:
+    """Each request's scope notes when its headers were in (hypercorn starts the app then)."""
+
+    async def noted(scope: Scope, receive: Receive, send: Send) -> None:
+        scope[HEADERS_IN] = trio.current_time()
+        await app(scope, receive, send)
+
+    return noted
+
+
+def _health_only(app: ASGI, listener: Listener, budget: ConnectionBudget, events: EventLog) -> ASGI:
+    """*app* on a connection beyond the listener's share: /livez and /healthz, each answer closing
+    its connection; any other request gets the 503 a connection refused at once would have."""
+
+    async def health(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in HEALTH_PATHS:
+            await app(scope, receive, _closing(send))
+        else:
+            events.emit("connection_refused", "debug", listener=listener.name, reason="max_connections",
+                        open=budget.open)
+            shape = listener.shape_of(scope)
+            if scope["type"] == "websocket":
+                await refuse_websocket(scope, send, shape, 503, _CAPPED, code="too_many_connections", retry_after=1)
+            else:
+                await send_error(send, 503, _CAPPED, shape=shape, code="too_many_connections", retry_after=1,
+                                 close=True)
+
+    return health
+
+
+def _closing(send: Send) -> Send:
+    async def closing(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 def _bind(listener: Listener) -> socket.socket:
@@ -189,56 +303,54 @@ async def _accept_forever(listener: trio.SocketListener, handler: _ConnectionHan
             handler.events.emit("accept_error", "warning", listener=handler.listener.name, detail=str(exc))
             await trio.sleep(0.1)
             continue
-        nursery.start_soon(handler, stream)
+        # Taken here, in the order the connections came, before the handler's task runs.
+        nursery.start_soon(handler, stream, handler.budget.take(handler.listener.name))
 
 
 @attrs.define(eq=False)
 class _ConnectionHandler:
-    app: Any
+    apps: _Apps
     listener: Listener
     settings: hypercorn.config.Config
     context: WorkerContext
-    capacity: trio.CapacityLimiter
+    budget: ConnectionBudget
     events: EventLog
 
-    async def __call__(self, stream: trio.SocketStream) -> None:
-        try:
-            self.capacity.acquire_on_behalf_of_nowait(stream)
-        except trio.WouldBlock:
-            self.events.emit("connection_refused", "debug", listener=self.listener.name, reason="max_connections",
-                             open=self.capacity.borrowed_tokens)
-            await _refuse(stream, 503, "Service Unavailable", self.listener.error_shape(
-                503, "steward has too many open connections; try again shortly.", code="too_many_connections"),
-                retry_after=1)
+    async def __call__(self, stream: trio.SocketStream, seat: Seat | None) -> None:
+        name = self.listener.name
+        if seat is None:
+            self.events.emit("connection_refused", "debug", listener=name, reason="max_connections",
+                             open=self.budget.open)
+            await _refuse(stream, 503, "Service Unavailable", self.listener.error_shape, _CAPPED,
+                          "too_many_connections", retry_after=1)
             return
-        connection = _Connection(self.app, self.settings, self.context, stream)
+        app = self.apps.any if seat is Seat.ANY else self.apps.health
+        connection = _Connection(app, self.settings, self.context, stream, self.listener.error_shape)
         try:
             await connection.serve()
         except* _Http2Refused:
-            self.events.emit("connection_refused", "debug", listener=self.listener.name, reason="http2",
-                             open=self.capacity.borrowed_tokens)
-            await _refuse(stream, 505, "HTTP Version Not Supported", self.listener.error_shape(
-                505, "steward speaks HTTP/1.1 only.", code="http_version_not_supported"))
+            self.events.emit("connection_refused", "debug", listener=name, reason="http2", open=self.budget.open)
+            await _refuse(stream, 505, "HTTP Version Not Supported", self.listener.error_shape,
+                          "steward speaks HTTP/1.1 only.", "http_version_not_supported")
         except* Exception as group:
             error = group.exceptions[0]
-            self.events.emit("connection_error", "warning", listener=self.listener.name,
+            self.events.emit("connection_error", "warning", listener=name,
                              client=connection.client, error=f"{type(error).__name__}: {error}")
         finally:
-            self.capacity.release_on_behalf_of(stream)
+            self.budget.give_back(name, seat)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
 
-async def _refuse(stream: trio.SocketStream, status: int, reason: str, body: bytes,
+async def _refuse(stream: trio.SocketStream, status: int, reason: str, shape: ErrorShape, message: str, code: str,
                   retry_after: int | None = None) -> None:
     """A whole HTTP/1.1 answer written before any request was read, then close."""
-    head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
-            "connection: close"]
-    if retry_after is not None:
-        head.append(f"retry-after: {retry_after}")
+    body = shape(status, message, code=code)
+    headers = [*error_headers(body, retry_after, shape=shape), (b"connection", b"close")]
+    head = f"HTTP/1.1 {status} {reason}\r\n".encode() + b"".join(k + b": " + v + b"\r\n" for k, v in headers)
     with trio.move_on_after(5.0), trio.CancelScope(shield=True):
         try:
-            await stream.send_all(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            await stream.send_all(head + b"\r\n" + body)
             await stream.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             pass
@@ -253,6 +365,7 @@ class _Connection:
     settings: hypercorn.config.Config
     context: WorkerContext
     stream: trio.SocketStream
+    error_shape: ErrorShape
     protocol: Http11Protocol | None = None
     client: str | None = None
     _send_lock: trio.Lock = attrs.Factory(trio.Lock)
@@ -270,7 +383,7 @@ class _Connection:
         async with TaskGroup() as task_group:
             self._task_group = task_group
             self.protocol = Http11Protocol(self.app, self.settings, self.context, task_group, ConnectionState({}),
-                                           False, client, server, self._protocol_send)
+                                           False, client, server, self._protocol_send, error_shape=self.error_shape)
             await self.protocol.initiate()
             await self._idle.restart(task_group, self._close_when_idle)
             await self._read()
@@ -286,6 +399,7 @@ class _Connection:
             if not data:
                 break
         await self.protocol.handle(Closed())
+        await self._idle.stop()  # the client went: its seat is free now, not when the idle timer ends
 
     async def _protocol_send(self, event: Event) -> None:
         assert self.protocol is not None and self._task_group is not None

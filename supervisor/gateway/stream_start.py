@@ -11,9 +11,10 @@ either. The official clients' stream helpers fail on such a stream: anthropic's
 raises "Expected to have received `response.created`".
 
 ``StreamOpened`` reads a stream up to its first event with data. When that is not the
-opening one (nor an error, which stays as it came), the opening events go first, in
-llama-server's own shape (the response's id taken from that event where it has one, so
-that the client's check of the response's identity holds); the rest goes through as it came.
+opening one (nor a Messages error, which stays as it came: Anthropic's clients raise on it
+whatever came before), the opening events go first, in llama-server's own shape (the
+response's id taken from that event where it has one, so that the client's check of the
+response's identity holds); the rest goes through as it came.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import attrs
 
 from supervisor.apis import Api
 from supervisor.gateway.asgi import Send
-from supervisor.gateway.sse import EVENT_END, event_data
+from supervisor.gateway.sse import EVENT_END, event_data, json_events
 
 # How much is held while looking for the first event; past it the stream goes as it came.
 MAX_HELD = 64 * 1024
@@ -57,21 +58,22 @@ class StreamOpened:
             return
         body, self._reading = bytes(self._held), False
         self._held.clear()
-        opening = b"" if first is None else self._opening(first)
+        opening = b"" if first is None else self._opening(first, body)
         await self.send({"type": "http.response.body", "body": opening + body, "more_body": more})
 
-    def _opening(self, first: dict[str, Any]) -> bytes:
+    def _opening(self, first: dict[str, Any], held: bytes) -> bytes:
         kind = first.get("type")
-        if not first or kind in OPENING[self.api] or kind == "error":
-            return b""  # opened already, an error, or data we cannot read: as it came
+        if not first or kind in OPENING[self.api] or (kind == "error" and self.api is Api.MESSAGES):
+            return b""  # opened already, a Messages error, or data we cannot read: as it came
+        # A Responses error first is opened too: the openai SDK's stream helper reads no event before
+        # response.created (it raises "Expected to have received `response.created` before `error`").
         if self.api is Api.MESSAGES:
             return frame("message_start", {"type": "message_start", "message": {
                 "id": "msg_" + secrets.token_hex(16), "type": "message", "role": "assistant", "content": [],
                 "model": self.model, "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": 0, "output_tokens": 0}}})
-        response = first.get("response")
-        known = response.get("id") if isinstance(response, dict) else None
-        status = {"id": known if isinstance(known, str) else "resp_" + secrets.token_hex(16),
+        known = response_id(held)  # the first event's, or a response.failed's that follows an error
+        status = {"id": known if known is not None else "resp_" + secrets.token_hex(16),
                   "object": "response", "status": "in_progress"}
         return b"".join(frame(kind, {"type": kind, "response": status})
                         for kind in ("response.created", "response.in_progress"))
@@ -90,6 +92,15 @@ def first_event(stream: bytes) -> dict[str, Any] | None:
         except (ValueError, UnicodeDecodeError, RecursionError):
             return {}
         return value if isinstance(value, dict) else {}
+    return None
+
+
+def response_id(stream: bytes) -> str | None:
+    """The id of the first response object among the whole events of *stream* that have one."""
+    for value in json_events(stream, b'"response"'):
+        response = value.get("response")
+        if isinstance(response, dict) and isinstance(response.get("id"), str):
+            return response["id"]
     return None
 
 

@@ -15,6 +15,7 @@ from supervisor.backoff import Backoff
 from supervisor.events import EventLog
 from supervisor.process import (
     ChildProcess,
+    SpawnError,
     describe_exit,
     open_child,
     pump_lines,
@@ -66,9 +67,9 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
         started = trio.current_time()
         try:
             process = open_child(argv, env)
-        except OSError as exc:
+        except SpawnError as exc:
             events.emit("spawn_failed", "error", engine=name, argv=list(argv), detail=str(exc))
-            service.on_exit(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
+            service.on_exit(str(exc))
         else:
             service.began(process)
             events.emit("spawn", "info", engine=name, pid=process.pid, argv=list(argv))
