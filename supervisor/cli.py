@@ -34,10 +34,17 @@ from supervisor.dry_start import dry_start_problems
 from supervisor.events import EventLogUnavailable
 from supervisor.gateway.server import ListenError
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import budget_problems, device_total_problems, plan_all
+from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.probes import ProbeUnavailable, open_probe
 from supervisor.top.command import add_top_parser, run_top
-from supervisor.tree import Steward, StopSignals, memory_device, resolve_budgets, run_steward
+from supervisor.tree import (
+    Steward,
+    StopSignals,
+    budgets_beyond_devices,
+    memory_device,
+    resolve_budgets,
+    run_steward,
+)
 from supervisor.units import format_duration, format_size, parse_duration
 from supervisor.usage.commands import add_usage_parser, run_usage
 from supervisor.usage.writer import UsageLogUnavailable
@@ -252,7 +259,7 @@ def _check(config: Config) -> int:
     pinned = sum(plans[name].nbytes for name, model in config.models.items() if model.resident)
     print(f"\nall models {format_size(total)}, pinned {format_size(pinned)}, budget {format_size(budget)}")
     profiles = engine_profiles(config, specs, plans)
-    problems = device_total_problems(config, readings, memory_device(probe))
+    problems = budgets_beyond_devices(budgets, readings, memory_device(probe))
     problems += budget_problems(config, profiles, [device.nbytes for device in budgets]) + _auth_problems(config)
     problems += dry_start_problems(config)  # what run opens at start, opened here the same way
     for problem in problems:

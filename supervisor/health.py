@@ -17,8 +17,8 @@ Here the status is worked out from three things:
 ``RecentActivity`` counts the last window of rejections, dispatches and crashes (fed from
 the event log, where every such decision is already an event), and ``StandingFaults`` keeps
 what is wrong until an event says it is over (a task restarting, a file that cannot be
-written); ``assess`` is pure, so it runs the same on MockClock as in production; ``serve_health`` assesses every ``health.interval``
-and logs each change of status as one ``health`` event (which the alerts follow).
+written); ``assess`` is pure, so it runs the same on MockClock as in production;
+``serve_health`` assesses every ``health.interval`` and logs each change of status as one ``health`` event (which the alerts follow).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from supervisor.accounting.estimate import estimate
 from supervisor.accounting.gguf_header import GGUFError
 from supervisor.config import Config, ConfigError, ModelConfig
 from supervisor.measurements import MeasurementStore, measurement_key
-from supervisor.probes import GpuReading
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.placing import most_memory
 from supervisor.scheduler.types import DEFAULT_DEVICE, EngineProfile
@@ -68,24 +67,6 @@ def plan_all(config: Config, argvs: dict[str, list[str] | None], store: Measurem
     if problems:
         raise ConfigError(problems)
     return plans
-
-
-def device_total_problems(config: Config, readings: Sequence[GpuReading], device: Device) -> list[str]:
-    """Budgets set above what a probed GPU holds: steward would plan with memory the device does not
-    have, and an engine would fail to load (or crash) where the plan said it fits. Host RAM, where
-    an engine may use swap, and an unprobed device have no total to compare with."""
-    if device != "gpu":
-        return []
-    problems = []
-    for index, reading in enumerate(readings):
-        own = config.gpu.devices.get(index)
-        key, budget = ((f"gpu.devices.{index}.budget", own.budget) if own is not None and own.budget is not None
-                       else ("gpu.budget", config.gpu.budget))
-        if budget is not None and budget > reading.total_bytes:
-            problems.append(f"{key}: {format_size(budget)} ({budget} bytes) is more than {reading.device} holds, "
-                            f"{format_size(reading.total_bytes)} ({reading.name}); steward would plan with memory "
-                            f"the device does not have")
-    return problems
 
 
 def budget_problems(config: Config, profiles: Sequence[EngineProfile], budgets: Sequence[int]) -> list[str]:

@@ -6,11 +6,10 @@ foresaw would stop every project in the home lab. ``supervise`` runs one long-li
 and decides what its failure means (``OnFailure``):
 
 - ``RESTART``: the failure is an event (``task_failed``, with the error and its traceback),
-  the task is started again after a backoff (``supervision.restart_backoff``, doubling up to
-  ``restart_backoff_max``; a task that then ran for as long as the cap starts again from the
-  first delay), and its return is an event too (``task_restarted``). ``/healthz`` says
-  ``degraded`` while it is down and for ``health.window`` after each failure; ``/metrics``
-  counts the failures (``steward_task_failures_total``). The event log and usage writers,
+  the task is started again after a backoff (``Supervision.backoff``: 1 s, doubling up to
+  60 s; a task that then ran for as long as the cap starts again from the first delay), and
+  its return is an event too (``task_restarted``). ``/healthz`` says ``degraded`` while it
+  is down and for ``health.window`` after each failure; ``/metrics`` counts the failures (``steward_task_failures_total``). The event log and usage writers,
   the GPU probe, the key watcher, the health watch, alerts, the node directory, the reloader
   and the upstream probes are supervised so.
 - ``STOP_SERVICE``: the failure is an event and then ends the service, as it always did.
@@ -62,7 +61,6 @@ class SupervisedTask:
     state: TaskState = TaskState.STARTING
     failures: int = 0
     last_error: str | None = None
-    restart_at: float | None = None  # while RESTARTING: when it starts again (trio's clock)
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state.value, "on_failure": self.on_failure.value, "failures": self.failures,
@@ -77,9 +75,6 @@ class Supervision:
     backoff: Backoff = DEFAULT_BACKOFF
     tasks: dict[str, SupervisedTask] = attrs.Factory(dict)
 
-    def down(self) -> list[SupervisedTask]:
-        return [task for task in self.tasks.values() if task.state is TaskState.RESTARTING]
-
     def to_json(self) -> dict[str, dict[str, Any]]:
         return {name: task.to_json() for name, task in self.tasks.items()}
 
@@ -88,7 +83,7 @@ Startable = Callable[..., Awaitable[Any]]  # called with task_status=...
 
 
 async def supervise(supervision: Supervision, name: str, run: Startable, *,
-                    on_failure: OnFailure = OnFailure.RESTART, backoff: Backoff | None = None,
+                    on_failure: OnFailure = OnFailure.RESTART,
                     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
     """Run *run* (started like ``nursery.start(run)``) under *supervision* as *name*; started
     with what *run*'s first start hands over. See the module docstring for what a failure does."""
@@ -96,7 +91,7 @@ async def supervise(supervision: Supervision, name: str, run: Startable, *,
         raise ValueError(f"a task named {name!r} is supervised already")
     task = supervision.tasks[name] = SupervisedTask(name, on_failure)
     events = supervision.events
-    delays = _Delays(backoff or supervision.backoff)
+    delays = _Delays(supervision.backoff)
     status: trio.TaskStatus[Any] = task_status
     while True:
         began = trio.current_time()
@@ -113,9 +108,8 @@ async def supervise(supervision: Supervision, name: str, run: Startable, *,
                             failures=task.failures, traceback=_traceback(exc),
                             detail="without this task there is no service: steward stops")
                 raise
-            now = trio.current_time()
-            delay = delays.after(now - began)
-            task.state, task.restart_at = TaskState.RESTARTING, now + delay
+            delay = delays.after(trio.current_time() - began)
+            task.state = TaskState.RESTARTING
             events.emit("task_failed", "error", task=name, error=task.last_error, fatal=False,
                         failures=task.failures, restart_in_s=delay, traceback=_traceback(exc),
                         detail=f"restarting it in {delay:g}s; steward serves on")
@@ -134,7 +128,7 @@ async def _run_once(run: Startable, status: trio.TaskStatus[Any], task: Supervis
                         detail=f"running again after {task.last_error}")
         else:
             status.started(handle)
-        task.state, task.restart_at = TaskState.RUNNING, None
+        task.state = TaskState.RUNNING
 
 
 @attrs.define

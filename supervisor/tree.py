@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ from supervisor.gateway.server import Listener, serve_http
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch, RecentActivity, StandingFaults, serve_health
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, budget_problems, device_total_problems, plan_all
+from supervisor.memory_plan import Device, budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
 from supervisor.nodes.directory import serve_node_directory
 from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
@@ -142,6 +142,19 @@ def resolve_budgets(config: Config, readings: list[GpuReading]) -> list[DeviceBu
     return budgets
 
 
+def budgets_beyond_devices(budgets: Sequence[DeviceBudget], readings: Sequence[GpuReading],
+                           device: Device) -> list[str]:
+    """Budgets set above what a probed GPU holds: steward would plan with memory the device does
+    not have, and an engine would fail to load (or crash) where the plan said it fits. Host RAM,
+    where an engine may use swap, has no such bound."""
+    if device != "gpu":
+        return []
+    return [f"{budget.source}: {format_size(budget.nbytes)} ({budget.nbytes} bytes) is more than {reading.device} "
+            f"holds, {format_size(reading.total_bytes)} ({reading.name}); steward would plan with memory the "
+            f"device does not have"
+            for budget, reading in zip(budgets, readings) if budget.nbytes > reading.total_bytes]
+
+
 def memory_device(probe: GpuProbe | None) -> Device:
     """Where the engines' memory lives: the GPU, or host RAM on a CPU-only host."""
     return "gpu" if probe is not None and probe.kind != "host" else "cpu"
@@ -198,9 +211,9 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     engines: dict[str, EngineHandle] = {}
     probe, probe_note = open_probe(config.gpu, lambda: engine_pids(engines))
     readings = probe.read() if probe else []
-    if problems := device_total_problems(config, readings, memory_device(probe)):
-        raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
     budgets = resolve_budgets(config, readings)
+    if problems := budgets_beyond_devices(budgets, readings, memory_device(probe)):
+        raise ConfigError(problems)  # what `steward check` refuses, `run` refuses too
     budget = sum(device.nbytes for device in budgets)
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
                 budget=budget, budget_text=format_size(budget), budget_source=budgets[0].source,

@@ -52,7 +52,15 @@ from supervisor.gateway.asgi import (
     send_whole,
 )
 from supervisor.gateway.comfy_jobs import ComfyTurnstile, HeldGpu
-from supervisor.gateway.door import MONITORING_PATHS, Exchange, FrontDoor, Refusal, body_unread, exchange_of
+from supervisor.gateway.door import (
+    MONITORING_PATHS,
+    WEBSOCKET_KEY,
+    Exchange,
+    FrontDoor,
+    Refusal,
+    body_unread,
+    exchange_of,
+)
 from supervisor.gateway.errors import comfy_error_body, error_headers
 from supervisor.gateway.gate import RequestGate, gated
 from supervisor.gateway.ollama_app import turnstile_health
@@ -300,11 +308,9 @@ def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: Requ
 
     async def other(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
-            key, _ = door.authenticate(scope, LISTENER, admin=False)  # the door let it in: its key, if any
+            key = scope.get(WEBSOCKET_KEY)  # the door let it in: its key, if it needed one
             if key is not None and (refusal := scope_refusal(key)) is not None:
-                events.emit("refused", "info", listener=LISTENER, route=scope["path"], reason=refusal.code,
-                            key=key.name, model=None, **{"class": None}, request_id=None)
-                await send({"type": "websocket.close", "code": 1008})  # before accept: hypercorn answers 403
+                await door.refuse_websocket(scope, send, LISTENER, refusal.code, key)
                 return
             # Outside the gate: a websocket only reports, and must not hold a shutdown open.
             await proxy_websocket(scope, receive, send, config.upstream.host, config.upstream.port,

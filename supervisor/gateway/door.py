@@ -42,6 +42,7 @@ from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
+WEBSOCKET_KEY = "steward.websocket_key"  # a websocket's key, as the door found it (None: no key needed)
 # Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): no usage rows.
 MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
 # Claude Code's probe when it starts (`HEAD /`, a "preflight" that reads anything but a 2xx as the
@@ -320,6 +321,14 @@ class FrontDoor:
                          key=exchange.key.name if exchange.key is not None else None, model=exchange.model,
                          **{"class": exchange.klass}, request_id=exchange.request_id)
 
+    async def refuse_websocket(self, scope: Scope, send: Send, listener: str, reason: str | None,
+                               key: ApiKey | None) -> None:
+        """A websocket the door or a listener turns away: a ``refused`` event, then closed before
+        it is accepted (hypercorn answers the handshake 403)."""
+        self.events.emit("refused", "info", listener=listener, route=scope["path"], reason=reason,
+                         key=key.name if key is not None else None, model=None, **{"class": None}, request_id=None)
+        await send({"type": "websocket.close", "code": 1008})
+
     def record(self, exchange: Exchange) -> None:
         """The request ended: its usage row, and its one line in the event log (``request``)."""
         row = exchange.row(trio.current_time())
@@ -336,12 +345,11 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            _, refusal = door.authenticate(scope, listener, admin=is_admin_route(scope))
+            key, refusal = door.authenticate(scope, listener, admin=is_admin_route(scope))
             if refusal is not None:
-                door.events.emit("refused", "info", listener=listener, route=scope["path"], reason=refusal.code,
-                                 key=None, model=None, **{"class": None}, request_id=None)
-                await send({"type": "websocket.close", "code": 1008})  # before accept: hypercorn answers 403
+                await door.refuse_websocket(scope, send, listener, refusal.code, None)
                 return
+            scope[WEBSOCKET_KEY] = key
             await app(scope, receive, send)
             return
         if scope["type"] != "http":

@@ -27,7 +27,7 @@ import functools
 import math
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -109,16 +109,10 @@ async def serve_usage_log(path: str | None, events: EventLog, *, supervision: Su
             if supervision is None:
                 await writer.run(receive)
             else:
-                await supervise(supervision, "usage log writer", functools.partial(_started, writer.run, receive))
+                await supervise(supervision, "usage log writer", functools.partial(writer.run, receive))
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(writer.database.close)  # it may checkpoint the WAL: a write
-
-
-async def _started(run: Callable[..., Awaitable[None]], *args: object,
-                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
-    await run(*args)
 
 
 def open_usage_database(path: str, busy_timeout: float = 5.0) -> sqlite3.Connection:
@@ -304,7 +298,9 @@ class _Writer:
     batch_max: int
     flush_interval: float = 0.0
 
-    async def run(self, receive: trio.MemoryReceiveChannel[UsageRow]) -> None:
+    async def run(self, receive: trio.MemoryReceiveChannel[UsageRow], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
         while await self._gather(receive):
             await self._write_batch()
         # Closed: the last attempt, at once (a backoff sleep must not delay shutdown).
