@@ -972,7 +972,11 @@ def regressions(listener: str, limit: int) -> tuple[FuzzRequest, ...]:
                                                                 "lone-high-surrogate")),
                 known("POST", "/v1/chat/completions", _hostile(chat, ("steward", "class"), "batch\ud800",
                                                               "lone-high-surrogate")),
-                known("POST", "/v1/chat/completions", chat.body, ((b"x-steward-class", b"\xed\xa0\x80"),)))
+                known("POST", "/v1/chat/completions", chat.body, ((b"x-steward-class", b"\xed\xa0\x80"),)),
+                # the long run at 16d3fd0: a path that begins as the Messages routes' is answered in their shape
+                known("POST", "/v1/messages/", _route(OPENAI_ROUTES, "POST", "/v1/messages").body),
+                known("POST", "/v1/messages%00", _route(OPENAI_ROUTES, "POST", "/v1/messages").body),
+                known("LOCK", "//v1/messages", _route(OPENAI_ROUTES, "POST", "/v1/messages").body))
     if listener == "ollama":
         generate, chat = _route(OLLAMA_ROUTES, "POST", "/api/generate"), _route(OLLAMA_ROUTES, "POST", "/api/chat")
         openai_chat = _route(OLLAMA_ROUTES, "POST", "/v1/chat/completions")

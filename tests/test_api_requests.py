@@ -48,11 +48,12 @@ def test_every_route_has_its_api_and_error_shape() -> None:
     assert openai_shaped == {"error": {"message": "bad", "type": "invalid_request_error", "param": None, "code": "x"}}
 
 
-@pytest.mark.parametrize("path", ["/v1/messages/batches", "/v1/messages//count_tokens", "/v1/messages/count_tokens/"])
+@pytest.mark.parametrize("path", ["/v1/messages/batches", "/v1/messages//count_tokens", "/v1/messages/count_tokens/",
+                                  "/v1/messages\0"])
 def test_paths_under_the_messages_routes_are_answered_in_anthropic_s_shape(path: str) -> None:
     # The listener fuzzer found 404s and 401s under /v1/messages/ in OpenAI's shape (issue 26).
     assert json.loads(error_shape_for({"path": path})(404, "Unknown route."))["type"] == "error"
-    assert set(json.loads(error_shape_for({"path": "/v1/messagesx"})(404, "Unknown route."))) == {"error"}  # OpenAI's
+    assert set(json.loads(error_shape_for({"path": "/v1/models/x"})(404, "Unknown route."))) == {"error"}  # OpenAI's
 
 
 @pytest.mark.parametrize(("status", "kind"), [(400, "invalid_request_error"), (401, "authentication_error"),

@@ -464,13 +464,17 @@ def seen_path(target: bytes) -> str:
 
 
 def seen_paths(target: bytes) -> tuple[str, ...]:
-    """The paths a layer of steward may read from *target*: Hypercorn's (seen_path), and for the
+    """The paths a layer of steward may read from *target*: Hypercorn's (seen_path); for the
     absolute form (``http://host/path``, as sent to a proxy) also the URL's path, which Quart's
-    routing reads where the front door sees the whole URL."""
+    routing reads where the front door sees the whole URL; and for a path that begins with
+    several slashes also the one werkzeug's routing matches (``//v1/messages`` is the Messages
+    route to it: a wrong method there is its 405, in Anthropic's shape)."""
     path = seen_path(target)
-    if not path.startswith(("http://", "https://")):
-        return (path,)
-    return path, "/" + path.split("://", 1)[1].partition("/")[2]
+    if path.startswith(("http://", "https://")):
+        return path, "/" + path.split("://", 1)[1].partition("/")[2]
+    if path.startswith("//"):
+        return path, "/" + path.lstrip("/")
+    return (path,)
 
 
 @attrs.frozen

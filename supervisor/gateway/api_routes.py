@@ -85,9 +85,9 @@ def api_route(scope: Scope) -> ApiRoute:
 
 
 def error_shape_for(scope: Scope) -> ErrorShape:
-    """The error shape a path's clients read: Anthropic's on the Messages routes and anything
-    under them (an Anthropic client asking for ``/v1/messages/batches`` reads Anthropic's 404),
-    else OpenAI's."""
+    """The error shape a path's clients read: Anthropic's on the Messages routes and any path that
+    begins as theirs (an Anthropic client asking for ``/v1/messages/batches`` reads Anthropic's
+    404), else OpenAI's."""
     path = scope.get("path", "")
     route = API_ROUTES.get(path)
     if route is not None:
@@ -95,7 +95,7 @@ def error_shape_for(scope: Scope) -> ErrorShape:
     return anthropic_error_body if path.startswith(_MESSAGES_PREFIX) else error_body
 
 
-_MESSAGES_PREFIX = "/v1/messages/"
+_MESSAGES_PREFIX = "/v1/messages"
 
 
 def stream_error_for(scope: Scope) -> StreamError:

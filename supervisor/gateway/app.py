@@ -71,8 +71,8 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
 
     async def served_by_inference_handler() -> Response:
-        # POSTs to these exact paths never reach Quart; anything that does is not a route.
-        return json_error(error_body, 404, "Unknown route.")
+        # POSTs to these exact paths never reach Quart; anything that does (a trailing slash) is not a route.
+        return json_error(error_shape_for({"path": request.path}), 404, "Unknown route.")
 
     for path in INFERENCE_PATHS:
         # Declared so that Quart answers other methods on these paths with 405, not 404.
