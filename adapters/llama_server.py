@@ -6,6 +6,7 @@ import attrs
 import httpx
 
 from adapters.base import EngineUsage, Residence, probe_path
+from supervisor.accounting.cpu_share import sets_threads
 from supervisor.accounting.gguf_header import GGUFError, read_gguf_header
 from supervisor.accounting.hparams import NO_LM_HEAD_ARCHS
 from supervisor.accounting.llama_logs import LlamaLogAccumulator
@@ -40,6 +41,9 @@ def fits_itself(model: ModelConfig) -> bool:
 @attrs.frozen
 class LlamaServerRuntime:
     model: ModelConfig
+    # Its share of the host's cores (supervisor/accounting/cpu_share.py), passed as -t and -tb;
+    # None: none passed (llama.cpp takes every core, or the model's args say how many).
+    threads: int | None = None
     name = "llama-server"
     residence = Residence.SPAWNED
     checks_health = True
@@ -62,6 +66,8 @@ class LlamaServerRuntime:
             argv += ["-lv", BUFFER_LOG_VERBOSITY]
         if not fits_itself(model):
             argv += ["--fit", "off"]
+        if self.threads is not None and not sets_threads(model.args, model.env):  # theirs win, never twice
+            argv += ["--threads", str(self.threads), "--threads-batch", str(self.threads)]
         return [part.replace(PORT_PLACEHOLDER, str(port)) for part in argv + list(model.args)]
 
     @property

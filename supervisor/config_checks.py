@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from supervisor.accounting.cpu_share import THREADED_RUNTIMES, sets_threads
 from supervisor.address import Address
 from supervisor.config import (
     COMFYUI_SCOPE,
@@ -48,7 +49,7 @@ def check_semantics(config: Config) -> list[str]:
             problems.append(f"models.{name}.memory: required when models.{name}.model names no GGUF file "
                             f"to estimate it from")
         problems += _runtime_problems(name, model) + _device_problems(f"models.{name}", model)
-        problems += _env_problems(f"models.{name}.env", model.env)
+        problems += _env_problems(f"models.{name}.env", model.env) + _compute_problems(name, model)
         if (config.gpu.budget is not None and model.memory is not None and model.memory > config.gpu.budget
                 and not config.gpu.devices and not model.devices and model.runtime != "llama-server"):
             problems.append(f"models.{name}.memory: {model.memory} bytes is more than gpu.budget "
@@ -267,6 +268,21 @@ def _capability_problems(config: Config) -> list[str]:
             elif served is not None and model not in served:
                 problems.append(f"capabilities.{capability}[{i}]: names model {show(model)}, which no node serves "
                                 f"(nodes.NAME.models lists what each serves)")
+    return problems
+
+
+def _compute_problems(name: str, model: ModelConfig) -> list[str]:
+    """threads and cpus (supervisor/accounting/cpu_share.py): for a process steward starts; threads for llama.cpp."""
+    key = f"models.{name}"
+    problems = []
+    if model.upstream is not None:
+        problems += [f"{key}.{field}: applies to a process steward starts, not to an attached server"
+                     for field in ("threads", "cpus") if getattr(model, field) is not None]
+    elif model.threads is not None and model.runtime not in THREADED_RUNTIMES:
+        problems.append(f"{key}.threads: only llama-server takes a thread count from steward; set runtime "
+                        f"{model.runtime}'s own in {key}.env (vLLM's CPU backend: VLLM_CPU_OMP_THREADS_BIND)")
+    elif model.threads is not None and sets_threads(model.args, model.env):
+        problems.append(f"{key}.threads: set here and as a thread flag in args (or LLAMA_ARG_THREADS in env); keep one")
     return problems
 
 

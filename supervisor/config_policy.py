@@ -7,6 +7,14 @@ from collections.abc import Mapping
 import attrs
 
 from adapters import OllamaRuntime, Residence, Runtime, model_runtime
+from supervisor.accounting.cpu_share import (
+    EngineCompute,
+    HostCpus,
+    SharePlan,
+    decide_shares,
+    sets_threads,
+    usable_cpus,
+)
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
@@ -18,18 +26,38 @@ from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy
 
 
-def engine_specs(config: Config) -> dict[str, EngineSpec]:
-    """Every engine the config names, each through its runtime's adapter: the models, then Ollama."""
+def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, EngineSpec]:
+    """Every engine the config names, each through its runtime's adapter: the models, then Ollama.
+    *host*: the CPUs the engines share (default: this process's, read here)."""
     specs = {}
+    shares = compute_shares(config, host).shares
     for name, model in config.models.items():
         where = model.upstream or Address(config.engines.host, model.port or 0)
-        specs[name] = attrs.evolve(_engine_spec(name, model_runtime(model), where, config),
-                                   devices=None if model.devices is None else tuple(model.devices))
+        runtime = model_runtime(model)
+        if shares[name].threads is not None:
+            runtime = attrs.evolve(runtime, threads=shares[name].threads)  # type: ignore[misc]  # llama-server's
+        specs[name] = attrs.evolve(_engine_spec(name, runtime, where, config),
+                                   devices=None if model.devices is None else tuple(model.devices),
+                                   cpus=shares[name].cpus)
     if (ollama := config.ollama) is not None:
         specs[OLLAMA_ENGINE] = attrs.evolve(_engine_spec(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream, config),
                                             usage_poll=ollama.ps_poll,
                                             retry=Backoff(ollama.retry_initial, ollama.retry_max))
     return specs
+
+
+def compute_shares(config: Config, host: HostCpus | None = None) -> SharePlan:
+    """Each engine's threads and CPUs (supervisor/accounting/cpu_share.py); *host*: default, this process's CPUs."""
+    engines = [EngineCompute(name, model.runtime, spawned=model.command is not None, threads=model.threads,
+                             threads_in_args=sets_threads(model.args, model.env), cpus=model.cpus, memory=model.memory)
+               for name, model in config.models.items()]
+    if config.ollama is not None and config.ollama.command is not None:  # it computes beside them
+        engines.append(EngineCompute(OLLAMA_ENGINE, "ollama", spawned=True, memory=config.ollama.memory))
+    # One memory budget the engines share, where the config alone says so (host memory, or a probe
+    # of none); else how many fit at once is not known here, and every engine counts as fitting.
+    one_device = not config.gpu.devices and config.gpu.probe in ("host", "none")
+    budget = config.gpu.budget if one_device else None
+    return decide_shares(engines, config.scheduler.lower_class_engines, budget, host or usable_cpus())
 
 
 def _engine_spec(name: str, runtime: Runtime, where: Address, config: Config) -> EngineSpec:

@@ -27,6 +27,7 @@ import httpx
 import trio
 
 from adapters import LogReader, Residence, Runtime
+from supervisor.accounting.cpu_share import CpuSet
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
@@ -76,6 +77,7 @@ class EngineSpec:
     # A service's restarts, and an attached server's reconnects while it is awaited.
     retry: Backoff = attrs.Factory(Backoff)
     devices: tuple[int, ...] | None = None  # models.NAME.devices: where its process may run
+    cpus: CpuSet | None = None  # models.NAME.cpus (cpu_share.py): the CPUs its process may run on
 
     @property
     def slots(self) -> int:
@@ -261,7 +263,7 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
     argv, env = placed_command(spec, command, placement)
     handle.output_tail.clear()
     try:
-        process = open_child(argv, env)
+        process = open_child(argv, env, cpus=None if spec.cpus is None else spec.cpus.cpus)
     except SpawnError as exc:
         engine.events.emit("spawn_failed", "error", engine=spec.name, argv=argv, detail=str(exc))
         return Ended(EndKind.EXITED, str(exc))

@@ -11,14 +11,17 @@ Here the status is worked out from three things:
   health checks now, or requests were refused because what they need can never fit, or
   because their engine failed; or one of steward's own tasks failed within the window
   (it restarts: supervise.py), or is down now; or the event log or the usage log cannot be
-  written now, or usage rows were lost within the window;
+  written now, or usage rows were lost within the window; or a class's answers came more
+  than ``health.slowdown`` times slower than their engines decode alone (the median over
+  the window, supervisor/slowdown.py), with what computed beside them;
 - **ok** otherwise.
 
 ``RecentActivity`` counts the last window of rejections, dispatches and crashes (fed from
 the event log, where every such decision is already an event), and ``StandingFaults`` keeps
 what is wrong until an event says it is over (a task restarting, a file that cannot be
 written); ``assess`` is pure, so it runs the same on MockClock as in production;
-``serve_health`` assesses every ``health.interval`` and logs each change of status as one ``health`` event (which the alerts follow).
+``serve_health`` assesses every ``health.interval`` and logs each change of status as one ``health`` event (which the alerts follow),
+and each class that starts or stops answering too slowly as ``class_slowed`` / ``class_recovered``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import collections
 import enum
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -35,8 +38,10 @@ import trio
 from supervisor.events import Event, EventLog
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
+from supervisor.slowdown import format_factor
 from supervisor.supervise import Supervision
 from supervisor.units import format_duration, format_elapsed
+from supervisor.usage.report import percentile
 
 
 class HealthStatus(enum.Enum):
@@ -49,6 +54,8 @@ class HealthStatus(enum.Enum):
 CAPACITY_REASONS = frozenset({"queue_full", "queue_timeout"})
 BROKEN_REASONS = frozenset({"insufficient_memory", "engine_failed", "engine_start_failed"})
 DEFAULT_SLO_WAIT = {"interactive": 30.0, "background": 300.0, "batch": 1800.0}
+MIN_ANSWERS = 3  # a class is judged slow on at least this many answers with a slowdown in the window
+ANSWERS_KEPT = 20_000  # per window, at most: the oldest go first past it
 
 
 @attrs.define
@@ -75,6 +82,87 @@ class WindowCounts:
             self.totals = +self.totals  # no zero counts left behind
 
 
+@attrs.frozen
+class Answer:
+    """One answer served (status 200), as its ``request`` event told it."""
+
+    at: float
+    klass: str
+    ttft_s: float | None
+    slowdown: float | None
+    beside: tuple[str, ...] = ()  # "engine (class)" of each step that computed beside it
+
+
+@attrs.define
+class RecentAnswers:
+    """The answers of the last ``window`` seconds, in the order they ended (exact times)."""
+
+    window: float
+    answers: collections.deque[Answer] = attrs.Factory(lambda: collections.deque(maxlen=ANSWERS_KEPT))
+
+    def add(self, answer: Answer) -> None:
+        self.answers.append(answer)
+
+    def age(self, now: float) -> None:
+        while self.answers and self.answers[0].at <= now - self.window:
+            self.answers.popleft()
+
+
+@attrs.frozen
+class ClassPace:
+    """How a class's answers came over the window: time to first token, and how many times slower
+    than their engines decode alone, with the steps that computed beside the slowed ones."""
+
+    answers: int  # served in the window
+    measured: int  # of them, those whose slowdown is known
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    slowdown_p50: float | None
+    slowdown_p95: float | None
+    beside: dict[str, int]  # "engine (class)" -> of the measured answers, how many it computed beside
+
+    def to_json(self) -> dict[str, object]:
+        return {"answers": self.answers, "measured": self.measured, "ttft_p50_s": self.ttft_p50_s,
+                "ttft_p95_s": self.ttft_p95_s, "slowdown_p50": self.slowdown_p50, "slowdown_p95": self.slowdown_p95,
+                "beside": self.beside}
+
+
+def class_paces(answers: Iterable[Answer]) -> dict[str, ClassPace]:
+    by_class: dict[str, list[Answer]] = {klass: [] for klass in CLASSES}
+    for answer in answers:
+        if answer.klass in by_class:
+            by_class[answer.klass].append(answer)
+    return {klass: _pace(members) for klass, members in by_class.items()}
+
+
+def _pace(answers: list[Answer]) -> ClassPace:
+    ttfts = sorted(a.ttft_s for a in answers if a.ttft_s is not None)
+    measured = [a for a in answers if a.slowdown is not None]
+    slowdowns = sorted(a.slowdown for a in measured if a.slowdown is not None)
+    beside = collections.Counter(label for a in measured for label in set(a.beside))
+    return ClassPace(len(answers), len(measured), _round(percentile(ttfts, 0.5)), _round(percentile(ttfts, 0.95)),
+                     _round(percentile(slowdowns, 0.5)), _round(percentile(slowdowns, 0.95)),
+                     dict(sorted(beside.items(), key=lambda item: (-item[1], item[0]))))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def slowed_reason(klass: str, pace: ClassPace, limit: float, window: str) -> str | None:
+    """Why *klass* answers too slowly (its median slowdown over *limit*), naming what computed
+    beside it; None while it does not (or too few of its answers tell: MIN_ANSWERS)."""
+    if limit <= 0 or pace.measured < MIN_ANSWERS or pace.slowdown_p50 is None or pace.slowdown_p50 <= limit:
+        return None
+    said = (f"{klass} answers came {format_factor(pace.slowdown_p50)} slower than their engines alone (median of "
+            f"{pace.measured} in the last {window}; p95 {format_factor(pace.slowdown_p95 or pace.slowdown_p50)}; "
+            f"health.slowdown {limit:g}×)")
+    if not pace.beside:
+        return f"{said}: nothing steward runs computed beside them (something else uses the compute)"
+    return f"{said}: beside them computed " + ", ".join(
+        f"{label} in {count} of {pace.measured}" for label, count in pace.beside.items())
+
+
 @attrs.define
 class RecentActivity:
     """The last ``window`` seconds of rejections (by reason), dispatches (by class, and whether
@@ -86,10 +174,12 @@ class RecentActivity:
     crashes: WindowCounts = attrs.field(init=False)
     task_failures: WindowCounts = attrs.field(init=False)  # steward's own tasks, by name
     rows_lost: WindowCounts = attrs.field(init=False)  # usage rows that never reached the database
+    answers: RecentAnswers = attrs.field(init=False)  # served answers: their ttft and slowdown
 
     def __attrs_post_init__(self) -> None:
         self.rejections, self.dispatches, self.crashes, self.task_failures, self.rows_lost = (
             WindowCounts(self.window) for _ in range(5))
+        self.answers = RecentAnswers(self.window)
 
     def observe(self, event: Event) -> None:
         f = event.fields
@@ -108,10 +198,14 @@ class RecentActivity:
                 self.rows_lost.add("usage", event.mono, f["lost"])
             case "usage_rows_dropped":
                 self.rows_lost.add("usage", event.mono, f["dropped"])
+            case "request" if f.get("status") == 200 and isinstance(f.get("class"), str):
+                self.answers.add(Answer(event.mono, f["class"], f.get("ttft_s"), f.get("slowdown"),
+                                        tuple(f.get("beside") or ())))
 
     def age(self, now: float) -> None:
         for counts in (self.rejections, self.dispatches, self.crashes, self.task_failures, self.rows_lost):
             counts.age(now)
+        self.answers.age(now)
 
 
 @attrs.define
@@ -148,14 +242,17 @@ class Health:
     waited_share: dict[str, float | None]  # per class: the share of steps that had to wait, within the window
     waiting_s: dict[str, float]  # per class: how long its longest-waiting request has waited now
     tasks: dict[str, dict[str, Any]] = attrs.Factory(dict)  # steward's own supervised tasks (supervise.py)
+    paces: dict[str, ClassPace] = attrs.Factory(dict)  # per class: its answers' ttft and slowdown in the window
+    slowed: dict[str, str] = attrs.Factory(dict)  # the classes answering too slowly, and why
 
     def to_json(self) -> dict[str, object]:
         return {"status": self.status.value, "reasons": list(self.reasons), "rejected": self.rejected,
-                "waited_share": self.waited_share, "waiting_s": self.waiting_s, "tasks": self.tasks}
+                "waited_share": self.waited_share, "waiting_s": self.waiting_s, "tasks": self.tasks,
+                "answers": {klass: pace.to_json() for klass, pace in self.paces.items()}}
 
 
 def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mapping[str, float], now: float,
-           standing: Mapping[str, str] | None = None) -> Health:
+           standing: Mapping[str, str] | None = None, *, slowdown_limit: float = 0.0) -> Health:
     """The health now: pure, from a scheduler snapshot, the recent activity and the standing faults."""
     recent.age(now)
     window = format_duration(recent.window)
@@ -184,8 +281,13 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
         degraded.append(f"steward's task {task!r} failed {failures} time(s) in the last {window}")
     if lost := recent.rows_lost.totals["usage"]:
         degraded.append(f"{lost} usage rows lost in the last {window}")
+    paces = class_paces(recent.answers.answers)
+    slowed = {klass: reason for klass, pace in paces.items()
+              if (reason := slowed_reason(klass, pace, slowdown_limit, window)) is not None}
+    degraded += slowed.values()
     status = HealthStatus.OVERLOADED if overloaded else HealthStatus.DEGRADED if degraded else HealthStatus.OK
-    return Health(status, tuple(overloaded + degraded), rejected, _waited_share(recent), waiting_s)
+    return Health(status, tuple(overloaded + degraded), rejected, _waited_share(recent), waiting_s, paces=paces,
+                  slowed=slowed)
 
 
 def _waited_share(recent: RecentActivity) -> dict[str, float | None]:
@@ -210,20 +312,34 @@ class HealthWatch:
     slo_wait: Mapping[str, float]
     standing: StandingFaults = attrs.Factory(StandingFaults)
     supervision: Supervision | None = None
+    slowdown_limit: float = 0.0  # health.slowdown; 0: off
 
     def assess(self) -> Health:
         health = assess(self.scheduler.snapshot(), self.recent, self.slo_wait, trio.current_time(),
-                        self.standing.faults)
+                        self.standing.faults, slowdown_limit=self.slowdown_limit)
         return health if self.supervision is None else attrs.evolve(health, tasks=self.supervision.to_json())
 
 
 async def serve_health(watch: HealthWatch, events: EventLog, interval: float, *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Assess every *interval*; each change of status is one ``health`` event."""
+    """Assess every *interval*; each change of status is one ``health`` event, each class that
+    starts or stops answering too slowly one ``class_slowed`` or ``class_recovered``."""
     task_status.started()
     previous = HealthStatus.OK
+    slowed: dict[str, str] = {}
     while True:
         health = watch.assess()
+        for klass in [k for k in CLASSES if k in health.slowed and k not in slowed]:
+            pace = health.paces[klass]
+            events.emit("class_slowed", "warning", **{"class": klass}, slowdown_p50=pace.slowdown_p50,
+                        slowdown_p95=pace.slowdown_p95, answers=pace.measured, beside=pace.beside,
+                        limit=watch.slowdown_limit, reason=health.slowed[klass])
+        for klass in [k for k in CLASSES if k in slowed and k not in health.slowed]:
+            pace = health.paces.get(klass)
+            events.emit("class_recovered", "info", **{"class": klass},
+                        slowdown_p50=pace.slowdown_p50 if pace is not None else None,
+                        answers=pace.measured if pace is not None else 0, limit=watch.slowdown_limit)
+        slowed = dict(health.slowed)
         if health.status is not previous:
             level = "info" if health.status is HealthStatus.OK else "warning"
             events.emit("health", level, status=health.status.value, previous=previous.value,

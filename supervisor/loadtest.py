@@ -61,6 +61,10 @@ class ClientKind:
     max_tokens: tuple[int, int] = (16, 64)
     inputs: int = 0  # > 0: an embeddings client sending this many inputs per request
     api: str = "openai"  # openai (steward's own listener), ollama (/api/chat), comfyui (/prompt)
+    # Set: its prompts are this many repeats of a short phrase (about 3 tokens each, more for
+    # a chat template), after a fresh number, so no engine reuses the last prompt's cache
+    # (supervisor/loadtest_real.py's agents); unset: a short prompt, as always.
+    prompt_repeats: tuple[int, int] | None = None
 
     @property
     def group(self) -> str:
@@ -374,8 +378,9 @@ async def run_clients(endpoints: Endpoints | str, kinds: Mapping[ClientKind, int
                       *, timeout: float = 600.0, disconnect_rate: float = 0.0,
                       outcomes: list[Outcome] | None = None, tally: LoadTally | None = None,
                       say: Callable[[str], None] | None = None,
-                      progress_interval: float = PROGRESS_INTERVAL_S) -> list[Outcome]:
-    """Run every client until *duration* has passed; requests in flight then are finished.
+                      progress_interval: float = PROGRESS_INTERVAL_S, drain: float = math.inf) -> list[Outcome]:
+    """Run every client until *duration* has passed; requests in flight then are finished,
+    or abandoned *drain* seconds later (left in *tally* as unanswered).
 
     Outcomes are appended to *outcomes* as they come, and counted in *tally* (given:
     what was done before a cancellation is kept). With *say*, a progress line every
@@ -393,12 +398,13 @@ async def run_clients(endpoints: Endpoints | str, kinds: Mapping[ClientKind, int
             if say is not None:
                 await nursery.start(functools.partial(serve_progress, tally, say, started=started, duration=duration,
                                                       interval=progress_interval))
-            async with trio.open_nursery() as clients:
-                for kind, count in kinds.items():
-                    for index in range(count):
-                        clients.start_soon(_client_loop, http, endpoints, kind, random.Random(rng.random()),
-                                           started + duration, outcomes, tally, disconnect_rate,
-                                           name=f"{kind.name}-{index}")
+            with trio.move_on_at(started + duration + drain):
+                async with trio.open_nursery() as clients:
+                    for kind, count in kinds.items():
+                        for index in range(count):
+                            clients.start_soon(_client_loop, http, endpoints, kind, random.Random(rng.random()),
+                                               started + duration, outcomes, tally, disconnect_rate,
+                                               name=f"{kind.name}-{index}")
             nursery.cancel_scope.cancel(reason="every client is done")
     return outcomes
 
@@ -464,7 +470,7 @@ def _headers(kind: ClientKind) -> dict[str, str]:
 async def _chat_stream(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
                        seen: _Seen, started: float, leave_after: int) -> None:
     body = {"model": kind.model, "stream": True, "max_tokens": rng.randint(*kind.max_tokens),
-            "messages": [{"role": "user", "content": "tell me something " * rng.randint(2, 20)}]}
+            "messages": [{"role": "user", "content": _prompt(kind, rng, "tell me something ", (2, 20))}]}
     async with http.stream("POST", f"{endpoints.openai}/v1/chat/completions", json=body,
                            headers=_headers(kind)) as response:
         seen.status = response.status_code
@@ -484,10 +490,16 @@ async def _chat_stream(http: httpx.AsyncClient, endpoints: Endpoints, kind: Clie
         seen.ending = seen.ending or ("answer" if seen.status != 200 else "truncated")
 
 
+def _prompt(kind: ClientKind, rng: random.Random, phrase: str, repeats: tuple[int, int]) -> str:
+    if kind.prompt_repeats is None:
+        return phrase * rng.randint(*repeats)
+    return f"{rng.randrange(10**6)} " + phrase * rng.randint(*kind.prompt_repeats)
+
+
 async def _chat(http: httpx.AsyncClient, endpoints: Endpoints, kind: ClientKind, rng: random.Random,
                 seen: _Seen) -> None:
     body = {"model": kind.model, "max_tokens": rng.randint(*kind.max_tokens),
-            "messages": [{"role": "user", "content": "work on this " * rng.randint(5, 40)}]}
+            "messages": [{"role": "user", "content": _prompt(kind, rng, "work on this ", (5, 40))}]}
     async with http.stream("POST", f"{endpoints.openai}/v1/chat/completions", json=body,
                            headers=_headers(kind)) as response:
         seen.status = response.status_code
@@ -791,11 +803,11 @@ def run_loadtest(url: str | None, counts: Mapping[str, int], duration: float, mo
 
 def run_on_own_steward(workdir: Path, config: dict[str, Any], kinds: Mapping[ClientKind, int], duration: float,
                        seed: int, *, engines: str, keep: bool, disconnect_rate: float = 0.0,
-                       say: Callable[[str], None] | None = None) -> LoadReport:
+                       say: Callable[[str], None] | None = None, drain: float = math.inf) -> LoadReport:
     """Start a steward on *config* in *workdir*, run the clients against it, stop it, read its event log.
 
     *engines* says in words what it runs on (the line that says it is up); *say* as
-    run_loadtest's.
+    run_loadtest's; *drain* as run_clients'.
     """
     say = say or _say
     output = workdir / STEWARD_OUTPUT
@@ -806,7 +818,7 @@ def run_on_own_steward(workdir: Path, config: dict[str, Any], kinds: Mapping[Cli
         say(_load_line(kinds, duration, steward_url))
         endpoints = _endpoints(events, steward_url)
         outcomes = trio.run(functools.partial(run_clients, endpoints, kinds, duration, seed,
-                                              disconnect_rate=disconnect_rate, tally=tally, say=say))
+                                              disconnect_rate=disconnect_rate, tally=tally, say=say, drain=drain))
     finally:
         status = _stop_as_planned(process, say)
     say("loadtest: its steward has stopped" if status == 0

@@ -18,6 +18,42 @@ import attrs
 
 from supervisor.config import ModelConfig
 
+# The state file's key for the host's figures (not an engine's measurement key).
+HOST_KEY = "host"
+
+
+def _figure(entry: object, name: str) -> float | None:
+    value = entry.get(name) if isinstance(entry, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return None
+
+
+@attrs.frozen
+class EngineSpeed:
+    """An engine's speed measured alone on this host (`steward calibrate`, or steps that ran with
+    nothing else computing): tokens per second decoding one slot, reading a prompt, and the
+    decode rate of all its slots together with two slots busy (None: not measured)."""
+
+    decode_tps: float
+    prompt_tps: float | None = None
+    two_slots_tps: float | None = None
+
+    def figures(self) -> dict[str, float]:
+        named = {"decode_tps": self.decode_tps, "prompt_tps": self.prompt_tps, "two_slots_tps": self.two_slots_tps}
+        return {k: round(v, 3) for k, v in named.items() if v is not None}
+
+
+@attrs.frozen
+class HostSharing:
+    """How engines share this host's compute, measured by `steward calibrate`: k engines computing
+    at once each run at 1/k**alpha of their speed alone; n busy slots of one engine do
+    1 + batching_gain * (n - 1) times the work of one (supervisor/simulate/sharing.py)."""
+
+    alpha: float
+    batching_gain: float
+    cores: int
+
 
 def measurement_key(model: ModelConfig) -> str:
     identity: dict[str, object] = {"command": model.command, "model": model.model, "args": model.args,
@@ -33,8 +69,9 @@ def measurement_key(model: ModelConfig) -> str:
 
 @attrs.define(eq=False)
 class MeasurementStore:
-    """A small JSON file: key -> {"bytes", "load_s", "engine", "measured_at"} (either figure may
-    be missing). Written atomically."""
+    """A small JSON file: key -> {"bytes", "load_s", "decode_tps", "prompt_tps", "two_slots_tps",
+    "engine", "measured_at"} (any figure may be missing), and HOST_KEY -> the host's sharing
+    figures. Written atomically."""
 
     path: Path | None
     _entries: dict[str, dict[str, object]] = attrs.Factory(dict)
@@ -59,11 +96,28 @@ class MeasurementStore:
         return None
 
     def load_time(self, key: str) -> float | None:
+        return _figure(self._entries.get(key), "load_s")
+
+    def speed(self, key: str) -> EngineSpeed | None:
         entry = self._entries.get(key)
-        load_s = entry.get("load_s") if isinstance(entry, dict) else None
-        if isinstance(load_s, int | float) and not isinstance(load_s, bool) and 0 <= load_s < float("inf"):
-            return float(load_s)
-        return None
+        decode = _figure(entry, "decode_tps")
+        if decode is None or decode == 0:
+            return None
+        return EngineSpeed(decode, _figure(entry, "prompt_tps"), _figure(entry, "two_slots_tps"))
+
+    def record_speed(self, key: str, engine: str, speed: EngineSpeed) -> str | None:
+        return self._update(key, engine, **speed.figures())
+
+    def sharing(self) -> HostSharing | None:
+        entry = self._entries.get(HOST_KEY)
+        alpha, gain, cores = (_figure(entry, name) for name in ("alpha", "batching_gain", "cores"))
+        if alpha is None or gain is None or cores is None:
+            return None
+        return HostSharing(alpha, min(gain, 1.0), max(int(cores), 1))
+
+    def record_sharing(self, sharing: HostSharing) -> str | None:
+        return self._update(HOST_KEY, "", alpha=round(sharing.alpha, 3),
+                            batching_gain=round(sharing.batching_gain, 3), cores=sharing.cores)
 
     def record(self, key: str, engine: str, nbytes: int) -> str | None:
         """Keep a measurement of memory; returns what failed if the file could not be written

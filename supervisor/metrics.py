@@ -25,9 +25,11 @@ from supervisor.usage.row import UsageRow
 
 if TYPE_CHECKING:
     from supervisor.health import HealthWatch
+    from supervisor.slowdown import SpeedBook
 
 WAIT_BUCKETS = (0.005, 0.05, 0.25, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+SLOWDOWN_BUCKETS = (1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50)  # times slower than the engine alone
 ENGINE_STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
 RATE_WINDOW_S = 60.0  # tokens per second are averaged over this
 
@@ -56,8 +58,9 @@ class _FrontDoorCollector(Collector):
     """Every queue (per engine and class, exclusive jobs included), the ledger by tier, the health."""
 
     def __init__(self, scheduler: SchedulerClient, health: HealthWatch | None, device: str,
-                 tokens: collections.deque[tuple[float, int]]) -> None:
+                 tokens: collections.deque[tuple[float, int]], speeds: SpeedBook | None = None) -> None:
         self._scheduler, self._health, self._device, self._tokens = scheduler, health, device, tokens
+        self._speeds = speeds
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshot = self._scheduler.snapshot()
@@ -85,6 +88,14 @@ class _FrontDoorCollector(Collector):
             for state in ENGINE_STATES:
                 states.add_metric([engine.name, state], 1.0 if engine.status == state else 0.0)
         yield states
+        if self._speeds is not None:
+            alone = GaugeMetricFamily("steward_engine_alone_tokens_per_second", "How fast the engine decodes with "
+                                      "nothing beside it (steward calibrate, then learned from answers alone)",
+                                      labels=["engine"])
+            for engine in snapshot.engines:
+                if (tps := self._speeds.alone(engine.name)) is not None:
+                    alone.add_metric([engine.name], tps)
+            yield alone
         while self._tokens and self._tokens[0][0] < now - RATE_WINDOW_S:
             self._tokens.popleft()
         yield GaugeMetricFamily("steward_tokens_per_second", f"Completion tokens per second over the last "
@@ -125,6 +136,24 @@ class _FrontDoorCollector(Collector):
             if value is not None:
                 share.add_metric([klass], value)
         yield share
+        window = "over the health window (health.window); absent while no answer tells"
+        slowdown = GaugeMetricFamily("steward_class_slowdown", "How many times slower than their engines alone a "
+                                     f"class's answers decoded, {window}", labels=["class", "quantile"])
+        ttft = GaugeMetricFamily("steward_class_time_to_first_token_seconds", "A class's time to first token, "
+                                 f"{window}", labels=["class", "quantile"])
+        slowed = GaugeMetricFamily("steward_class_slowed", "1 while a class answers more than health.slowdown times "
+                                   "slower than alone", labels=["class"])
+        for klass, pace in health.paces.items():
+            for quantile, factor, seconds in (("0.5", pace.slowdown_p50, pace.ttft_p50_s),
+                                              ("0.95", pace.slowdown_p95, pace.ttft_p95_s)):
+                if factor is not None:
+                    slowdown.add_metric([klass, quantile], factor)
+                if seconds is not None:
+                    ttft.add_metric([klass, quantile], seconds)
+            slowed.add_metric([klass], 1.0 if klass in health.slowed else 0.0)
+        yield slowdown
+        yield ttft
+        yield slowed
 
 
 class _SchedulerCollector(Collector):
@@ -221,6 +250,9 @@ class StewardMetrics:
                                 ["listener", "key", "class", "status"], registry=r)
         self.ttft = Histogram("steward_time_to_first_token_seconds", "From a request's arrival to the first byte "
                               "of its answer", ["class"], buckets=TTFT_BUCKETS, registry=r)
+        self.slowdown = Histogram("steward_slowdown", "How many times slower than its engine decodes alone an "
+                                  "answer decoded (answers whose engine's speed alone is known)", ["class"],
+                                  buckets=SLOWDOWN_BUCKETS, registry=r)
         self.tokens = Counter("steward_tokens", "Tokens in answered requests, per model and kind", ["model", "kind"],
                               registry=r)
         self.alerts = Counter("steward_alerts", "Alerts sent to the webhook, or failed", ["kind", "outcome"],
@@ -234,9 +266,10 @@ class StewardMetrics:
                                      "unless fatal)", ["task", "fatal"], registry=r)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
-    def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu") -> None:
+    def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu",
+              speeds: SpeedBook | None = None) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
-        self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens))
+        self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens, speeds))
 
     def observe_usage(self, row: UsageRow) -> None:
         """Counted from each usage row, as the events are: metrics and the usage log agree."""
@@ -244,6 +277,8 @@ class StewardMetrics:
         self.requests.labels(row.listener, row.key or "", klass, str(row.status)).inc()
         if row.status == 200 and row.ttft_s is not None:
             self.ttft.labels(klass).observe(row.ttft_s)
+        if row.slowdown is not None:
+            self.slowdown.labels(klass).observe(row.slowdown)
         model = row.model or ""
         if row.prompt_tokens:
             self.tokens.labels(model, "prompt").inc(row.prompt_tokens)

@@ -32,11 +32,14 @@ _reaper = Reaper()
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
-    """Runs in the child between fork and exec (``preexec_fn``): *signum* when the parent dies."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL, cpus: frozenset[int] | None = None) -> None:
+    """Runs in the child between fork and exec (``preexec_fn``): *signum* when the parent dies;
+    the child and what it execs run on *cpus* only, when given (models.NAME.cpus)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent_pid:
         os._exit(1)  # the parent died before prctl took effect
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # an OSError here fails the spawn: a SpawnError
 
 
 def become_subreaper() -> None:
@@ -114,19 +117,23 @@ class SpawnError(Exception):
     the child failed between fork and exec (SubprocessError)."""
 
 
-def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
-    """Spawn *argv* in a new session; its stdout and stderr arrive merged on ``output``.
-    SpawnError if it cannot be started.
+def open_child(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+               cpus: frozenset[int] | None = None) -> ChildProcess:
+    """Spawn *argv* in a new session, on *cpus* only when given; its stdout and stderr arrive
+    merged on ``output``. SpawnError if it cannot be started.
 
     Deliberately synchronous, in the trio thread: PR_SET_PDEATHSIG fires when the
     *thread* that forked the child exits, and trio.open_process forks in a worker
     thread that exits after ten idle seconds, which would kill a healthy engine.
     """
+    if cpus is not None and not cpus & os.sched_getaffinity(0):  # else the child fails in preexec, unexplained
+        raise SpawnError(f"cannot run {argv[0] if argv else '(no program)'!r}: none of the CPUs "
+                         f"{sorted(cpus)} is one steward may run on ({sorted(os.sched_getaffinity(0))})")
     try:
         popen = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True, env={**os.environ, **(env or {})},
-            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            preexec_fn=functools.partial(die_with_parent, os.getpid(), cpus=cpus))
     except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
         program = argv[0] if argv else "(no program)"
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__

@@ -47,6 +47,7 @@ from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.config_policy import (
     build_scheduler,
+    compute_shares,
     engine_profiles,
     engine_specs,
     exposed_listeners,
@@ -88,6 +89,7 @@ from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, 
 from supervisor.scheduler.types import DeviceUse
 from supervisor.services.probe import probe_upstream
 from supervisor.services.process import serve_service_process
+from supervisor.slowdown import ComputeCompany, PaceMeter, SpeedBook
 from supervisor.supervise import OnFailure, Supervision, serve_contained_nursery, supervise
 from supervisor.units import format_size
 from supervisor.usage.writer import UsageLog, serve_usage_log
@@ -218,6 +220,12 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     events.emit("probe", "info", probe=probe.kind if probe else None, note=probe_note,
                 budget=budget, budget_text=format_size(budget), budget_source=budgets[0].source,
                 devices=[{"budget": device.nbytes, "source": device.source} for device in budgets])
+    compute = compute_shares(config)  # each engine's threads and CPUs, as engine_specs passes them
+    if compute.problems:
+        raise ConfigError(compute.problems)  # what `steward check` refuses, `run` refuses too
+    for name, share in compute.shares.items():
+        events.emit("compute_share", "info", engine=name, threads=share.threads, source=share.source.value,
+                    cpus=None if share.cpus is None else str(share.cpus), how=share.how)
     specs = engine_specs(config)
     store = MeasurementStore.open(config.state_file)
     plans = plan_all(config, {name: specs[name].command(0) for name in config.models}, store, memory_device(probe))
@@ -254,6 +262,11 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
                     kept(store.record_load_time(plan.key, engine, float(event.fields["load_s"])))
 
         events.listeners.append(remember_load)
+        # Each answer's slowdown against its engine alone, and what computed beside it (slowdown.py).
+        company = ComputeCompany()
+        events.listeners.append(company.observe)
+        speeds = SpeedBook(store, lambda: {name: plan.key for name, plan in reloader.plans.items()}, kept)
+        door.pace = PaceMeter(company, speeds)
 
         keys = await root.start(supervise, supervision, "key file watcher", functools.partial(
             serve_key_file, config.auth.keys_file, events, door.replace_keys, interval=config.auth.reload_interval))
@@ -274,7 +287,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
             await root.start(supervise, supervision, "gpu probe", functools.partial(
                 serve_probe, probe, config.gpu.poll_interval, steward, client))
         gate = RequestGate()
-        health = HealthWatch(client, inputs.recent, slo_waits(config), inputs.standing, supervision)
+        health = HealthWatch(client, inputs.recent, slo_waits(config), inputs.standing, supervision,
+                             slowdown_limit=config.health.slowdown)
         await root.start(supervise, supervision, "health watch", functools.partial(
             serve_health, health, events, config.health.interval))
         if config.alerts.webhook is not None:
@@ -283,7 +297,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
                 serve_alerts, alerts.webhook, AlertPolicy(alerts.min_interval, alerts.crash_loop), events, http,
                 timeout=alerts.timeout))
         metrics = StewardMetrics()
-        metrics.watch(client, health, memory_device(probe))
+        metrics.watch(client, health, memory_device(probe), speeds)
         events.listeners.append(metrics.observe)
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)

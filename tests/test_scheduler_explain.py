@@ -74,12 +74,14 @@ def test_each_reason_the_core_can_give() -> None:
     assert explain(s, s.waiting[2]).why == "interactive request for chat waits: all 1 slot(s) of chat are busy"
     s.submit(3, "embed", "batch", 1.0)
     assert explain(s, s.waiting[3]).why == ("batch request for embed waits: 1 interactive step(s) running; "
-                                            "the starvation guard lets one step through at 09:00:11")
+                                            "the starvation guard lets one step through beside them, "
+                                            "not before 09:00:11")
     s.finish(1, 2.0)
     s.finish(2, 3.0)  # the interactive window stays open 2 s after the last interactive step
     assert explain(s, s.waiting[3]).reason is WaitReason.INTERACTIVE_WINDOW
     assert explain(s, s.waiting[3]).why.endswith("the interactive window is open until 09:00:05; "
-                                                 "the starvation guard lets one step through at 09:00:11")
+                                                 "the starvation guard lets one step through beside chats, "
+                                                 "not before 09:00:11")
     s.submit(4, None, "interactive", 3.0, exclusive_memory=16 * GIB)
     assert explain(s, s.waiting[4]).why == ("interactive image job waits: needs 16.0 GiB of the GPU; "
                                             "unloading chat")

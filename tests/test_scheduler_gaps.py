@@ -150,8 +150,10 @@ def the_guards_turn_at_the_chats_end(gap_step: float) -> list[Effect]:
 def test_the_guards_turns_pass_over_the_short_lines_left_to_the_gaps() -> None:
     effects = the_guards_turn_at_the_chats_end(1.0)
     assert [e["model"] for e in emitted(effects, "starvation_step")] == ["agent"]
-    assert [e["job"] for e in emitted(effects, "gap_step")] == [11]  # the gap serves the short line
-    assert grants(effects) == [11, 20]  # neither waits for the other
+    # The turn was due first; the gap step would be a second lower-class engine beside it while
+    # the chat's engine is hot (rule 3c): it waits for the turn, and the gaps serve it after.
+    assert emitted(effects, "gap_step") == []
+    assert grants(effects) == [20]
 
 
 def test_off_the_guards_turn_goes_to_the_oldest() -> None:

@@ -345,3 +345,33 @@ def test_a_wake_is_not_taken_for_a_load_time() -> None:
     effects = s.engine_ready("a", s.engines["a"].generation, "http://127.0.0.1:1/a", 5.0)
     assert emitted(effects, "ready")[0]["wake"] is True
     assert s.engines["a"].load_s == 4.0
+
+
+def test_regression_a_due_batch_turn_makes_room_where_only_background_engines_are() -> None:
+    # Found on real engines (issue 27's mix): batch's model fitted only where the agent's and
+    # the embedder's engines were, and background always had work queued for both, so the
+    # guard's turn, which evicted only engines nobody earlier wanted, never found room: batch
+    # waited 285 s of a 300 s run. Rule 4d: a due turn may evict what a higher lower class wants.
+    policy = SchedulingPolicy(interactive_window=2.0, guard_gap_wait=15.0, swap_hold=10.0,
+                              starvation={"interactive": 0.0, "background": 3.0, "batch": 10.0})
+    s = Scheduler.create(18 * GIB, [model("chat"), model("agent"), model("embed"), model("batcher")], policy)
+    loaded(s, "agent", "background", 1, 0.0, 1.0)
+    loaded(s, "embed", "background", 2, 0.0, 1.0)
+    loaded(s, "chat", "interactive", 3, 2.0, 3.0)  # hot from then on: one lower-class engine
+    s.finish(1, 3.5)
+    s.finish(2, 3.5)
+    s.finish(3, 4.0)  # the window closes at 6.0
+    for job in range(10, 20):  # background keeps both of its engines wanted
+        s.submit(job, "agent", "background", 4.0)
+        s.submit(job + 100, "embed", "background", 4.0)
+    assert acts(s.submit(20, "batcher", "batch", 4.0)) == []
+    assert granted(s.tick(6.0), 10)
+    assert granted(s.finish(10, 11.0), 11)
+    assert emitted(s.tick(14.0), "starvation_claim")  # due at 14.0: it claims the agent's engine
+    effects = s.finish(11, 16.0)  # the agent's step ends: the turn goes, evicting the idle embedder
+    assert [(e["model"], e["load"]) for e in emitted(effects, "starvation_step")] == [("batcher", True)]
+    assert [(e["engine"], e["for_engine"]) for e in emitted(effects, "evict")] == [("embed", "batcher")]
+    assert acts(effects) == [StopEngine("embed", 1)]
+    assert acts(s.engine_exited("embed", 1, 16.5, "stopped")) == [StartEngine("batcher", 1)]
+    effects = s.engine_ready("batcher", 1, "http://127.0.0.1:1/batcher", 17.5)
+    assert granted(effects, 20)

@@ -309,3 +309,16 @@ def test_scenario_problems_name_their_key_path() -> None:
         "clients.chat.model: 'x' is not under engines",
         "clients.docs.output_tokens: an embeddings client (inputs set) generates no tokens",
     ]
+
+
+def test_lower_class_generations_are_cut_into_step_tokens_steps_as_the_gateway_cuts_them() -> None:
+    """scheduler.step_tokens: a background or batch generation is steps of N tokens out, the
+    prompt read in the first (the later ones continue from the cached prompt); chats never."""
+    from supervisor.simulate.workload import make_clients
+    clients = {"chat": client("m", output_tokens=20), "agent": client("m", "background", output_tokens=20)}
+    # 64 prompt tokens at 64/s: 1 s; 20 tokens out at 8/s: 2.5 s
+    for step_tokens, agent_steps in [(0, [1 + 2.5]), (8, [1 + 1, 1, 0.5]), (20, [1 + 2.5])]:
+        scenario = tiny({"m": engine()}, clients, scheduler={"step_tokens": step_tokens})
+        chat, agent = make_clients(scenario)
+        assert chat.draw_steps() == pytest.approx([1 + 2.5])
+        assert agent.draw_steps() == pytest.approx(agent_steps)

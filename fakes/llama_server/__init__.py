@@ -42,6 +42,13 @@ character split over two byte tokens, so the stream has no role chunk (llama-ser
 it only with a first token that is whole UTF-8; likewise a Messages stream then has no
 ``message_start`` and a Responses stream announces ``response.created`` with every token).
 The error event of ``FAKE_ERROR_MIDSTREAM`` is framed as each route frames its errors.
+``FAKE_ERROR_CONTINUING`` does the same only in a chat that continues a prefill (below);
+``FAKE_STOP_AFTER_<n>`` makes a chat's model end its answer after its n-th token.
+
+A chat whose last message is the assistant's is a prefill, continued as llama-server
+continues it: the tokens go on where its words stopped, and (llama-server's quirk, seen on
+0.3.36) the answer echoes it: the first content delta is the prefill and the first new token,
+a whole answer's content starts with it.
 
 ``GET /fake/stats`` -> ``{"started","completed","cancelled","active","deferred","connections"}``:
 requests that got a slot, that finished, that the client abandoned while generating,

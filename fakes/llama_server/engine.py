@@ -174,4 +174,4 @@ def _piece(job: Job, index: int) -> str:
         return job.answer[index] if index < len(job.answer) else ""  # "": the end-of-generation token
     if job.split_utf8_hook and index < 2:
         return split_utf8_piece(index)
-    return token_piece(index)
+    return token_piece(job.offset + index)

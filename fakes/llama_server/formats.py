@@ -125,6 +125,9 @@ class ChatFormat(DataEvents):
     model: str
     n_prompt: int
     include_usage: bool
+    # A last assistant message the answer continues. llama-server's quirk: it echoes it, as the
+    # start of the answer's content (the first content delta is the prefill and the first token).
+    prefill: str = ""
     ends_with_done = True
 
     def _chunk(self, choices: list[Any], **extra: Any) -> dict[str, Any]:
@@ -135,6 +138,7 @@ class ChatFormat(DataEvents):
         if n_decoded == 1:
             events.append(self._chunk([{"finish_reason": None, "index": 0,
                                         "delta": {"role": "assistant", "content": None}}]))
+            piece = self.prefill + piece
         events.append(self._chunk([{"finish_reason": None, "index": 0, "delta": {"content": piece}}]))
         return events
 
@@ -147,7 +151,7 @@ class ChatFormat(DataEvents):
 
     def response(self, out: Outcome) -> dict[str, Any]:
         choice = {"finish_reason": out.finish_reason, "index": 0,
-                  "message": {"role": "assistant", "content": out.text}}
+                  "message": {"role": "assistant", "content": self.prefill + out.text}}
         return {"choices": [choice], **_common(self.cmpl_id, self.model, "chat.completion"),
                 "usage": out.usage(), "timings": out.timings}
 

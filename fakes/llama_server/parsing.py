@@ -8,6 +8,7 @@ llama-server turns them into chat requests, and count it the same way.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,11 @@ import attrs
 from fakes.http11 import Request
 from fakes.llama_server.cli import Config
 from fakes.llama_server.errors import invalid_request
+from fakes.llama_server.formats import token_piece
 
 ERROR_HOOK = "FAKE_ERROR_MIDSTREAM"
+CONTINUED_ERROR_HOOK = "FAKE_ERROR_CONTINUING"  # ERROR_HOOK, only in a request that continues a prefill
+STOP_HOOK = re.compile(r"FAKE_STOP_AFTER_(\d+)")  # the model ends its answer after that many tokens
 CRASH_HOOK = "FAKE_CRASH"
 SPLIT_UTF8_HOOK = "FAKE_SPLIT_UTF8"
 
@@ -34,10 +38,13 @@ class Job:
     # The fake model's whole answer, one piece per token, ended by an end-of-generation token
     # (finish "stop"); None: VOCAB words until the budget or the context runs out ("length").
     answer: tuple[str, ...] | None = None
+    # Tokens the answer already holds: a chat whose last message is the assistant's (a prefill)
+    # is continued from there, as llama-server continues it (its words go on where they stopped).
+    offset: int = 0
 
     @property
     def error_hook(self) -> bool:
-        return ERROR_HOOK in self.prompt_text
+        return ERROR_HOOK in self.prompt_text or (CONTINUED_ERROR_HOOK in self.prompt_text and self.offset > 0)
 
     @property
     def crash_hook(self) -> bool:
@@ -92,6 +99,23 @@ def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
     if not isinstance(messages, list):
         raise invalid_request("Expected 'messages' to be an array")
     return conversation([message_text(m.get("content")) if isinstance(m, dict) else "" for m in messages])
+
+
+def chat_prefill(body: dict[str, Any]) -> str:
+    """The text of a last assistant message, which llama-server continues (an assistant prefill); "" if none."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return ""
+    return message_text(last.get("content"))
+
+
+def continuing(job: Job, prefill: str) -> Job:
+    """*job* continuing *prefill*: its tokens go on from there; FAKE_STOP_AFTER_n ends the whole answer at n."""
+    offset = count_words(prefill)
+    stop = STOP_HOOK.search(job.prompt_text)
+    answer = None if stop is None else tuple(token_piece(i) for i in range(offset, max(offset, int(stop[1]))))
+    return attrs.evolve(job, offset=offset, answer=answer)
 
 
 def text_prompt(body: dict[str, Any]) -> tuple[str, int]:

@@ -33,7 +33,15 @@ from fakes.llama_server.formats import (
     oai_embeddings,
 )
 from fakes.llama_server.messages import MessagesFormat, count_tokens, messages_job
-from fakes.llama_server.parsing import body_json, build_job, chat_prompt, embedding_inputs, text_prompt
+from fakes.llama_server.parsing import (
+    body_json,
+    build_job,
+    chat_prefill,
+    chat_prompt,
+    continuing,
+    embedding_inputs,
+    text_prompt,
+)
 from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
 from fakes.llama_server.rerank import rerank_body, rerank_request
 from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_job
@@ -227,10 +235,12 @@ class FakeLlamaServer:
     async def chat_completions(self, ex: Exchange) -> None:
         body = body_json(ex.request)
         prompt_text, n_prompt = chat_prompt(body)
-        job = build_job(body, self.cfg, prompt_text, n_prompt)
+        prefill = chat_prefill(body)
+        job = continuing(build_job(body, self.cfg, prompt_text, n_prompt), prefill)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        await self.engine.complete(ex, job, ChatFormat(completion_id(), self.cfg.model_id, n_prompt, include_usage))
+        await self.engine.complete(ex, job, ChatFormat(completion_id(), self.cfg.model_id, n_prompt, include_usage,
+                                                       prefill))
 
     async def completions(self, ex: Exchange) -> None:
         body = body_json(ex.request)

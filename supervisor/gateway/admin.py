@@ -65,12 +65,22 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                      "generation": e.generation, "failures": e.failures, "healthy": e.healthy,
                      "devices": [device_label(device, index) for index in e.devices]} for e in snapshot.engines],
         "classes": {klass: {"queued": snapshot.queued_by_class[klass], "running": snapshot.running_by_class[klass],
-                            "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3)}
+                            "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3),
+                            **_pace(health, klass)}
                     for klass in CLASSES},
         "waiting": waiting_lines(snapshot, now),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
     }
+
+
+def _pace(health: Health, klass: str) -> dict[str, Any]:
+    """A class's answers over the health window: how many times slower than alone, time to first token."""
+    pace = health.paces.get(klass)
+    if pace is None:
+        return {}
+    return {"slowdown_p50": pace.slowdown_p50, "slowdown_p95": pace.slowdown_p95, "ttft_p50_s": pace.ttft_p50_s,
+            "slowed": klass in health.slowed}
 
 
 def waiting_lines(snapshot: SchedulerSnapshot, now: float) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes, catalog.apis)
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

@@ -12,6 +12,7 @@ from adapters import model_apis, model_runtime
 from adapters.comfyui_workflow import Workflow, load_workflow
 from supervisor.apis import Api
 from supervisor.config import Config, ImageModelConfig
+from supervisor.gateway.chunked import CUT_RUNTIME
 
 
 @attrs.frozen
@@ -26,6 +27,9 @@ class ModelCatalog:
     aliases: dict[str, str] = attrs.Factory(dict)  # every accepted name -> its model
     served: dict[str, str] = attrs.Factory(dict)  # model -> the name its engine checks (vLLM's --served-model-name)
     apis: dict[str, frozenset[Api]] = attrs.Factory(dict)  # model -> the APIs it serves
+    # model -> the steps of N tokens its lower-class generations are cut into (gateway/chunked.py):
+    # scheduler.step_tokens on a runtime that continues a prefill (llama-server), else 0: never cut.
+    step_tokens: dict[str, int] = attrs.Factory(dict)
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
     # Every accepted name, of an engine's model or an image model -> its model: what a key's
     # model list is read with (a key may name an alias).
@@ -42,11 +46,13 @@ class ModelCatalog:
         served = {name: model.served_name or name for name, model in config.models.items()
                   if model_runtime(model).checks_model_name}
         apis = {name: model_apis(model) for name, model in config.models.items()}
+        step_tokens = {name: config.scheduler.step_tokens if model.runtime == CUT_RUNTIME else 0
+                       for name, model in config.models.items()}
         images = _image_models(config)
         names = {**aliases, **{alias: model.name for alias, model in images.items()}}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
-                           (self.images, images), (self.names, names)):
+                           (self.step_tokens, step_tokens), (self.images, images), (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)

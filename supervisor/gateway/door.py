@@ -38,6 +38,7 @@ from supervisor.events import EventLog
 from supervisor.gateway.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
 from supervisor.gateway.errors import ErrorShape, error_headers
 from supervisor.gateway.stream_errors import Failure, final_failure
+from supervisor.slowdown import Pace, PaceMeter
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
@@ -67,6 +68,10 @@ _PROMPT = frozenset({b"prompt_tokens", b"prompt_eval_count", b"input_tokens"})
 # Anthropic's input beside its input_tokens (which leave the cached part out): added to the prompt.
 _CACHED_INPUT = frozenset({b"cache_read_input_tokens", b"cache_creation_input_tokens"})
 CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key"})
+# llama-server's own measure of its decoding, in the last event of a stream or a whole answer's end.
+_DECODED = re.compile(rb'(?<!\\)"predicted_n"\s*:\s*(\d{1,12})')
+_DECODE_MS = re.compile(rb'(?<!\\)"predicted_ms"\s*:\s*(\d{1,15}(?:\.\d*)?(?:[eE][-+]?\d{1,3})?)')
+_STREAMS = (b"text/event-stream", b"application/x-ndjson")
 
 
 @attrs.define(eq=False)
@@ -92,7 +97,8 @@ class Exchange:
     engine_failure: Failure | None = None
     complete: bool = False
     client_left: bool = False
-    first_byte: float | None = None
+    first_byte: float | None = None  # of the answer's body (a stream's keep-alive comments are not its start)
+    last_byte: float | None = None
     request_bytes: int = 0
     response_bytes: int = 0
     _tapped: bool = False
@@ -128,8 +134,10 @@ class Exchange:
     def saw_body(self, chunk: bytes, now: float) -> None:
         if not chunk:
             return
-        if self.first_byte is None:
+        if self.first_byte is None and not (self._content_type.startswith(b"text/event-stream")
+                                            and _only_comments(chunk)):
             self.first_byte = now
+        self.last_byte = now
         self.response_bytes += len(chunk)
         if self._tapped:
             self._tail = (self._tail + chunk)[-_TAIL:]
@@ -138,7 +146,24 @@ class Exchange:
         if (self.status or 0) >= 400 and len(self._error_head) < _ERROR_HEAD:
             self._error_head += chunk[:_ERROR_HEAD - len(self._error_head)]
 
-    def row(self, now: float) -> UsageRow:
+    def decoding(self, now: float) -> tuple[int | None, float, float, float] | None:
+        """How the answer decoded: (tokens, the seconds they took, and when it decoded: from, to),
+        by the engine's own ``timings`` where it sent them, else the tokens after the first as a
+        stream's first and last bytes came; None when that cannot be told (an answer sent whole
+        without timings, such as one steward cut into steps: gateway/chunked.py)."""
+        end = self.last_byte if self.last_byte is not None else now
+        streamed = self._content_type.startswith(_STREAMS) and self.first_byte is not None
+        counted, spent = _DECODED.findall(self._tail), _DECODE_MS.findall(self._tail)
+        if counted and spent:
+            seconds = float(spent[-1]) / 1000
+            start = self.first_byte if streamed and self.first_byte is not None else end - seconds
+            return int(counted[-1]), seconds, start, end
+        if streamed and self.first_byte is not None:
+            tokens = self.completion_tokens if self.completion_tokens is not None else _read_tokens(self._tail)[1]
+            return None if tokens is None else tokens - 1, end - self.first_byte, self.first_byte, end
+        return None
+
+    def row(self, now: float, pace: Pace | None = None) -> UsageRow:
         status = self.status if self.status is not None else 500
         failure = self.failure()
         if status == 200 and failure is not None:
@@ -160,7 +185,9 @@ class Exchange:
             klass=self.klass, status=status, error=error, queued_s=_round(self.queued_s),
             ttft_s=_round(None if self.first_byte is None else self.first_byte - self.arrived),
             duration_s=round(now - self.arrived, 6), prompt_tokens=prompt, completion_tokens=completion,
-            request_bytes=self.request_bytes, response_bytes=self.response_bytes)
+            request_bytes=self.request_bytes, response_bytes=self.response_bytes,
+            decode_tps=pace.decode_tps if pace is not None else None,
+            slowdown=pace.slowdown if pace is not None else None)
 
     def failure(self) -> Failure | None:
         """The error the answer ended on, where its status does not tell it all: the engine's own
@@ -184,6 +211,11 @@ def exchange_of(scope: Scope) -> Exchange:
     if exchange is None:
         exchange = scope[EXCHANGE] = Exchange.arriving(scope, "(none)")
     return exchange
+
+
+def _only_comments(chunk: bytes) -> bool:
+    """An SSE chunk of nothing but comments (llama-server's keep-alive ``:`` while it reads a long prompt)."""
+    return all(line.startswith(b":") for line in chunk.splitlines() if line.strip())
 
 
 def _read_tokens(tail: bytes) -> tuple[int | None, int | None]:
@@ -243,6 +275,7 @@ class FrontDoor:
     aliases: Mapping[str, str] = attrs.Factory(dict)  # every accepted model name -> its model
     keys: KeyTable = attrs.Factory(lambda: KeyTable.from_key_file(KeyFile()))
     limiter: KeyLimiter = attrs.Factory(KeyLimiter)
+    pace: PaceMeter | None = None  # measures each served answer's decode rate and slowdown (slowdown.py)
 
     def replace_keys(self, table: KeyTable) -> None:
         self.keys = table
@@ -331,12 +364,27 @@ class FrontDoor:
 
     def record(self, exchange: Exchange) -> None:
         """The request ended: its usage row, and its one line in the event log (``request``)."""
-        row = exchange.row(trio.current_time())
+        now = trio.current_time()
+        pace = self._pace(exchange, now)
+        row = exchange.row(now, pace)
         self.usage.record(row)
+        beside = None if pace is None or pace.beside is None else [c.label() for c in pace.beside]
         self.events.emit("request", "info", listener=row.listener, method=row.method, route=row.route,
                          model=row.model, **{"class": row.klass}, status=row.status, error=row.error,
                          queued_s=row.queued_s, duration_s=row.duration_s, prompt_tokens=row.prompt_tokens,
-                         completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id)
+                         completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id,
+                         ttft_s=row.ttft_s, decode_tps=row.decode_tps, slowdown=row.slowdown, beside=beside)
+
+    def _pace(self, exchange: Exchange, now: float) -> Pace | None:
+        """A served answer's decode rate and slowdown, and what computed beside it."""
+        if (self.pace is None or exchange.status != 200 or (exchange.client_left and not exchange.complete)
+                or exchange.failure() is not None):
+            return None
+        decoding = exchange.decoding(now)
+        if decoding is None:
+            return None
+        tokens, seconds, start, end = decoding
+        return self.pace.measure(exchange.engine, exchange.klass, tokens, seconds, start, end)
 
 
 def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[Scope], ErrorShape],

@@ -36,6 +36,7 @@ from supervisor.gateway.asgi import (
     send_refusal,
     send_whole,
 )
+from supervisor.gateway.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
@@ -63,6 +64,9 @@ class InferenceHandler:
     nodes: NodeRouter | None = None  # a front door's: the models its nodes serve
     # model -> the APIs it serves (supervisor.apis); a model missing here serves them all
     apis: Mapping[str, frozenset[Api]] = attrs.Factory(dict)
+    # model -> its lower-class generations longer than this many tokens are cut into steps of it
+    # (chunked.py); a model missing here, or 0: never.
+    step_tokens: Mapping[str, int] = attrs.Factory(dict)
 
     async def _serve_remote(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
                             exchange: Exchange) -> None:
@@ -134,6 +138,10 @@ class InferenceHandler:
                 await self._serve_embedding_steps(scope, routed, bodies, send, exchange)
                 return
             assert routed.model is not None
+            generation = cut_generation(routed, self.step_tokens.get(routed.model, 0))
+            if generation is not None:
+                await self._serve_generation_steps(scope, routed, generation, send, disconnect, exchange)
+                return
             async with self.scheduler.open_grant(routed.model, routed.klass, on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
                 tracked = TrackedSend(send)
@@ -200,10 +208,52 @@ class InferenceHandler:
         body = assembly.response()
         await send_whole(send, 200, [(b"content-type", b"application/json")], body)
 
-    async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease) -> None:
+    async def _serve_generation_steps(self, scope: Scope, routed: RoutedRequest, generation: Generation, send: Send,
+                                      disconnect: Disconnect, exchange: Exchange) -> None:
+        """One step per ``step_tokens`` tokens, each continuing the last, one answer (chunked.py)."""
+        assert routed.model is not None
+        tracked = TrackedSend(send)
+        client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
+                                stream=routed.stream, model=routed.model)
+        answer = (StreamedSteps(client, generation, routed.route.stream_error) if routed.stream
+                  else JoinedSteps(client, generation))
+        try:
+            async with self.scheduler.open_request() as request:
+                while True:
+                    async with self.scheduler.open_grant(routed.model, routed.klass, request=request,
+                                                         step=generation.steps + 1, steps=generation.step_count,
+                                                         on_waited=exchange.waited) as lease:
+                        exchange.engine = lease.grant.engine
+                        answer.begin_step()
+                        try:
+                            await self._proxy(scope, routed, answer, lease, body=generation.next_body())
+                        finally:
+                            if disconnect.happened and not tracked.complete:
+                                lease.status = 499  # the client left before the answer ended
+                        generation.end_step()
+                    if not generation.goes_on():
+                        break
+            await answer.end()  # the last step's slot is free: the rest is steward's own bytes
+        except JobFailed as exc:  # a later step's: refused, or steward is closing
+            failure = exc.failure
+            exchange.error = failure.code
+            if isinstance(answer, StreamedSteps) and answer.started:
+                await answer.fail(failure.message, failure.code)
+            else:
+                await send_error(send, failure.status, failure.message, shape=routed.route.error_shape,
+                                 code=failure.code, retry_after=failure.retry_after)
+        finally:
+            self.events.emit("generation_steps", "debug", request_id=exchange.request_id, model=routed.model,
+                             **{"class": routed.klass}, steps=generation.steps, step_tokens=generation.step_tokens,
+                             completion_tokens=generation.completion_tokens, finish_reason=generation.finish_reason,
+                             ended=generation.ended)
+
+    async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease,
+                     body: bytes | None = None) -> None:
+        """Relay the request (or *body* in its place) to the lease's engine."""
         host, port = self._endpoint(lease.grant.endpoint)
         request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                                  self._request_headers(scope, routed), routed.body)
+                                  self._request_headers(scope, routed), routed.body if body is None else body)
 
         def on_status(status: int) -> None:
             lease.status = status

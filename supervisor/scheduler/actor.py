@@ -96,7 +96,7 @@ class Submit:
     klass: str
     request: Request
     step: int
-    steps: int
+    steps: int | None  # None: not known until the request ends (a generation cut into chunks)
     exclusive_memory: int | None
     handoff: tuple[int, int | None] | None  # (job id, status) of the request's previous step
 
@@ -240,7 +240,7 @@ class SchedulerClient:
 
     @asynccontextmanager
     async def open_grant(self, model: str | None, klass: str, *, request: Request | None = None, step: int = 1,
-                         steps: int = 1, exclusive_memory: int | None = None,
+                         steps: int | None = 1, exclusive_memory: int | None = None,
                          on_waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
         hold it for the ``async with`` body.
@@ -248,6 +248,8 @@ class SchedulerClient:
         Leaving early (the client went away) withdraws the step from the queue; leaving
         after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
         how long the step waited, however the wait ended (the usage log's seconds queued).
+        A step of a *request* hands its slot to the next (one that is not its last; any, with
+        *steps* None: the last one's slot is freed when the request ends).
         """
         ticket = Ticket(next(self._ids))
         lease = None
@@ -273,7 +275,7 @@ class SchedulerClient:
         finally:
             if isinstance(ticket.outcome, Fail):
                 pass
-            elif finished_cleanly and request is not None and step < steps:
+            elif finished_cleanly and request is not None and (steps is None or step < steps):
                 request.handoff = (ticket.job_id, lease.status if lease else None)
             else:
                 self._post(Finish(ticket.job_id, lease.status if lease else None))
@@ -401,8 +403,9 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 tickets[ticket.job_id] = ticket
                 if handoff is not None:
                     granted.pop(handoff[0], None)
+                # The core's events say "step/steps"; an unknown count is said as 0 ("3/0").
                 return core.submit(ticket.job_id, model, klass, now, seq=request.seq, request=request.id,
-                                   step=step, steps=steps, exclusive_memory=exclusive_memory, handoff=handoff)
+                                   step=step, steps=steps or 0, exclusive_memory=exclusive_memory, handoff=handoff)
             case Finish(job_id, status):
                 tickets.pop(job_id, None)
                 granted.pop(job_id, None)

@@ -18,19 +18,24 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    ``gap_step`` on average (measured; never measured: not short) starts at once, when no
    other lower-class step computes: background's first, oldest first; the next when it
    ends, if the gap lasts. A chat arriving meanwhile is slowed for about that long at
-   most. A gap step is outside the guard's lane and share (neither waits for the other),
-   and no progress for the starvation clock: the guard still serves the class's longer
-   lines, and its turns pass over the short lines (the gaps serve them) until one has
-   waited its starvation time plus ``guard_gap_wait``.
+   most. A gap step is outside the guard's lane and share, and no progress for the
+   starvation clock: the guard still serves the class's longer lines, and its turns pass
+   over the short lines (the gaps serve them) until one has waited its starvation time plus
+   ``guard_gap_wait``. It is not outside rule 3c: none starts while a guard turn is due
+   and claims the lower classes' engine (rule 4b), and a due turn waits for a gap step on
+   another engine to end (it is short).
    3c. Between chats, one engine at a time (``lower_class_engines``, 0: no limit): while an
    engine is hot, background and batch steps compute on at most that many engines at once
    (each with all its slots), the oldest request's first. A chat arriving after the window
    closed then shares the card with one engine, not with all of them; on a card that the
    engines saturate (bandwidth-bound decode) the lower classes lose no throughput by it.
+   The guard's turns obey it too (rule 4b): a chat shares the card with that many
+   lower-class engines at most, whatever let them start.
 4. Starvation guard: when the head of a lower class has made no progress for its
    ``starvation`` time, one of its steps may run beside the higher classes' work: the
    oldest of its waiting jobs that can actually run now, not simply the oldest. Beside
-   interactive work it is one turn at a time for both lower classes (the lane), used at
+   interactive work it is one turn at a time for both lower classes (the lane), the class
+   due first first (starved since, plus its starvation time; background on a tie), used at
    most ``guard_share`` of the time, waiting up to ``guard_gap_wait`` for a moment no
    interactive step computes. With ``guard_fill`` a turn that starts in such a moment
    also starts its class's next steps for the same engine, up to its free slots: an
@@ -39,6 +44,24 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    A turn beside interactive work that would evict another engine (a swap) waits for the
    window to close, for up to ``guard_gap_wait`` after it was due: a load slows the
    chats for all its length, longer than a step; one into free memory goes at once.
+   4b. While an engine is hot a turn obeys rule 3c: it may use the free slots of an engine
+   the lower classes compute on already, or start one when fewer than
+   ``lower_class_engines`` do. Else, when the lower classes' own steps hold what it needs
+   (the engines they compute on, or all its engine's slots), it claims them: no other
+   background or batch step starts until the turn has (a `starvation_claim` event), so it
+   waits for the steps running there to end, not for their class to run out of work; and
+   a due turn is served before the lower classes' other steps in each decision.
+   4c. The bound, then: beside interactive work a lower class's head starts within its
+   starvation time, plus the longest lower-class step running when it is due divided by
+   ``guard_share`` (one turn of the other class and the lane's rest after it), plus
+   ``guard_gap_wait``, plus its engine's load if the turn needs one; batch beside
+   background work alone, within its starvation time plus, while an engine is hot, the
+   steps running on the lower classes' engine. Short steps keep it near the starvation
+   time: a long generation cut into steps (the gateway's ``scheduler.step_tokens``).
+   4d. Memory is no exception: a due turn whose engine fits only where engines that a higher
+   lower class wants are (batch behind background's engines; never a hot or pinned one)
+   may evict them, idle ones at once and busy ones drained: the turn waits for their
+   steps, not for the higher class to run out of work (which may be never).
 5. Residency: pinned engines are never evicted for another model (rule 8's exclusive job
    unloads them, last); hot ones (used interactively within
    ``hot_window``) only for interactive work, and only when cold ones do not free enough.
@@ -119,6 +142,7 @@ from supervisor.scheduler.types import (
     EngineStatus,
     Fail,
     Grant,
+    GuardClaim,
     Job,
     LineSnapshot,
     Measured,
@@ -141,6 +165,7 @@ SHUTDOWN_RETRY_AFTER = 5.0
 
 Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
 NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
+TURN_DEMAND: Demand = (RANK["background"], -1)  # a guard turn's engine: before any lower class's request
 # Whether an engine's steps are short (rule 3b) is judged by the mean of its last this many.
 STEP_SAMPLES = 8
 
@@ -209,6 +234,9 @@ class Scheduler:
     step_times: dict[str, collections.deque[float]] = attrs.Factory(dict)
     last_interactive_end: float = -math.inf
     guard_resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
+    # A due guard turn that waits for the lower classes' own steps, and on which engines (rule
+    # 4b): no other lower-class step starts there until it has.
+    guard_claim: GuardClaim | None = None
     mode: str = "idle"
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
@@ -739,7 +767,7 @@ class Scheduler:
         self._advance_retirements(now)
         self._cancel_warm(now)
         promised: dict[int, int] = {}  # per device: memory that loads decided earlier in this pass wait for
-        wanted: dict[str, Demand] = {}  # earliest demand per engine seen so far
+        wanted: dict[str, Demand] = self._turn_engines()  # earliest demand per engine seen so far
         blocked_from = self._exclusive_rank()
         if blocked_from is None and self.exclusive_holder is None:
             for engine in self.engines.values():
@@ -749,10 +777,13 @@ class Scheduler:
                     if (option := self._admin_option(engine, now, promised)) is not None:
                         self._carry_out(engine, option, now, promised, ADMIN)
         turn = self._guard_turn(now)
-        if blocked_from is None and self.exclusive_holder is None:
-            self._serve_gap(now)
+        claimed, self.guard_claim = self.guard_claim, None  # decided afresh: only the turn due now claims
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
+            if rank == RANK["background"]:  # interactive work is served: the lower classes' moments
+                self._serve_turn_first(now, turn, blocked_from, promised, wanted, claimed)
+                if blocked_from is None and self.exclusive_holder is None:
+                    self._serve_gap(now)
             if blocked_from is not None and rank >= blocked_from:
                 if rank == blocked_from:
                     self._advance_exclusive(queue.head(), now, wanted)  # type: ignore[arg-type]
@@ -854,13 +885,18 @@ class Scheduler:
             self.guard_resume_at = now + (now - self.turn_started[klass]) * (1 - share) / share
 
     def _guard_turn(self, now: float) -> str | None:
-        """Which lower class may use the lane beside interactive work now: the most overdue
-        relative to its own starvation time (background on a tie)."""
+        """Which lower class may use the lane beside interactive work now: the one due first
+        (starved since, plus its starvation time; background on a tie). First due, first
+        served: a class waits for at most one turn of the other (and the lane's rest after it)."""
         if not self._interactive_active(now):
             return None
         due = [k for k in CLASSES[1:] if self._guard_due(k, now, beside_interactive=True)]
-        return max(due, key=lambda k: (now - self._starved_since(k)) / self.policy.starvation[k],  # type: ignore[operator]
-                   default=None)
+        return min(due, key=lambda k: (self._own_due_at(k), RANK[k]), default=None)
+
+    def _own_due_at(self, klass: str) -> float:
+        """When *klass*'s head will have made no progress for its starvation time (inf: nothing starves)."""
+        since = self._starved_since(klass)
+        return math.inf if since is None else since + self.policy.starvation[klass]
 
     def _window_open(self, now: float) -> bool:
         return (self.running_by_class["interactive"] > 0
@@ -904,25 +940,86 @@ class Scheduler:
 
     def lower_engines_full(self, klass: str, model: str | None, now: float) -> bool:
         """Rule 3c: while a chat's engine is hot, background and batch steps compute on at most
-        ``lower_class_engines`` engines at once; whether *model* is past that."""
-        limit = self.policy.lower_class_engines
-        if klass == "interactive" or limit <= 0 or now >= self._hot_until():
+        ``lower_class_engines`` engines at once; whether *model* is past that. The engines a due
+        guard turn of another class claims (rule 4b) are, too."""
+        if klass == "interactive":
+            return False
+        claim = self.guard_claim
+        if claim is not None and claim.klass != klass and model in claim.engines:
+            return True
+        if not self._engines_bounded(now):
             return False
         busy = self.lower_class_busy()
-        return model not in busy and len(busy) >= limit
+        return model not in busy and len(busy) >= self.policy.lower_class_engines
+
+    def _engines_bounded(self, now: float) -> bool:
+        """Rule 3c applies: a limit is set and a chat's engine is hot."""
+        return self.policy.lower_class_engines > 0 and now < self._hot_until()
 
     def lower_class_busy(self) -> set[str]:
-        """The engines background or batch steps compute on."""
-        return {job.model for job in self.running.values() if job.klass != "interactive" and job.model is not None}
+        """The engines background or batch steps compute on, and the engine a guard turn's
+        first step waits for (loading for it): that turn will compute there next."""
+        busy = {job.model for job in self.running.values() if job.klass != "interactive" and job.model is not None}
+        pending = (self.waiting.get(job_id) for job_id in self.guard.values() if job_id is not None)
+        return busy | {job.model for job in pending if job is not None and job.model is not None}
 
     def _hot_until(self) -> float:
         """When the last engine used interactively stops being hot (EngineState.hot)."""
         return max((e.last_interactive for e in self.engines.values()), default=-math.inf) + self.policy.hot_window
 
+    def _serve_turn_first(self, now: float, turn: str | None, blocked_from: int | None, promised: dict[int, int],
+                          wanted: dict[str, Demand], claimed: GuardClaim | None) -> None:
+        """Rule 4b: a due guard turn is served before the lower classes' other steps, and when
+        the lower classes' own work holds what it needs, it claims those engines (*claimed*:
+        the claim of the last decision, said once)."""
+        klass = self._due_turn(now, turn)
+        if klass is None or (blocked_from is not None and RANK[klass] >= blocked_from):
+            return
+        for higher in CLASSES[1: RANK[klass]]:  # interactive's are in *wanted* already
+            for head in self.queues[higher].heads():
+                if head.model is not None:
+                    wanted.setdefault(head.model, (RANK[higher], head.seq))
+        self._serve_guard(klass, now, promised, wanted, may_start_new=True)
+        held = () if self._in_turn(klass) else self._held_by_lower_work(klass, now)
+        if not held:
+            return
+        self.guard_claim = GuardClaim(klass, held)
+        if claimed is None or claimed.klass != klass:
+            self._emit("starvation_claim", "info", **{"class": klass}, waits_for=list(held),
+                       starved_s=_round(now - (self._starved_since(klass) or now)), step_s=self._measured_step(held))
+
+    def _due_turn(self, now: float, turn: str | None) -> str | None:
+        """The lower class whose guard turn is due now, if any."""
+        if self.exclusive_holder is not None:
+            return None
+        return next((k for k in CLASSES[1:] if self.queues[k].size and self._gate(k, now, turn) == "guard"), None)
+
+    def _held_by_lower_work(self, klass: str, now: float) -> tuple[str, ...]:
+        """The engines whose lower-class steps hold every line of *klass*: its engine is past
+        rule 3c's bound (all the engines they compute on hold it), or all its slots are busy
+        while lower-class steps compute on it. (): some line waits for something else."""
+        busy = self.lower_class_busy()
+        held: set[str] = set()
+        for head in self.queues[klass].heads():
+            if head.model is None:
+                return ()
+            if self.lower_engines_full(klass, head.model, now):
+                held |= busy
+            elif head.model in busy and not self._has_free_slot(self.engines[head.model]):
+                held.add(head.model)
+            else:
+                return ()
+        return tuple(sorted(held))
+
+    def _measured_step(self, engines: Iterable[str]) -> float | None:
+        """The longest of the engines' measured mean step times (None: none measured)."""
+        means = [sum(times) / len(times) for name in engines if (times := self.step_times.get(name))]
+        return _round(max(means)) if means else None
+
     def _serve_guard(self, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
                      may_start_new: bool) -> None:
         """A class held back by higher work: one guard turn at a time runs beside it, one step,
-        or with guard_fill its engine's free slots (rule 4)."""
+        or with guard_fill its engine's free slots (rule 4); within rule 3c's bound."""
         pending = self.guard[klass]
         if pending is not None:
             job = self.waiting.get(pending)
@@ -938,24 +1035,43 @@ class Scheduler:
         heads = [h for h in self.queues[klass].heads() if h.model is not None]
         for head in sorted(heads, key=lambda h: (self._left_to_gaps(h, now), h.seq)):
             engine = self.engines[head.model]  # type: ignore[index]
+            if self.lower_engines_full(klass, head.model, now):
+                continue  # a second lower-class engine beside a hot chat's (rule 3c)
             if self._has_free_slot(engine):
                 self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                            starved_s=_round(now - (self._starved_since(klass) or now)), load=False,
-                           steps=1 + len(self._turn_fill(head, engine)))
+                           steps=1 + len(self._turn_fill(head, engine)), step_s=self._measured_step([engine.name]))
                 self._start_turn(head, engine, now)
                 return
             if not self._may_start(engine, now):
                 continue
             option = self._place(engine, now, promised, wanted, (rank, head.seq), idle_only=True)
             if option is None or option.victims is None:
+                option = self._place(engine, now, promised, self._guard_wanted(klass, wanted), (rank, head.seq),
+                                     idle_only=False)
+            if option is None or option.victims is None:
                 continue
             if option.victims and self._swap_waits_for_window(klass, now):
                 continue
             self._emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
-                       starved_s=_round(now - (self._starved_since(klass) or now)), load=True)
+                       starved_s=_round(now - (self._starved_since(klass) or now)), load=True,
+                       step_s=self._measured_step([engine.name]))
             self.guard[klass] = head.id
             self._carry_out(engine, option, now, promised, LoadReason.of(head, guard=True))
             return
+
+    def _turn_engines(self) -> dict[str, Demand]:
+        """Rule 4d: an engine loading (or loaded) for a guard turn's first step is wanted before
+        any lower class's demand (only interactive work may take it), until that step starts:
+        else the class the turn is for would evict it again the moment it is ready."""
+        pending = (self.waiting.get(job_id) for job_id in self.guard.values() if job_id is not None)
+        return {job.model: TURN_DEMAND for job in pending if job is not None and job.model is not None}
+
+    @staticmethod
+    def _guard_wanted(klass: str, wanted: dict[str, Demand]) -> dict[str, Demand]:
+        """Rule 4d: the demand a due turn of *klass* leaves standing when memory holds it: the
+        interactive class's and its own class's, not that of the lower classes above it."""
+        return {name: demand for name, demand in wanted.items() if demand[0] in (0, RANK[klass])}
 
     def _start_turn(self, head: Job, engine: EngineState, now: float) -> None:
         self._dispatch(head, engine, now, by_guard=True)
@@ -996,7 +1112,8 @@ class Scheduler:
         """Rule 3b: in a gap, one short lower-class step starts at once, when no lower-class
         step computes (background's first, oldest first); the next when it ends, if the gap lasts.
         Decided before the guard's turn, which may start beside it: neither waits for the other."""
-        if not self._in_gap(now) or any(self.running_by_class[k] for k in CLASSES[1:]):
+        if (not self._in_gap(now) or any(self.running_by_class[k] for k in CLASSES[1:])
+                or self.guard_claim is not None):
             return
         for klass in CLASSES[1:]:
             heads = sorted((h for h in self.queues[klass].heads() if h.model is not None), key=lambda h: h.seq)

@@ -73,12 +73,11 @@ def _why(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     if blocked_from is not None and rank >= blocked_from:
         return WaitReason.EXCLUSIVE, f"an image job ({CLASSES[blocked_from]}) is next: work drains for it"
     gate = s._gate(job.klass, now, s._guard_turn(now))
-    if gate != "open" and s.guard[job.klass] != job.id:
+    mine = s.guard[job.klass] == job.id  # the guard's turn waits for this step's engine to load
+    if gate == "blocked" and not mine:
         return _held_by_higher(s, job)
-    if gate == "open" and s.guard[job.klass] != job.id and s.lower_engines_full(job.klass, job.model, now):
-        return WaitReason.LOWER_CLASS_ENGINES, (
-            f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
-            f"engine(s) at once, and {', '.join(sorted(s.lower_class_busy()))} computes")
+    if not mine and s.lower_engines_full(job.klass, job.model, now):
+        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=gate == "guard")
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])
@@ -100,21 +99,56 @@ def _exclusive_detail(s: Scheduler, job: Job) -> str:
     return "; ".join(parts)
 
 
+def _engines_bound(s: Scheduler, job: Job, *, turn_due: bool) -> str:
+    """Rule 3c's bound, and the guard turn that claims the lower classes' engines (rule 4)."""
+    claim = s.guard_claim
+    engines = claim.engines if claim is not None else tuple(sorted(s.lower_class_busy()))
+    usually = _usually(s, engines)
+    bound = (f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
+             f"engine(s) at once")
+    if claim is not None and claim.klass == job.klass:
+        return (f"its starvation guard turn is due and waits for the steps on {', '.join(engines)} to end{usually}"
+                + (f"; {bound}" if turn_due and s._engines_bounded(s.now) else ""))
+    if claim is not None and job.model in claim.engines:
+        return (f"a {claim.klass} turn of the starvation guard is due and waits for the steps on "
+                f"{', '.join(engines)} to end{usually}; no other background or batch step starts there before it")
+    return f"{bound}, and {', '.join(engines)} computes"
+
+
+def _usually(s: Scheduler, engines: tuple[str, ...]) -> str:
+    """How long the engines' steps took lately (measured), in words; "" if never measured."""
+    step = s._measured_step(engines)
+    return "" if step is None else f" (their steps took {format_elapsed(step)} on average lately)"
+
+
 def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
-    now = s.now
-    limit = s.policy.starvation[job.klass]
-    since = s._starved_since(job.klass)
+    """Held back by higher work; when the starvation guard's turn comes, as a time the core keeps
+    or as a lower bound ("not before"): the lane may be held longer, a chat may keep computing,
+    the other lower class may be due first."""
+    now, klass = s.now, job.klass
+    limit = s.policy.starvation[klass]
+    since = s._starved_since(klass)
+    beside = s._interactive_active(now)
     guard = ""
     if limit > 0 and since is not None:
-        due = max(since + limit, s.guard_resume_at)
-        lane = s.lane_class()
-        if now >= due and lane is not None:
-            return WaitReason.GUARD_SHARE, (f"the starvation guard lets one lower-class turn run at a time, "
-                                            f"and a {lane} turn has the lane")
-        if now >= due:
-            return WaitReason.GUARD_SHARE, "the starvation guard's step waits for a moment no interactive step computes"
-        guard = f"; the starvation guard lets one step through at {_clock(s, due)}"
-    if s._interactive_active(now):
+        own_due = since + limit
+        due = s._lane_due_at(since, klass) if beside else own_due
+        lane = s.lane_class() if beside else (klass if s._in_turn(klass) else None)
+        if lane is not None:
+            due = max(due, _next_turn_not_before(s, lane, klass))
+            held = (f"the starvation guard lets one lower-class turn run at a time, and a {lane} turn has the lane"
+                    if beside else f"a {klass} turn of the starvation guard runs")
+            if now >= own_due:
+                return WaitReason.GUARD_SHARE, f"{held}; the next: not before {_clock(s, due)}"
+        elif now >= due:
+            first = s._guard_turn(now)
+            if first is not None and first != klass:
+                return WaitReason.GUARD_SHARE, f"a {first} turn of the starvation guard was due first; its own is next"
+            return WaitReason.GUARD_SHARE, (f"its starvation guard turn is due and waits for a moment no interactive "
+                                            f"step computes (for up to {format_elapsed(s.policy.guard_gap_wait)})")
+        them = "it" if not beside else "them" if s.running_by_class["interactive"] else "chats"
+        guard = f"; the starvation guard lets one step through beside {them}, not before {_clock(s, due)}"
+    if beside:
         if s.running_by_class["interactive"]:
             cause = f"{s.running_by_class['interactive']} interactive step(s) running"
         elif s.queues["interactive"].size:
@@ -125,6 +159,17 @@ def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
         return WaitReason.INTERACTIVE_WINDOW, cause + guard
     higher = [k for k in CLASSES[: RANK[job.klass]] if s.running_by_class[k] or s.queues[k].size]
     return WaitReason.HIGHER_CLASS, f"{' and '.join(higher)} work goes first{guard}"
+
+
+def _next_turn_not_before(s: Scheduler, lane: str, klass: str) -> float:
+    """A lower bound for the next guard turn of *klass* while a turn of *lane* runs: the turn
+    ends no sooner than now, and the lane then rests guard_share's part of it; a turn of
+    *klass* itself is progress, so its clock starts again when it ends."""
+    now, share = s.now, s.policy.guard_share
+    pending = s.guard[lane] is not None and s.guard[lane] in s.waiting  # its engine still loads
+    started = now if pending else s.turn_started[lane]
+    not_before = now + (now - started) * (1 - share) / share if s._interactive_active(now) else now
+    return max(not_before, now + s.policy.starvation[klass]) if lane == klass else not_before
 
 
 def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReason, str]:
@@ -138,10 +183,13 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     if engine.status is EngineStatus.READY and engine.unhealthy:
         return WaitReason.UNHEALTHY, f"{name} fails its health checks"
     if engine.status is EngineStatus.READY:
-        return WaitReason.NO_SLOT, f"all {engine.profile.slots} slot(s) of {name} are busy"
+        claim = s.guard_claim
+        turn = ("" if claim is None or claim.klass != job.klass or name not in claim.engines
+                else f"; its starvation guard turn is due and takes the next one{_usually(s, (name,))}")
+        return WaitReason.NO_SLOT, f"all {engine.profile.slots} slot(s) of {name} are busy{turn}"
     if engine.status is EngineStatus.FAILED:
-        return WaitReason.ENGINE_FAILED, (f"{name} failed {engine.failures} time(s) in a row; it restarts at "
-                                          f"{_clock(s, engine.retry_at)}")
+        return WaitReason.ENGINE_FAILED, (f"{name} failed {engine.failures} time(s) in a row; it restarts not "
+                                          f"before {_clock(s, engine.retry_at)}")
     if engine.draining:
         return WaitReason.UNLOADING, (f"{name} is being unloaded ({engine.in_flight} step(s) finishing); "
                                       f"it loads again once it is gone")

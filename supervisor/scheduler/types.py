@@ -294,6 +294,15 @@ class Job:
 
 
 @attrs.frozen
+class GuardClaim:
+    """A due guard turn that waits for the lower classes' own steps (core.py, rule 4b): no
+    other background or batch step starts on these engines until it has started."""
+
+    klass: str
+    engines: tuple[str, ...]
+
+
+@attrs.frozen
 class BackoffPolicy:
     initial: float = 1.0
     maximum: float = 60.0

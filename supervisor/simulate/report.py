@@ -32,7 +32,9 @@ class Report:
     wall_s: float
 
     def as_json(self) -> dict[str, object]:
+        calibration = self.scenario.calibration
         return {"scenario": self.scenario.name, "seed": self.scenario.seed,
+                **({} if calibration is None else {"calibration": calibration.describe()}),
                 "policies": {name: cattrs.unstructure(result) for name, result in self.policies.items()},
                 "interactive_alone": cattrs.unstructure(self.interactive_alone),
                 "targets": [t.as_json() for t in self.targets()]}
@@ -125,7 +127,7 @@ SUMMARY_ROWS: list[Row] = [
 def _format_report(report: Report) -> str:
     scenario = report.scenario
     lines = [f"scenario {scenario.name}: {scenario.duration:g} s of virtual time, seed {scenario.seed}, "
-             f"GPU {format_size(scenario.gpu.memory)}; replayed in {report.wall_s:.2f} s", ""]
+             f"GPU {format_size(scenario.gpu.memory)}; replayed in {report.wall_s:.2f} s", *_calibrated(scenario), ""]
     results = list(report.policies.values())
     lines.append(" " * LABEL + "".join(f"{name:>{COLUMN}}" for name in report.policies))
     rows = [row for klass in scenario.present_classes() for row in _class_rows(klass)] + SUMMARY_ROWS
@@ -186,7 +188,8 @@ def _sweep_columns(scenario: Scenario, policies: Sequence[str]) -> list[Column]:
 def _format_sweep(sweep: Sweep) -> str:
     scenario = sweep.scenario
     lines = [f"scenario {scenario.name}, seeds {format_seeds(sweep.seeds)}: {scenario.duration:g} s of "
-             f"virtual time each, GPU {format_size(scenario.gpu.memory)}; replayed in {sweep.wall_s:.2f} s", ""]
+             f"virtual time each, GPU {format_size(scenario.gpu.memory)}; replayed in {sweep.wall_s:.2f} s",
+             *_calibrated(scenario), ""]
     columns = _sweep_columns(scenario, list(sweep.runs[0].policies))
     table = [[title for _, title, _ in columns]] + [[show(run) for _, _, show in columns] for run in sweep.runs]
     widths = [max(len(row[i]) for row in table) + 2 for i in range(len(columns))]
@@ -198,6 +201,11 @@ def _format_sweep(sweep: Sweep) -> str:
     lines += ["".join(f"{cell:>{width}}" for cell, width in zip(row, widths, strict=True)) for row in table]
     lines += _format_targets(sweep.targets(), "on every seed")
     return "\n".join(lines)
+
+
+def _calibrated(scenario: Scenario) -> list[str]:
+    """The line that says the scenario runs on a host's measured figures, if it does."""
+    return [] if scenario.calibration is None else [scenario.calibration.describe()]
 
 
 def _met(targets: list[Target]) -> str:

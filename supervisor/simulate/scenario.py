@@ -8,6 +8,7 @@ duration like 2s or 5m, got 'soon'``.
 from __future__ import annotations
 
 import importlib.resources
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from supervisor.config import (
     _describe,
     make_converter,
 )
+from supervisor.measurements import HOST_KEY, MeasurementStore
 from supervisor.scheduler.types import CLASSES
 from supervisor.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
@@ -112,6 +114,86 @@ class BaselineKnobs:
 
 
 @attrs.frozen
+class EngineFigures:
+    """One engine's figures as measured on a host (``steward calibrate``); unset: the scenario's own."""
+
+    speed: Rate | None = None  # decode tokens/s alone
+    prompt_speed: Rate | None = None
+    load_time: Duration | None = None
+
+
+@attrs.frozen
+class Calibration:
+    """A host's measured figures, which replace the scenario's assumed ones: the sharing
+    model's alpha and batching gain, and its engines' speeds and load times. In YAML,
+    ``calibration:`` is the path of a steward state file that ``steward calibrate`` wrote
+    (its engines matched by name; relative to the scenario file), or the figures inline."""
+
+    alpha: float | None = None
+    batching_gain: float | None = None
+    engines: dict[str, EngineFigures] = attrs.Factory(dict)
+    source: str | None = None  # the state file the figures came from
+
+    @classmethod
+    def from_state_file(cls, path: str | Path) -> Calibration:
+        """The figures in a state file (supervisor/measurements.py), per engine name the newest.
+
+        Raises:
+            ConfigError: the file cannot be read, or holds no calibration.
+        """
+        try:
+            entries = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError([f"calibration: cannot read the state file {path}: {detail}"]) from None
+        if not isinstance(entries, dict):
+            raise ConfigError([f"calibration: {path} is not a steward state file"])
+        store = MeasurementStore(None, entries)
+        newest: dict[str, tuple[float, EngineFigures]] = {}
+        for key, entry in entries.items():
+            if key == HOST_KEY or not isinstance(entry, dict) or not isinstance(name := entry.get("engine"), str):
+                continue
+            speed = store.speed(key)
+            figures = EngineFigures(None if speed is None else Rate(speed.decode_tps),
+                                    None if speed is None or not speed.prompt_tps else Rate(speed.prompt_tps),
+                                    None if (load := store.load_time(key)) is None else Duration(load))
+            when = entry.get("measured_at")
+            when = float(when) if isinstance(when, int | float) else 0.0
+            if figures != EngineFigures() and (name not in newest or when >= newest[name][0]):
+                newest[name] = (when, figures)
+        sharing = store.sharing()
+        if sharing is None and not newest:
+            raise ConfigError([f"calibration: {path} holds no calibration (run steward calibrate with its config)"])
+        return cls(None if sharing is None else sharing.alpha, None if sharing is None else sharing.batching_gain,
+                   {name: figures for name, (_, figures) in newest.items()}, str(path))
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        """*scenario* with these figures in place of its own; engines it does not have are left out."""
+        sharing = scenario.gpu.sharing
+        sharing = attrs.evolve(sharing, alpha=sharing.alpha if self.alpha is None else self.alpha,
+                               batching_gain=sharing.batching_gain if self.batching_gain is None
+                               else min(self.batching_gain, 1.0))
+
+        def engine(name: str, spec: EngineSpec) -> EngineSpec:
+            f = self.engines.get(name, EngineFigures())
+            return attrs.evolve(spec, speed=spec.speed if f.speed is None else f.speed,
+                                prompt_speed=spec.prompt_speed if f.prompt_speed is None else f.prompt_speed,
+                                load_time=spec.load_time if f.load_time is None else f.load_time)
+        known = {name: figures for name, figures in self.engines.items() if name in scenario.engines}
+        return attrs.evolve(scenario, gpu=attrs.evolve(scenario.gpu, sharing=sharing),
+                            engines={name: engine(name, spec) for name, spec in scenario.engines.items()},
+                            calibration=attrs.evolve(self, engines=known))
+
+    def describe(self) -> str:
+        """One line: where the figures came from and what they set."""
+        parts = [f"alpha {self.alpha:g}" if self.alpha is not None else "",
+                 f"batching gain {self.batching_gain:g}" if self.batching_gain is not None else "",
+                 f"engines {', '.join(self.engines)}" if self.engines else ""]
+        return (f"calibration from {self.source}: " if self.source else "calibration: ") + (
+            "; ".join(p for p in parts if p) or "no figure for this scenario")
+
+
+@attrs.frozen
 class Scenario:
     gpu: GpuSpec
     engines: dict[str, EngineSpec]
@@ -126,6 +208,8 @@ class Scenario:
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     classes: ClassesConfig = attrs.Factory(ClassesConfig)
     baselines: BaselineKnobs = attrs.Factory(BaselineKnobs)
+    # Measured figures in place of the assumed ones (already applied to gpu and engines).
+    calibration: Calibration | None = None
 
     def present_classes(self) -> list[str]:
         """The classes some client asks in, highest first."""
@@ -190,21 +274,41 @@ def make_scenario_converter() -> cattrs.Converter:
 converter = make_scenario_converter()
 
 
-def parse_scenario(raw: object, name: str = "scenario") -> Scenario:
+def parse_scenario(raw: object, name: str = "scenario", folder: Path | None = None) -> Scenario:
+    """*folder*: where a relative ``calibration`` path is (the scenario file's; default: here)."""
     if not isinstance(raw, dict):
         raise ConfigError([f"(top level): must be a mapping of keys, got {type(raw).__name__}"])
     missing = [key for key in ("gpu", "engines", "clients") if key not in raw]
     if missing:
         raise ConfigError([f"{key}: required key is missing" for key in missing])
+    raw = dict(raw)
+    calibration = _parse_calibration(raw.pop("calibration", None), folder)
     try:
         scenario = converter.structure({"name": name} | raw, Scenario)
     except ClassValidationError as exc:
         # cattrs names a renamed field by its attribute; a person wrote the YAML key.
         raise ConfigError([p.replace(".klass:", ".class:") for p in _describe(exc, "")]) from None
     problems = _check(scenario)
+    if calibration is not None:
+        problems += _check_calibration(calibration, scenario)
+        scenario = calibration.apply(scenario)
     if problems:
         raise ConfigError(problems)
     return scenario
+
+
+def _parse_calibration(raw: object, folder: Path | None) -> Calibration | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return Calibration.from_state_file(Path(folder or ".") / raw)
+    if not isinstance(raw, dict) or "source" in raw:
+        raise ConfigError(["calibration: must be the path of a steward state file or a mapping of alpha, "
+                           f"batching_gain and engines, got {raw!r}"])
+    try:
+        return converter.structure(raw, Calibration)
+    except ClassValidationError as exc:
+        raise ConfigError(_describe(exc, "calibration")) from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -213,7 +317,7 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read scenario: {exc.strerror or exc}"]) from None
-    return _parse_text(text, str(path), path.stem)
+    return _parse_text(text, str(path), path.stem, path.parent)
 
 
 def builtin_scenario(name: str) -> Scenario:
@@ -255,12 +359,12 @@ def format_seeds(seeds: Sequence[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def _parse_text(text: str, where: str, name: str) -> Scenario:
+def _parse_text(text: str, where: str, name: str, folder: Path | None = None) -> Scenario:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{where}: not valid YAML: {exc}"]) from None
-    return parse_scenario(raw, name)
+    return parse_scenario(raw, name, folder)
 
 
 def _check(scenario: Scenario) -> list[str]:
@@ -285,4 +389,14 @@ def _check(scenario: Scenario) -> list[str]:
             problems.append(f"clients.{name}.model: {client.model!r} is not under engines")
         if client.embeddings and client.output_tokens != NONE:
             problems.append(f"clients.{name}.output_tokens: an embeddings client (inputs set) generates no tokens")
+    return problems
+
+
+def _check_calibration(calibration: Calibration, scenario: Scenario) -> list[str]:
+    problems = [p.replace("gpu.sharing.", "calibration.")
+                for p in SharingModel(alpha=calibration.alpha or 0.0,
+                                      batching_gain=calibration.batching_gain or 0.0).problems("gpu.sharing")]
+    if calibration.source is None:  # inline figures name the scenario's engines; a state file has the config's
+        problems += [f"calibration.engines.{name}: not under engines" for name in calibration.engines
+                     if name not in scenario.engines]
     return problems

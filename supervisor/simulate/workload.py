@@ -23,6 +23,7 @@ class Client:
     engine: EngineSpec
     rng: random.Random
     chunk: int  # inputs per step, for an embeddings client
+    step_tokens: int = 0  # tokens out per step of a generation (scheduler.step_tokens); 0: one step
 
     def first_arrival(self) -> float:
         """By default the clients' first requests are spread over one think time, so they do not all start at 0."""
@@ -38,7 +39,11 @@ class Client:
         spec, engine = self.spec, self.engine
         if spec.inputs is None:
             prompt, output = spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng)
-            return [prompt / engine.prefill_speed + output / engine.speed]
+            cut = self.step_tokens if 0 < self.step_tokens < output else output
+            # A cut generation continues from its cached prompt: each later step reads only the
+            # tokens it adds (gateway/chunked.py), negligible beside decoding them.
+            outputs = [min(cut, output - done) for done in range(0, output, cut)] or [0]
+            return [prompt / engine.prefill_speed + outputs[0] / engine.speed, *(n / engine.speed for n in outputs[1:])]
         chunks = math.ceil(spec.inputs / self.chunk)
         sizes = [min(self.chunk, spec.inputs - k * self.chunk) for k in range(chunks)]
         return [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
@@ -46,8 +51,13 @@ class Client:
 
 
 def make_clients(scenario: Scenario) -> list[Client]:
+    def step_tokens(spec: ClientSpec) -> int:
+        """Background and batch generations are cut into steps (scheduler.step_tokens); chats never."""
+        return 0 if spec.klass == "interactive" else scenario.scheduler.step_tokens
+
     return [Client(f"{group}/{index}", spec, scenario.engines[spec.model],
-                   random.Random(f"{scenario.seed}/{group}/{index}"), spec.chunk or scenario.scheduler.embedding_chunk)
+                   random.Random(f"{scenario.seed}/{group}/{index}"), spec.chunk or scenario.scheduler.embedding_chunk,
+                   step_tokens(spec))
             for group, spec in scenario.clients.items() for index in range(spec.count)]
 
 

@@ -28,6 +28,7 @@ from rich.text import Text
 
 from supervisor.events import Event
 from supervisor.scheduler.types import CLASSES
+from supervisor.slowdown import format_factor
 from supervisor.units import format_elapsed, format_size
 
 WIDE = 120  # columns from which the wider layout is used
@@ -256,6 +257,10 @@ def _queues(state: Mapping[str, Any], width: int, room: int) -> list[RenderableT
             oldest = _number(counts.get("oldest_wait_s"))
             summary = Text(f"{_text(klass):<12}", style="bold", no_wrap=True, overflow="ellipsis")
             summary.append(f"{_count(counts.get('queued')):>4} queued {_count(counts.get('running')):>4} running")
+            if (slowdown := _number(counts.get("slowdown_p50"))) is not None:
+                # How many times slower than alone its answers decode (the median over the health window).
+                summary.append(f"   slowdown {format_factor(slowdown)}", "bold red" if counts.get("slowed") is True
+                               else "yellow" if slowdown >= 1.5 else "")
             if oldest is not None:
                 summary.append(f"   oldest {format_elapsed(oldest)}", "yellow")
             lines.append(summary)

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import attrs
 
+from supervisor.slowdown import format_factor
 from supervisor.units import parse_duration, show
 from supervisor.usage.row import TABLE
 
@@ -57,6 +58,8 @@ class GroupUsage:
     ttft_p50_s: float | None
     prompt_tokens: int
     completion_tokens: int
+    slowdown_p50: float | None = None  # over the answers whose slowdown is known (supervisor/slowdown.py)
+    slowdown_p95: float | None = None
 
     @property
     def rejected_share(self) -> float:
@@ -77,8 +80,8 @@ class UsageReport:
     total: GroupUsage
 
 
-# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens).
-Row = tuple[Any, Any, Any, Any, Any, Any]
+# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens, slowdown).
+Row = tuple[Any, ...]
 
 
 def parse_since(text: str) -> float:
@@ -114,9 +117,12 @@ def _select(path: str, by: Grouping, start: float) -> list[Row]:
             if tables:
                 raise UsageReadError(f"{path} is a SQLite database but not a usage log (no table {TABLE!r})")
             return []  # an empty file: a database nobody wrote yet
+        # A log an older steward wrote (and no steward since opened) has no slowdown column.
+        columns = {info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})")}
+        slowdown = "slowdown" if "slowdown" in columns else "NULL"
         return connection.execute(
-            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens FROM {TABLE} '
-            "WHERE ts >= ?", (start,)).fetchall()
+            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {slowdown} '
+            f"FROM {TABLE} WHERE ts >= ?", (start,)).fetchall()
     except sqlite3.OperationalError as exc:  # it is a database: a lock, an I/O error, a folder it cannot write
         raise UsageReadError(f"cannot read {path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
@@ -140,12 +146,18 @@ def summarize(path: str, rows: Iterable[Row], *, by: Grouping, since_s: float, n
 def _group_usage(group: Any, rows: list[Row]) -> GroupUsage:
     waits = sorted(_numbers(row[2] for row in rows))
     ttfts = sorted(_numbers(row[3] for row in rows))
+    slowdowns = sorted(_numbers(row[6] for row in rows if len(row) > 6))
     return GroupUsage(
         group=group, requests=len(rows), rejected=sum(1 for row in rows if row[1] in REJECTED),
         waited=sum(1 for wait in waits if wait > 0), wait_p50_s=percentile(waits, 0.5),
         wait_p95_s=percentile(waits, 0.95), ttft_p50_s=percentile(ttfts, 0.5),
         prompt_tokens=int(sum(_numbers(row[4] for row in rows))),
-        completion_tokens=int(sum(_numbers(row[5] for row in rows))))
+        completion_tokens=int(sum(_numbers(row[5] for row in rows))),
+        slowdown_p50=_rounded(percentile(slowdowns, 0.5)), slowdown_p95=_rounded(percentile(slowdowns, 0.95)))
+
+
+def _rounded(factor: float | None) -> float | None:
+    return None if factor is None else round(factor, 3)
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:
@@ -173,7 +185,8 @@ def _usage_json(usage: GroupUsage) -> dict[str, Any]:
     return {"requests": usage.requests, "rejected": usage.rejected, "rejected_share": usage.rejected_share,
             "waited": usage.waited, "waited_share": usage.waited_share, "wait_p50_s": _microseconds(usage.wait_p50_s),
             "wait_p95_s": _microseconds(usage.wait_p95_s), "ttft_p50_s": _microseconds(usage.ttft_p50_s),
-            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "slowdown_p50": usage.slowdown_p50, "slowdown_p95": usage.slowdown_p95}
 
 
 def _microseconds(seconds: float | None) -> float | None:
@@ -181,7 +194,8 @@ def _microseconds(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 6)
 
 
-_HEADERS = ("requests", "rejected", "waited", "wait p50", "wait p95", "ttft p50", "prompt tok", "compl tok")
+_HEADERS = ("requests", "rejected", "waited", "wait p50", "wait p95", "ttft p50", "slow p50", "slow p95",
+            "prompt tok", "compl tok")
 
 
 def format_report(report: UsageReport) -> str:
@@ -203,7 +217,13 @@ def format_report(report: UsageReport) -> str:
 def _cells(usage: GroupUsage) -> list[str]:
     return [str(usage.requests), _percent(usage.rejected_share), _percent(usage.waited_share),
             _seconds(usage.wait_p50_s), _seconds(usage.wait_p95_s), _seconds(usage.ttft_p50_s),
-            str(usage.prompt_tokens), str(usage.completion_tokens)]
+            _factor(usage.slowdown_p50), _factor(usage.slowdown_p95), str(usage.prompt_tokens),
+            str(usage.completion_tokens)]
+
+
+def _factor(value: float | None) -> str:
+    """A slowdown as one says it: 1.2×, 17×."""
+    return "-" if value is None else format_factor(value)
 
 
 def _label(group: Any, by: Grouping) -> str:

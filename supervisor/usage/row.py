@@ -12,8 +12,10 @@ import attrs
 from supervisor.safe_text import recordable
 
 TABLE = "requests"
-# Bumped when the table changes; the writer refuses a database written by a newer steward.
-SCHEMA_VERSION = 1
+# Bumped when the table changes; the writer refuses a database written by a newer steward, and
+# adds to an older one's table the columns it lacks (ADDED_COLUMNS: the version that added them).
+SCHEMA_VERSION = 2
+ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("decode_tps", "REAL"), ("slowdown", "REAL"))}
 
 
 @attrs.frozen
@@ -36,6 +38,10 @@ class UsageRow:
     completion_tokens: int | None
     request_bytes: int
     response_bytes: int
+    # Tokens per second after the first (the engine's timings, else the stream as it came); None: not told.
+    decode_tps: float | None = None
+    # How many times slower than its engine decodes alone (supervisor/slowdown.py); None: not known.
+    slowdown: float | None = None
 
 
 # The table's columns, in UsageRow's order; ``class`` is a keyword in Python, not in SQL.

@@ -36,7 +36,7 @@ import trio
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
 from supervisor.supervise import Supervision, supervise
-from supervisor.usage.row import COLUMNS, SCHEMA_VERSION, TABLE, UsageRow, column_values
+from supervisor.usage.row import ADDED_COLUMNS, COLUMNS, SCHEMA_VERSION, TABLE, UsageRow, column_values
 
 # No NOT NULL or CHECK constraints: a row the gateway got slightly wrong is still a row
 # worth keeping, and a row the database refused would be retried forever.
@@ -44,7 +44,7 @@ _CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (ts REAL, request_id TEXT, key TEXT, listener TEXT, method TEXT, "
     "route TEXT, model TEXT, engine TEXT, class TEXT, status INTEGER, error TEXT, queued_s REAL, ttft_s REAL, "
     "duration_s REAL, prompt_tokens INTEGER, completion_tokens INTEGER, request_bytes INTEGER, "
-    "response_bytes INTEGER)")
+    "response_bytes INTEGER, decode_tps REAL, slowdown REAL)")
 _CREATE_INDEXES = [f"CREATE INDEX IF NOT EXISTS {TABLE}_{column} ON {TABLE} ({column})"
                    for column in ("ts", "key", "model")]
 _QUOTED = ", ".join(f'"{name}"' for name in COLUMNS)
@@ -156,7 +156,7 @@ def _prepare(connection: sqlite3.Connection) -> None:
         if version > SCHEMA_VERSION:
             raise _Unusable(f"written by a newer steward (schema version {version}, this one knows {SCHEMA_VERSION})")
         connection.execute(_CREATE_TABLE)
-        columns = tuple(info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})"))
+        columns = _migrated(connection, tuple(info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})")))
         if columns != COLUMNS:
             raise _Unusable(f"its table {TABLE!r} is not a steward usage log's")
         for statement in _CREATE_INDEXES:
@@ -168,6 +168,18 @@ def _prepare(connection: sqlite3.Connection) -> None:
     except BaseException:
         _rollback(connection)
         raise
+
+
+def _migrated(connection: sqlite3.Connection, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The table's columns once those that later versions added are there: an older steward's
+    log keeps its rows and gains the new columns (empty in its old rows)."""
+    for version in sorted(ADDED_COLUMNS):
+        added = ADDED_COLUMNS[version]
+        if columns + tuple(name for name, _ in added) == COLUMNS[:len(columns) + len(added)]:
+            for name, kind in added:
+                connection.execute(f'ALTER TABLE {TABLE} ADD COLUMN "{name}" {kind}')
+            columns += tuple(name for name, _ in added)
+    return columns
 
 
 def _insert(connection: sqlite3.Connection, rows: list[UsageRow]) -> None:

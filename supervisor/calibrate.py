@@ -1,0 +1,431 @@
+"""``steward calibrate CONFIG [--engine NAME]``: measure this host instead of assuming it.
+
+Each configured llama-server engine (or the one named) is started briefly, as steward
+starts it (its adapter's command, supervisor/process.py's child), and measured with a few
+short greedy requests to its native ``/completion`` whose answers carry llama-server's own
+``timings``:
+
+- its load time, from spawn to a ready ``/health``;
+- its speed alone: decode tokens/s (one slot) and prompt tokens/s;
+- two of its slots busy at once: their decode rates added up, and the batching gain
+  ``two_slots / alone - 1`` (0: a second slot adds nothing, 1: it doubles the work done);
+- two engines decoding at once (the first two measured, or one engine and a copy of it):
+  each at ``alone / 2**alpha``, so ``alpha = log2(alone / together)`` (0: they do not slow
+  each other, 1: an even split of the compute, more: they fight over it).
+
+The figures go to the config's ``state_file`` (supervisor/measurements.py: per engine
+under its measurement key, the host's under HOST_KEY), where the scheduler and ``steward
+simulate`` read them; a table is printed and one ``calibrated`` event is logged. Every
+process it starts is stopped on every path, Ctrl-C included. Each engine gets the threads
+and CPUs steward gives it (engine_specs: supervisor/accounting/cpu_share.py), so the figures
+are those of the engines as steward runs them; run it on an idle host.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import os
+import secrets
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from supervisor.config import Config
+from supervisor.config_policy import engine_specs
+from supervisor.engine import EngineSpec, pick_port, placed_command
+from supervisor.events import EventLog, EventLogUnavailable, open_event_log
+from supervisor.measurements import EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from supervisor.process import ChildProcess, SpawnError, open_child, pump_lines, stop_child
+
+# The requests: short and greedy, a fresh prompt each (no prompt cache reused), a fixed
+# number of tokens out whatever the model would say (ignore_eos).
+DECODE_TOKENS = 64
+PROMPT_REPEATS = 80  # "measure this " x 80: about 250 prompt tokens, enough to time the prompt
+ALONE_REQUESTS = 2  # after one warm-up request
+REQUEST_TIMEOUT_S = 120.0
+OUTPUT_TAIL_LINES = 20
+
+
+class CalibrationError(Exception):
+    """An engine could not be measured (it did not start, or did not answer as llama-server does)."""
+
+
+# ---- the arithmetic ---------------------------------------------------------------------
+
+@attrs.frozen
+class Timing:
+    """One answer's llama-server ``timings``: tokens and milliseconds of its prompt and its decode."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> Timing | None:
+        timings = answer.get("timings")
+        if not isinstance(timings, dict):
+            return None
+        try:
+            return cls(int(timings["prompt_n"]), float(timings["prompt_ms"]), int(timings["predicted_n"]),
+                       float(timings["predicted_ms"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def decode_tps(self) -> float | None:
+        return self.predicted_n / self.predicted_ms * 1000 if self.predicted_n and self.predicted_ms > 0 else None
+
+
+def decode_rate(timings: Sequence[Timing]) -> float | None:
+    """Tokens decoded per second over *timings* together (their tokens over their time)."""
+    tokens, ms = sum(t.predicted_n for t in timings), sum(t.predicted_ms for t in timings)
+    return tokens / ms * 1000 if tokens and ms > 0 else None
+
+
+def prompt_rate(timings: Sequence[Timing]) -> float | None:
+    tokens, ms = sum(t.prompt_n for t in timings), sum(t.prompt_ms for t in timings)
+    return tokens / ms * 1000 if tokens and ms > 0 else None
+
+
+def batching_gain(alone_tps: float, two_slots_tps: float) -> float:
+    """Two busy slots do ``1 + gain`` times the work of one (supervisor/simulate/sharing.py), in [0, 1]."""
+    return min(max(two_slots_tps / alone_tps - 1, 0.0), 1.0)
+
+
+def sharing_alpha(alone_tps: float, together_tps: float) -> float:
+    """Two engines at once each run at ``alone / 2**alpha``: ``alpha = log2(alone / together)``, at least 0."""
+    return max(math.log2(alone_tps / together_tps), 0.0)
+
+
+# ---- what was measured ------------------------------------------------------------------
+
+@attrs.frozen
+class EngineCalibration:
+    name: str
+    key: str  # its measurement key in the state file
+    load_s: float
+    speed: EngineSpeed
+    slots: int
+
+    @property
+    def batching_gain(self) -> float | None:
+        two = self.speed.two_slots_tps
+        return None if two is None else batching_gain(self.speed.decode_tps, two)
+
+
+@attrs.frozen
+class PairCalibration:
+    """Two engines decoding at once: their names, their rates alone and together."""
+
+    names: tuple[str, str]
+    alone_tps: tuple[float, float]
+    together_tps: tuple[float, float]
+    copy: bool = False  # the second is a copy of the first (one engine calibrated)
+
+    @property
+    def alpha(self) -> float:
+        return statistics.fmean(sharing_alpha(a, t) for a, t in zip(self.alone_tps, self.together_tps, strict=True))
+
+
+@attrs.frozen
+class Calibration:
+    engines: tuple[EngineCalibration, ...]
+    pair: PairCalibration | None  # None: it could not be measured (no engine answered)
+    cores: int
+    duration_s: float
+    state_file: str | None
+    notes: tuple[str, ...] = ()  # what was not measured, and why
+    write_problem: str | None = None  # the state file could not be written
+
+    @property
+    def batching_gain(self) -> float | None:
+        gains = [e.batching_gain for e in self.engines if e.batching_gain is not None]
+        return statistics.fmean(gains) if gains else None
+
+    def sharing(self, kept: HostSharing | None = None) -> HostSharing | None:
+        """The host's figures; a gain not measured now (every engine has one slot) is the one kept, else 0."""
+        if self.pair is None:
+            return None
+        gain = self.batching_gain
+        if gain is None:
+            gain = kept.batching_gain if kept is not None else 0.0
+        return HostSharing(self.pair.alpha, gain, self.cores)
+
+    def to_json(self) -> dict[str, Any]:
+        sharing = self.sharing()
+        return {"engines": {e.name: {"load_s": round(e.load_s, 3), **e.speed.figures(), "slots": e.slots,
+                                     "batching_gain": _round(e.batching_gain)} for e in self.engines},
+                "pair": None if self.pair is None else
+                {"engines": list(self.pair.names), "copy": self.pair.copy,
+                 "alone_tps": [round(v, 3) for v in self.pair.alone_tps],
+                 "together_tps": [round(v, 3) for v in self.pair.together_tps]},
+                "alpha": None if sharing is None else round(sharing.alpha, 3),
+                "batching_gain": None if sharing is None else round(sharing.batching_gain, 3),
+                "cores": self.cores, "duration_s": round(self.duration_s, 3), "state_file": self.state_file,
+                "notes": list(self.notes), "write_problem": self.write_problem}
+
+
+def format_calibration(calibration: Calibration) -> str:
+    lines = [f"{'engine':<16} {'load':>7} {'decode tok/s':>12} {'prompt tok/s':>12} {'2 slots tok/s':>13} "
+             f"{'gain':>5}"]
+    for e in calibration.engines:
+        lines.append(f"{e.name:<16} {e.load_s:>6.2f}s {e.speed.decode_tps:>12.1f} {_cell(e.speed.prompt_tps):>12} "
+                     f"{_cell(e.speed.two_slots_tps):>13} {_cell(e.batching_gain, '.2f'):>5}")
+    if (pair := calibration.pair) is not None:
+        second = f"{pair.names[1]} (a copy)" if pair.copy else pair.names[1]
+        lines.append(f"two engines at once ({pair.names[0]} + {second}): "
+                     f"{pair.together_tps[0]:.1f} / {pair.together_tps[1]:.1f} tok/s, alone "
+                     f"{pair.alone_tps[0]:.1f} / {pair.alone_tps[1]:.1f}: alpha {pair.alpha:.2f}")
+    sharing = calibration.sharing()
+    if sharing is not None:
+        lines.append(f"host: {sharing.cores} cores; alpha {sharing.alpha:.2f}, batching gain "
+                     f"{sharing.batching_gain:.2f} (the simulator's assumptions: 1.0 and 0.5)")
+    lines.extend(f"note: {note}" for note in calibration.notes)
+    took = f"took {calibration.duration_s:.1f}s"
+    if calibration.write_problem:
+        lines.append(f"NOT written: {calibration.write_problem} ({took})")
+    elif calibration.state_file:
+        lines.append(f"written to {calibration.state_file} ({took})")
+    else:
+        lines.append(f"not kept: the config has no state_file ({took})")
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# ---- running engines --------------------------------------------------------------------
+
+@attrs.define(eq=False)
+class RunningEngine:
+    name: str
+    url: str
+    slots: int
+    load_s: float
+
+
+def calibrated_engines(config: Config, only: str | None = None) -> list[str]:
+    """The engines calibrate measures: the llama-server models steward starts itself, or *only*.
+
+    Raises:
+        CalibrationError: *only* is no such engine, or none can be calibrated.
+    """
+    runnable = [name for name, model in config.models.items()
+                if model.runtime == "llama-server" and model.upstream is None and model.command]
+    if only is not None:
+        if only not in runnable:
+            kind = "not a llama-server model steward starts" if only in config.models else "not in models"
+            raise CalibrationError(f"--engine {only}: {kind} (calibrate measures {', '.join(runnable) or 'none'})")
+        return [only]
+    if not runnable:
+        raise CalibrationError("the config has no llama-server model that steward starts: nothing to calibrate")
+    return runnable
+
+
+@asynccontextmanager
+async def running_engine(spec: EngineSpec, http: httpx.AsyncClient,
+                         nursery: trio.Nursery) -> AsyncIterator[RunningEngine]:
+    """One process of *spec*, ready, as steward would start it (its command, devices, threads and
+    CPUs); stopped when the block ends, however it ends. Its output is drained in *nursery*
+    until the process has gone."""
+    port = pick_port(spec.host)
+    command = spec.command(port)
+    assert command is not None  # a llama-server model steward starts has one
+    argv, env = placed_command(spec, command, None)
+    tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+    started = time.monotonic()
+    try:
+        # Its threads (in its command) and CPUs as steward would give them (engine_specs: cpu_share.py).
+        process = open_child(argv, env, cpus=None if spec.cpus is None else spec.cpus.cpus)
+    except SpawnError as exc:
+        raise CalibrationError(f"{spec.name}: {exc}") from None
+    nursery.start_soon(_drain, process, tail.append)
+    try:
+        url = f"http://{spec.host}:{port}"
+        with trio.move_on_after(spec.start_timeout) as waiting:
+            while not await spec.runtime.is_ready(http, url):  # type: ignore[attr-defined]
+                if process.returncode is not None:
+                    raise CalibrationError(f"{spec.name}: exited before it was ready; last output: "
+                                           + " | ".join(list(tail)[-5:]))
+                await trio.sleep(spec.health_interval)
+        if waiting.cancelled_caught:
+            raise CalibrationError(f"{spec.name}: not ready within engines.start_timeout ({spec.start_timeout:g}s)")
+        yield RunningEngine(spec.name, url, spec.slots, time.monotonic() - started)
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_child(process, spec.stop_grace)
+
+
+async def _drain(process: ChildProcess, on_line: Callable[[str], None]) -> None:
+    try:
+        await pump_lines(process.output, on_line)
+    finally:
+        await process.output.aclose()
+
+
+async def timed_completion(http: httpx.AsyncClient, engine: RunningEngine, *, repeats: int = PROMPT_REPEATS,
+                           tokens: int = DECODE_TOKENS) -> Timing:
+    """One greedy ``/completion`` of a fresh prompt, *tokens* out; its timings."""
+    prompt = f"{secrets.token_hex(4)} " + "measure this " * repeats
+    body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+    try:
+        response = await http.post(f"{engine.url}/completion", json=body, timeout=REQUEST_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise CalibrationError(f"{engine.name}: /completion failed: {exc or type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise CalibrationError(f"{engine.name}: /completion answered {response.status_code}: {response.text[:200]}")
+    try:
+        timing = Timing.of(response.json())
+    except ValueError:
+        timing = None
+    if timing is None or timing.decode_tps is None:
+        raise CalibrationError(f"{engine.name}: its answer has no usable timings (not llama-server?)")
+    return timing
+
+
+async def at_once(*calls: Callable[[], Awaitable[Timing]]) -> list[Timing]:
+    """Run *calls* concurrently; their results in order, or the first one's CalibrationError."""
+    results: list[Timing | CalibrationError | None] = [None] * len(calls)
+
+    async def one(index: int) -> None:
+        try:
+            results[index] = await calls[index]()
+        except CalibrationError as exc:
+            results[index] = exc
+
+    async with trio.open_nursery() as nursery:
+        for index in range(len(calls)):
+            nursery.start_soon(one, index)
+    if failed := [r for r in results if isinstance(r, CalibrationError)]:
+        raise failed[0]
+    return [r for r in results if isinstance(r, Timing)]
+
+
+async def measure_alone(http: httpx.AsyncClient, engine: RunningEngine, key: str) -> EngineCalibration:
+    await timed_completion(http, engine, repeats=4, tokens=8)  # warm-up: first answers are slower
+    alone = [await timed_completion(http, engine) for _ in range(ALONE_REQUESTS)]
+    decode = decode_rate(alone)
+    assert decode is not None  # timed_completion checked every answer decoded
+    two_slots = None
+    if engine.slots >= 2:
+        pair = await at_once(*[functools.partial(timed_completion, http, engine, repeats=4)] * 2)
+        rates = [t.decode_tps for t in pair]
+        two_slots = sum(r for r in rates if r is not None)
+    return EngineCalibration(engine.name, key, engine.load_s, EngineSpeed(decode, prompt_rate(alone), two_slots),
+                             engine.slots)
+
+
+async def measure_pair(http: httpx.AsyncClient, specs: Sequence[EngineSpec], alone: Sequence[EngineCalibration],
+                       nursery: trio.Nursery) -> PairCalibration:
+    """The first two engines decoding at once (one engine: it and a copy of it)."""
+    copy = len(specs) == 1
+    first, second = (specs[0], specs[0]) if copy else (specs[0], specs[1])
+    async with running_engine(first, http, nursery) as a, running_engine(second, http, nursery) as b:
+        await at_once(functools.partial(timed_completion, http, a, repeats=4, tokens=8),
+                      functools.partial(timed_completion, http, b, repeats=4, tokens=8))
+        together = await at_once(functools.partial(timed_completion, http, a, repeats=4),
+                                 functools.partial(timed_completion, http, b, repeats=4))
+    rates = tuple(t.decode_tps for t in together)
+    alone_tps = (alone[0].speed.decode_tps, alone[0 if copy else 1].speed.decode_tps)
+    return PairCalibration((first.name, second.name), alone_tps, rates, copy)  # type: ignore[arg-type]
+
+
+async def calibrate(config: Config, names: Sequence[str], *, say: Callable[[str], None],
+                    events: EventLog | None = None) -> Calibration:
+    """Measure *names* (calibrated_engines), keep the figures in the state file, log ``calibrated``."""
+    started = time.monotonic()
+    specs = engine_specs(config)
+    store = MeasurementStore.open(config.state_file)
+    measured: list[EngineCalibration] = []
+    notes: list[str] = []
+    async with httpx.AsyncClient() as http, trio.open_nursery() as outputs:
+        for name in names:
+            say(f"calibrate: {name}: starting it")
+            try:
+                async with running_engine(specs[name], http, outputs) as engine:
+                    say(f"calibrate: {name}: ready in {engine.load_s:.2f}s; measuring")
+                    measured.append(await measure_alone(http, engine, measurement_key(config.models[name])))
+            except CalibrationError as exc:
+                notes.append(f"{exc}; not measured")
+                say(f"calibrate: {exc}")
+        pair = None
+        if measured:
+            pair_specs = [specs[e.name] for e in measured[:2]]
+            say(f"calibrate: two engines at once: {' + '.join(s.name for s in pair_specs)}"
+                + (" and a copy" if len(pair_specs) == 1 else ""))
+            try:
+                pair = await measure_pair(http, pair_specs, measured[:2], outputs)
+            except CalibrationError as exc:
+                notes.append(f"two engines at once: {exc}; alpha not measured")
+    problems = [store.record_speed(e.key, e.name, e.speed) for e in measured]
+    problems += [store.record_load_time(e.key, e.name, e.load_s) for e in measured]
+    calibration = Calibration(tuple(measured), pair, _cores(), time.monotonic() - started, config.state_file,
+                              tuple(notes))
+    if (sharing := calibration.sharing(store.sharing())) is not None:
+        problems.append(store.record_sharing(sharing))
+    calibration = attrs.evolve(calibration, write_problem=next((p for p in problems if p), None))
+    if events is not None:
+        figures = calibration.to_json()
+        events.emit("calibrated", "info" if measured else "warning", engines=figures["engines"],
+                    pair=figures["pair"], alpha=figures["alpha"], batching_gain=figures["batching_gain"],
+                    cores=calibration.cores, duration_s=figures["duration_s"], state_file=config.state_file,
+                    notes=list(notes), write_problem=calibration.write_problem)
+    return calibration
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def run_calibrate(config: Config, only: str | None = None, *,
+                  say: Callable[[str], None] | None = None) -> Calibration:
+    """``steward calibrate``: the engines measured, with the config's event log open for ``calibrated``.
+
+    Raises:
+        CalibrationError: nothing to calibrate, or no such engine.
+        EventLogUnavailable: the config's log file cannot be opened.
+    """
+    names = calibrated_engines(config, only)
+    say = say or _say
+
+    async def main() -> Calibration:
+        log, writer = open_event_log(config.log.file, terminal_level="warning", max_size=config.log.max_size,
+                                     keep=config.log.keep)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.serve)
+                try:
+                    return await calibrate(config, names, say=say, events=log)
+                finally:
+                    log.close()
+        finally:
+            writer.close()
+
+    return trio.run(main)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+__all__ = ["Calibration", "CalibrationError", "EngineCalibration", "EventLogUnavailable", "PairCalibration",
+           "Timing", "batching_gain", "calibrate", "calibrated_engines", "decode_rate", "format_calibration",
+           "prompt_rate", "run_calibrate", "sharing_alpha"]

@@ -1,0 +1,283 @@
+"""`steward calibrate`: its arithmetic exactly, its plumbing against the fake llama-server
+(fakes do not slow each other: alpha near 0), and briefly against the real one with SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from supervisor.calibrate import (
+    Calibration,
+    EngineCalibration,
+    PairCalibration,
+    Timing,
+    batching_gain,
+    decode_rate,
+    format_calibration,
+    prompt_rate,
+    sharing_alpha,
+)
+from supervisor.cli import main
+from supervisor.config import load_config
+from supervisor.events import read_event_log
+from supervisor.measurements import HOST_KEY, EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from tests.conftest import fake_model
+
+# ---- the arithmetic ---------------------------------------------------------------------
+
+
+def test_timings_are_read_from_an_answer_and_added_up() -> None:
+    answer = {"timings": {"prompt_n": 250, "prompt_ms": 1000.0, "predicted_n": 64, "predicted_ms": 800.0,
+                          "predicted_per_second": 80.0}}
+    timing = Timing.of(answer)
+    assert timing == Timing(250, 1000.0, 64, 800.0)
+    assert timing.decode_tps == 80.0
+    assert Timing.of({"choices": []}) is None
+    assert Timing.of({"timings": {"prompt_n": 1}}) is None
+    other = Timing(150, 1000.0, 64, 1800.0)
+    assert decode_rate([timing, other]) == 128 / 2600 * 1000
+    assert prompt_rate([timing, other]) == 200.0
+    assert decode_rate([Timing(0, 0.0, 0, 0.0)]) is None
+
+
+def test_batching_gain_and_alpha_from_figures() -> None:
+    assert batching_gain(50.0, 80.0) == pytest.approx(0.6)
+    assert batching_gain(50.0, 50.0) == 0.0
+    assert batching_gain(50.0, 40.0) == 0.0  # a second slot that slows the first: no gain, not a negative one
+    assert batching_gain(50.0, 120.0) == 1.0
+    assert sharing_alpha(80.0, 40.0) == 1.0  # an even split
+    assert sharing_alpha(80.0, 20.0) == 2.0  # each at a quarter: they fight over the cores
+    assert sharing_alpha(80.0, 80.0) == 0.0
+    assert sharing_alpha(80.0, 100.0) == 0.0
+    pair = PairCalibration(("a", "b"), (80.0, 60.0), (20.0, 30.0))
+    assert pair.alpha == 1.5
+
+
+def _calibration(**changes: Any) -> Calibration:
+    engines = (EngineCalibration("chat", "k1", 0.5, EngineSpeed(80.0, 300.0, 120.0), 2),
+               EngineCalibration("embed", "k2", 0.25, EngineSpeed(40.0, 200.0), 1))
+    pair = PairCalibration(("chat", "embed"), (80.0, 40.0), (20.0, 10.0))
+    return Calibration(engines, pair, 2, 12.5, "/state.json", **changes)
+
+
+def test_the_host_figures_and_the_table() -> None:
+    calibration = _calibration()
+    assert calibration.batching_gain == 0.5  # only the engine with two slots says
+    assert calibration.sharing() == HostSharing(2.0, 0.5, 2)
+    assert format_calibration(calibration).splitlines() == [
+        "engine              load decode tok/s prompt tok/s 2 slots tok/s  gain",
+        "chat               0.50s         80.0        300.0         120.0  0.50",
+        "embed              0.25s         40.0        200.0             -     -",
+        "two engines at once (chat + embed): 20.0 / 10.0 tok/s, alone 80.0 / 40.0: alpha 2.00",
+        "host: 2 cores; alpha 2.00, batching gain 0.50 (the simulator's assumptions: 1.0 and 0.5)",
+        "written to /state.json (took 12.5s)",
+    ]
+    one_slot = Calibration(calibration.engines[1:], calibration.pair, 2, 1.0, None)
+    assert one_slot.sharing() == HostSharing(2.0, 0.0, 2)
+    assert one_slot.sharing(HostSharing(1.0, 0.3, 8)) == HostSharing(2.0, 0.3, 2)  # the gain kept, not measured now
+    assert Calibration((), None, 2, 1.0, None).sharing() is None
+    assert calibration.to_json()["alpha"] == 2.0
+
+
+# ---- against the fake llama-server ------------------------------------------------------
+
+
+def _write_config(tmp_path: Path, models: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"listen": "127.0.0.1:0", "models": models,
+                                    "gpu": {"probe": "host", "budget": "3GiB"},
+                                    "engines": {"stop_grace": "3s"}}))
+    return path
+
+
+def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_config(tmp_path, {"fast": fake_model(tps=200, load_time="0.3s"),
+                                    "slow": fake_model(tps=100, parallel=1, load_time="0.1s")})
+    assert main(["calibrate", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["engine", "load", "decode", "tok/s", "prompt", "tok/s", "2", "slots", "tok/s", "gain"]
+    assert [line.split()[0] for line in out[1:3]] == ["fast", "slow"]
+    assert out[3].startswith("two engines at once (fast + slow): ")
+    assert out[-1].startswith(f"written to {tmp_path / 'steward-state.json'} (took ")
+
+    config = load_config(path)
+    store = MeasurementStore.open(config.state_file)
+    fast = store.speed(measurement_key(config.models["fast"]))
+    slow = store.speed(measurement_key(config.models["slow"]))
+    assert fast is not None and slow is not None
+    # The fake sleeps between tokens: on a busy machine a token comes late, never early.
+    assert 100 <= fast.decode_tps <= 201 and 50 <= slow.decode_tps <= 101
+    assert fast.two_slots_tps is not None and fast.two_slots_tps > fast.decode_tps  # its slots run side by side
+    assert slow.two_slots_tps is None  # one slot
+    load = store.load_time(measurement_key(config.models["fast"]))
+    assert load is not None and load >= 0.3
+    sharing = store.sharing()
+    assert sharing is not None and sharing.alpha < 0.5  # two fakes do not slow each other
+    assert sharing.batching_gain > 0.5 and sharing.cores >= 1
+    [event] = [r for r in read_event_log(Path(config.log.file or "")) if r["event"] == "calibrated"]
+    assert set(event["engines"]) == {"fast", "slow"} and event["pair"]["engines"] == ["fast", "slow"]
+    assert event["alpha"] == round(sharing.alpha, 3) and event["write_problem"] is None
+
+
+def test_one_engine_is_paired_with_a_copy_of_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_config(tmp_path, {"one": fake_model(tps=200), "other": fake_model(tps=200)})
+    assert main(["calibrate", str(path), "--engine", "one", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result["engines"]) == ["one"]
+    assert result["pair"]["engines"] == ["one", "one"] and result["pair"]["copy"] is True
+    state = json.loads((tmp_path / "steward-state.json").read_text())
+    assert {entry["engine"] for entry in state.values()} == {"one", ""}  # "": the host's entry
+    assert HOST_KEY in state
+
+
+def test_an_unknown_engine_or_one_that_fails_to_start_is_said(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_config(tmp_path, {"one": fake_model()})
+    assert main(["calibrate", str(path), "--engine", "two"]) == 2
+    assert "--engine two: not in models (calibrate measures one)" in capsys.readouterr().err
+    broken = _write_config(tmp_path, {"one": fake_model(extra=["--fail-load", "no weights"])})
+    assert main(["calibrate", str(broken)]) == 1
+    out = capsys.readouterr().out
+    assert "note: one: exited before it was ready" in out and "not measured" in out
+    assert "state_file" not in out
+
+
+def test_calibrate_cut_short_leaves_no_process_behind(tmp_path: Path) -> None:
+    import functools
+
+    import trio
+
+    from supervisor.calibrate import calibrate
+    from tests.conftest import descendants
+
+    config = load_config(_write_config(tmp_path, {"slow": fake_model(tps=5)}))  # 64 tokens: 13 s
+    said: list[str] = []
+
+    async def cut_short() -> None:
+        with trio.move_on_after(20) as waiting:  # as Ctrl-C would: cancelled while an engine computes
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(calibrate, config, ["slow"], say=said.append))
+                while not any("measuring" in line for line in said):
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+        assert not waiting.cancelled_caught
+
+    trio.run(cut_short)
+    assert [cmd for _, cmd in descendants() if "fakes.llama_server" in cmd] == []  # stopped, not left to the fixture
+    assert not (tmp_path / "steward-state.json").exists()
+
+
+# ---- the real llama-server --------------------------------------------------------------
+
+
+def _smollm2() -> Path:
+    from fakes.llama_binary import llama_server_path
+
+    try:
+        llama_server_path()
+        from fakes.real_model import smollm2_gguf
+
+        return smollm2_gguf()
+    except FileNotFoundError as exc:
+        if Path(fallback := os.environ.get("STEWARD_SMOLLM2_GGUF", "/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf")).is_file():
+            return Path(fallback)
+        pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+def test_calibrate_on_the_real_llama_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakes.llama_binary import llama_server_path
+
+    gguf = _smollm2()
+    path = _write_config(tmp_path, {"smol": {"command": [str(llama_server_path())], "model": str(gguf),
+                                             "memory": "1GiB", "parallel": 2, "args": ["-c", "4096"]}})
+    assert main(["calibrate", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    smol = result["engines"]["smol"]
+    assert smol["decode_tps"] > 1 and smol["prompt_tps"] > 1 and smol["two_slots_tps"] > 1
+    assert 0 < smol["load_s"] < 60
+    assert result["alpha"] >= 0 and 0 <= result["batching_gain"] <= 1
+    assert result["duration_s"] < 120
+    store = MeasurementStore.open(tmp_path / "steward-state.json")
+    assert store.sharing() is not None and not math.isnan(store.sharing().alpha)  # type: ignore[union-attr]
+
+
+# ---- the simulator with a calibration ---------------------------------------------------
+
+
+def _state_file(path: Path) -> Path:
+    """A state file as calibrate writes it: two engines (the older figure of one replaced) and the host."""
+    path.write_text(json.dumps({
+        "k-old": {"engine": "gemma4-12b", "decode_tps": 10.0, "measured_at": 1.0},
+        "k-new": {"engine": "gemma4-12b", "decode_tps": 25.0, "prompt_tps": 300.0, "load_s": 2.5, "measured_at": 2.0},
+        "k-other": {"engine": "not-in-the-scenario", "decode_tps": 99.0, "measured_at": 2.0},
+        "k-memory-only": {"engine": "gemma4-e4b", "bytes": 123, "measured_at": 3.0},
+        HOST_KEY: {"engine": "", "alpha": 2.5, "batching_gain": 0.2, "cores": 2, "measured_at": 2.0},
+    }))
+    return path
+
+
+def _gridcore_raw() -> dict[str, Any]:
+    from importlib.resources import files
+
+    return yaml.safe_load(files("supervisor.simulate").joinpath("gridcore.yaml").read_text())
+
+
+def test_a_scenario_names_a_state_file_as_its_calibration(tmp_path: Path) -> None:
+    from supervisor.simulate.scenario import EngineFigures, builtin_scenario, load_scenario
+
+    _state_file(tmp_path / "state.json")
+    (tmp_path / "gridcore-here.yaml").write_text(yaml.safe_dump(_gridcore_raw() | {"calibration": "state.json"}))
+    scenario = load_scenario(tmp_path / "gridcore-here.yaml")  # the path is relative to the scenario file
+    plain = builtin_scenario("gridcore")
+    assert (scenario.gpu.sharing.alpha, scenario.gpu.sharing.batching_gain) == (2.5, 0.2)
+    assert scenario.gpu.sharing.load_weight == plain.gpu.sharing.load_weight
+    chat = scenario.engines["gemma4-12b"]
+    assert (chat.speed, chat.prompt_speed, chat.load_time) == (25.0, 300.0, 2.5)  # the newest figure
+    assert scenario.engines["gemma4-e4b"] == plain.engines["gemma4-e4b"]  # memory only: nothing to apply
+    assert scenario.calibration is not None
+    assert scenario.calibration.engines == {"gemma4-12b": EngineFigures(25.0, 300.0, 2.5)}
+    assert scenario.calibration.describe() == (f"calibration from {tmp_path / 'state.json'}: alpha 2.5; "
+                                               "batching gain 0.2; engines gemma4-12b")
+
+
+def test_inline_calibration_figures_and_their_errors() -> None:
+    from supervisor.config import ConfigError
+    from supervisor.simulate.scenario import parse_scenario
+
+    inline = {"alpha": 0.0, "engines": {"gemma4-e2b": {"speed": 60, "load_time": "1.5s"}}}
+    scenario = parse_scenario(_gridcore_raw() | {"calibration": inline})
+    assert scenario.gpu.sharing.alpha == 0.0 and scenario.gpu.sharing.batching_gain == 0.7  # the gain kept
+    assert (scenario.engines["gemma4-e2b"].speed, scenario.engines["gemma4-e2b"].load_time) == (60.0, 1.5)
+    for bad, problem in [
+        ({"alpha": "much"}, "calibration.alpha: must be a number, got 'much'"),
+        ({"alpha": -1}, "calibration.alpha: must not be negative, got -1.0"),
+        ({"batching_gain": 2}, "calibration.batching_gain: must be between 0 and 1, got 2.0"),
+        ({"engines": {"gemma4-e2b": {"speed": 0}}}, "calibration.engines.gemma4-e2b.speed: must be a positive number"),
+        ({"engines": {"nope": {"speed": 1}}}, "calibration.engines.nope: not under engines"),
+        ({"speed": 1}, "calibration.speed: unknown key"),
+        ([1], "calibration: must be the path of a steward state file or a mapping"),
+        ("/no/such/state.json", "calibration: cannot read the state file /no/such/state.json"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            parse_scenario(_gridcore_raw() | {"calibration": bad})
+        assert any(p.startswith(problem) for p in caught.value.problems), caught.value.problems
+
+
+def test_simulate_takes_a_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = _state_file(tmp_path / "state.json")
+    assert main(["simulate", "--policies", "steward", "--calibration", str(state)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"calibration from {state}: alpha 2.5; batching gain 0.2; engines gemma4-12b"
+    assert main(["simulate", "--policies", "steward", "--calibration", str(state), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"] == lines[1]
+    (tmp_path / "empty.json").write_text("{}")
+    assert main(["simulate", "--calibration", str(tmp_path / "empty.json")]) == 2
+    assert "--calibration: " in capsys.readouterr().err
