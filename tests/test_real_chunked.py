@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,9 +103,7 @@ def test_a_chat_arriving_during_a_long_agent_generation_gets_its_first_token_wit
 
 def test_a_whole_answer_of_steps_is_the_uncut_answer(steward: RunningSteward) -> None:
     body = {"max_tokens": 3 * STEP_TOKENS + 5, "ignore_eos": True, "temperature": 0, "messages": STORY}
-    started = time.monotonic()
     cut = httpx.post(f"{steward.base_url}/chat/completions", json={"model": "agent@batch", **body}, timeout=300).json()
-    assert time.monotonic() - started < 300
     uncut = httpx.post(f"{steward.base_url}/chat/completions", json={"model": "agent", **body}, timeout=300).json()
     assert cut["choices"][0]["message"]["content"] == uncut["choices"][0]["message"]["content"]
     assert cut["usage"]["completion_tokens"] == uncut["usage"]["completion_tokens"] == 3 * STEP_TOKENS + 5
