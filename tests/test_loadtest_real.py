@@ -6,7 +6,6 @@ SmolLM2 (its report's shape, not the issue's targets: this machine is shared).""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +136,7 @@ def _have_real_engines() -> None:
         pytest.skip(str(exc))
 
 
-def test_a_calibration_without_the_mixs_engines_is_refused_before_any_run(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    if not os.environ.get(loadtest_real.GGUF_ENV) and Path("/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
-        monkeypatch.setenv(loadtest_real.GGUF_ENV, "/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf")
+def test_a_calibration_without_the_mixs_engines_is_refused_before_any_run(tmp_path: Path) -> None:
     _have_real_engines()
     state = tmp_path / "state.json"
     state.write_text(json.dumps({HOST_KEY: {"alpha": 1.0, "batching_gain": 0.5, "cores": 2}}))
@@ -149,9 +145,7 @@ def test_a_calibration_without_the_mixs_engines_is_refused_before_any_run(tmp_pa
 
 
 @pytest.mark.slow
-def test_the_real_mix_briefly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not os.environ.get(loadtest_real.GGUF_ENV) and Path("/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
-        monkeypatch.setenv(loadtest_real.GGUF_ENV, "/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf")
+def test_the_real_mix_briefly(tmp_path: Path) -> None:
     _have_real_engines()
     # A calibration given (calibrate has its own test): the figures are this test's, the runs real.
     state = tmp_path / "state.json"
