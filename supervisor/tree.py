@@ -399,10 +399,11 @@ async def serve_gateway(listeners: list[Listener], gate: RequestGate, config: Co
         await shutdown()
         gate.close()
         await server.stop_accepting()
-        # Requests, not connections: an idle keep-alive connection must not hold us open.
+        # Idle keep-alive connections close at once; one with a request on it closes after its
+        # answer, the answer to a request already sent as we stopped too (503: the gate is closed).
         with trio.move_on_after(config.limits.shutdown_timeout) as waiting:
             async with trio.open_nursery() as race:
-                race.start_soon(_cancel_when, gate.wait_drained, race.cancel_scope)
+                race.start_soon(_cancel_when, server.all_closed.wait, race.cancel_scope)
                 race.start_soon(_cancel_when, hurried.wait, race.cancel_scope)
         if gate.in_flight:
             on_cut(gate.cut(), "shutdown_timeout" if waiting.cancelled_caught else "second_signal")

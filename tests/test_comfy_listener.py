@@ -3,16 +3,20 @@ as exclusive GPU jobs in steward's scheduler, and the turnstile spec's lock sema
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
+import trio_websocket
 
 from fakes import simgpu
 from supervisor.units import parse_size
@@ -194,19 +198,21 @@ def test_everything_else_passes_through_with_the_origin_comfyui_expects(
     assert not steward.events("image_queued")  # none of these took the GPU
 
 
-async def test_websocket_progress_passes_through_without_the_lock(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    import trio
-    import trio_websocket
-
-    port, gpu = comfy()
-    steward, url = steward_with(start_steward, port, gpu)
+@asynccontextmanager
+async def open_progress_socket(url: str) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """ComfyUI's progress websocket through steward's listener, once ComfyUI's first status is in."""
     host, _, listen_port = url.removeprefix("http://").rpartition(":")
     async with trio_websocket.open_websocket(host, int(listen_port), "/ws?clientId=t1", use_ssl=False,
                                              extra_headers=[(b"origin", url.encode())]) as ws:
         with trio.fail_after(10):
             assert json.loads(await ws.get_message())["type"] == "status"
+        yield ws
+
+
+async def test_websocket_progress_passes_through_without_the_lock(start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    async with open_progress_socket(url) as ws:
         async with httpx.AsyncClient() as http:
             answer = await http.post(f"{url}/prompt", json={**workflow(0.3), "client_id": "t1"}, timeout=30)
         prompt_id = answer.json()["prompt_id"]
@@ -223,6 +229,21 @@ async def test_websocket_progress_passes_through_without_the_lock(start_steward:
                     break
     assert {"execution_start", "progress", "executed"} <= set(seen)
     assert len(steward.events("image_queued")) == 1  # the prompt took the GPU; the websocket never did
+
+
+async def test_a_websocket_is_told_when_steward_stops_and_does_not_hold_the_stop_open(
+        start_steward: StewardFactory, comfy) -> None:  # type: ignore[no-untyped-def]
+    port, gpu = comfy()
+    steward, url = steward_with(start_steward, port, gpu)
+    async with open_progress_socket(url) as ws:
+        stopped: list[int] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: trio.to_thread.run_sync(lambda: stopped.append(steward.stop())))
+            with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                while True:
+                    await ws.get_message()
+    assert closed.value.reason.code == 1001  # going away
+    assert stopped == [0]
 
 
 def both_services(start_steward: StewardFactory, gpu_dir: Path, ollama_model: str, comfy_args: list[str],

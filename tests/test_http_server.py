@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -10,10 +12,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from supervisor.address import Address
 from supervisor.events import EventLog
 from supervisor.gateway import server
+from supervisor.gateway.asgi import open_disconnect_watch
 from supervisor.gateway.connection_budget import HEALTH_SEATS
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.server import HttpServer, Listener, serve_http
@@ -29,12 +33,21 @@ async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"hello"})
 
 
+async def hello_watching_for_disconnect(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``hello`` the way steward's inference routes answer: cancelled if the client leaves."""
+    if scope["type"] == "lifespan":
+        await hello(scope, receive, send)
+        return
+    async with open_disconnect_watch(receive):
+        await hello(scope, receive, send)
+
+
 @asynccontextmanager
-async def open_server(max_connections: int = 100) -> AsyncIterator[tuple[HttpServer, EventLog]]:
+async def open_server(max_connections: int = 100, app: Any = hello) -> AsyncIterator[tuple[HttpServer, EventLog]]:
     send, _receive = trio.open_memory_channel[Any](math.inf)
     events = EventLog(send, recent_max=1000)
     async with trio.open_nursery() as nursery:
-        listener = Listener("openai", hello, Address("127.0.0.1", 0), error_body)
+        listener = Listener("openai", app, Address("127.0.0.1", 0), error_body)
         running = await nursery.start(serve_http, [listener], max_connections, events)
         yield running, events
         nursery.cancel_scope.cancel()
@@ -100,3 +113,71 @@ def test_the_connection_cap_stays_within_the_file_descriptor_limit() -> None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert 1 <= capacity <= soft - 256
     assert server.connection_capacity(5) == 5
+
+
+async def _read_to_end(stream: trio.SocketStream) -> bytes:
+    answer = b""
+    while chunk := await stream.receive_some():
+        answer += chunk
+    return answer
+
+
+async def _kept_alive(running: HttpServer) -> trio.SocketStream:
+    """A connection that has had one answer and waits, kept alive, for its next request."""
+    host, port = running.urls["openai"][0].removeprefix("http://").rsplit(":", 1)
+    client = socket.create_connection((host, int(port)))
+    client.setblocking(False)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(client))
+    await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"hello"):
+        answer += await stream.receive_some()
+    return stream
+
+
+async def test_a_request_begun_on_a_kept_alive_connection_as_steward_stops_is_answered_then_closed() -> None:
+    async with open_server() as (running, _events):
+        stream = await _kept_alive(running)
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n")  # the head, not yet whole
+        await trio.testing.wait_all_tasks_blocked()  # the server has read it
+        await running.stop_accepting()
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.send_all(b"\r\n")
+        answer = await _read_to_end(stream)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"hello")
+        assert b"connection: close" in answer.lower()  # the client knows not to send another
+        await running.all_closed.wait()
+
+
+async def test_requests_already_sent_when_steward_stops_are_answered_not_dropped() -> None:
+    # The request is in the socket, unread, the moment the server stops accepting: whether its
+    # reader or its idle timer runs first is trio's choice, so each try races them again.
+    async with open_server() as (running, _events):
+        streams = [await _kept_alive(running) for _ in range(20)]
+        await trio.testing.wait_all_tasks_blocked()
+        for stream in streams:
+            os.write(stream.socket.fileno(), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # no checkpoint between
+        await running.stop_accepting()
+        answers = [await _read_to_end(stream) for stream in streams]
+        assert [answer.startswith(b"HTTP/1.1 200 ") for answer in answers] == [True] * 20
+        await running.all_closed.wait()
+
+
+async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The answer's last send runs in the app's task, which the disconnect watch cancels as the
+    # answer ends: the idle timer used to be started there, and never was.
+    settings = server.hypercorn_settings
+
+    def quick(events: EventLog) -> Any:
+        configured = settings(events)
+        configured.keep_alive_timeout = 0.2
+        return configured
+
+    monkeypatch.setattr(server, "hypercorn_settings", quick)
+    async with open_server(app=hello_watching_for_disconnect) as (running, _events):
+        streams = [await _kept_alive(running) for _ in range(5)]
+        with trio.fail_after(60):  # a deadline for a test that would otherwise hang, not a timing
+            assert [await _read_to_end(stream) for stream in streams] == [b""] * 5  # closed by the server
+            while running.connections.open:
+                await trio.sleep(0.01)

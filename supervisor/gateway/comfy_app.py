@@ -312,10 +312,10 @@ def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: Requ
             if key is not None and (refusal := scope_refusal(key)) is not None:
                 await door.refuse_websocket(scope, send, LISTENER, refusal.code, key)
                 return
-            # Outside the gate: a websocket only reports, and must not hold a shutdown open.
+            # Outside the gate: a websocket only reports; it closes as the gate does.
             await proxy_websocket(scope, receive, send, config.upstream.host, config.upstream.port,
                                   [(k, v) for k, v in upstream_headers(scope["headers"], config.upstream)
-                                   if k == b"origin"])
+                                   if k == b"origin"], gate.closed)
         else:
             await quart_asgi(scope, receive, send)
 

@@ -1,7 +1,8 @@
 """The gateway's door: counts requests in flight and closes for shutdown.
 
-Graceful shutdown waits for requests, not connections: an idle keep-alive
-connection a client never closes must not hold steward open. Requests still running
+Graceful shutdown waits for requests, not for idle connections: an idle keep-alive
+connection closes at once (server.py), unless a request had already come on it, which is
+answered (503 here, the door being closed) before it closes. Requests still running
 when the wait ends (the shutdown timeout, or a second signal) are cut, each with an
 answer its client can read: a 503 if nothing was sent yet, else an error in the
 stream's own framing.

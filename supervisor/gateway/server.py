@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import resource
+import select
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -120,7 +122,9 @@ class Http11Protocol(H11Protocol):
         await super()._create_stream(request)
 
     async def stream_send(self, event: StreamEvent) -> None:
-        if self.close_after_answer and isinstance(event, Response) and event.status_code >= 200:
+        # Stopping: the client learns from the answer that this connection will not take another.
+        closing = self.close_after_answer or self.context.terminated.is_set()
+        if closing and isinstance(event, Response) and event.status_code >= 200:
             event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
         await super().stream_send(event)
 
@@ -187,9 +191,12 @@ class HttpServer:
     context: WorkerContext
     _listeners: list[trio.SocketListener]
     connections: ConnectionBudget
+    # Set once steward has stopped accepting and every connection has closed.
+    all_closed: trio.Event = attrs.Factory(trio.Event)
 
     async def stop_accepting(self) -> None:
-        """No new connections; idle keep-alive connections close, answers in progress go on."""
+        """No new connections; idle keep-alive connections close, answers in progress go on,
+        and so do requests already sent on a connection (each answered, then its connection closed)."""
         for listener in self._listeners:
             await listener.aclose()
         await self.context.terminated.set()
@@ -197,7 +204,8 @@ class HttpServer:
 
 async def serve_http(listeners: list[Listener], max_connections: int, events: EventLog, *,
                      task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED) -> None:
-    """Bind every listener, then serve connections until cancelled."""
+    """Bind every listener, then serve connections until cancelled (after ``stop_accepting``,
+    ``all_closed`` says when the last connection is gone)."""
     settings = hypercorn_settings(events)
     context = WorkerContext(None)
     budget = ConnectionBudget.split(connection_capacity(max_connections), [listener.name for listener in listeners])
@@ -207,18 +215,20 @@ async def serve_http(listeners: list[Listener], max_connections: int, events: Ev
             lifespan = Lifespan(apps.any, settings, {})
             await nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
-        sockets = []
-        urls: dict[str, list[str]] = {}
+        sockets: list[trio.SocketListener] = []
+        server = HttpServer({}, context, sockets, budget)
         async with trio.open_nursery() as connections:
             for listener, sock, apps in bound:
                 serving = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 sockets.append(serving)
                 host, port = sock.getsockname()[:2]
-                urls.setdefault(listener.name, []).append(f"http://{Address(host, port)}")
+                server.urls.setdefault(listener.name, []).append(f"http://{Address(host, port)}")
                 handler = _ConnectionHandler(apps, listener, settings, context, budget, events)
                 nursery.start_soon(_accept_forever, serving, handler, connections)
-            task_status.started(HttpServer(urls, context, sockets, budget))
-            await trio.sleep_forever()
+            task_status.started(server)
+            await context.terminated.wait()
+        server.all_closed.set()
+        await trio.sleep_forever()
 
 
 @attrs.frozen
@@ -389,13 +399,20 @@ class _Connection:
             await self._read()
 
     async def _read(self) -> None:
+        """Bytes from the client to the protocol. Read without a checkpoint between taking them
+        from the socket and handing them over (``receive_some`` has one): a close decided
+        meanwhile (``_close_when_idle``) finds them in one place or the other."""
         assert self.protocol is not None
+        fd = self.stream.socket.fileno()
         while True:
             try:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                await trio.lowlevel.wait_readable(self.stream.socket)
+                data = os.read(fd, _RECEIVE_SIZE)
+            except BlockingIOError:
+                continue  # woken with nothing to read
+            except (trio.ClosedResourceError, OSError):
                 break
-            await self.protocol.handle(RawData(bytes(data)))
+            await self.protocol.handle(RawData(data))
             if not data:
                 break
         await self.protocol.handle(Closed())
@@ -422,10 +439,30 @@ class _Connection:
                 await self._close()
             await self.protocol.handle(Closed())
         elif isinstance(event, Updated):
-            if event.idle:
-                await self._idle.restart(self._task_group, self._close_when_idle)
-            else:
-                await self._idle.stop()
+            # Shielded: the answer's last send comes from the app's task, which may be cancelled
+            # as it ends (the client's disconnect is watched); the timer must start all the same,
+            # or an idle keep-alive connection would never close.
+            with trio.CancelScope(shield=True):
+                if event.idle:
+                    await self._idle.restart(self._task_group, self._close_when_idle)
+                else:
+                    await self._idle.stop()
+
+    def _request_begun(self) -> bool:
+        """Whether a request is here: unread in the socket, read and not yet a whole head, or
+        whole and being answered (the reader then stops this task, at its next checkpoint)."""
+        assert self.protocol is not None
+        connection = self.protocol.connection
+        if not isinstance(connection, h11.Connection) or connection.their_state is not h11.IDLE:
+            return True
+        if connection.trailing_data[0]:
+            return True
+        poller = select.poll()
+        try:
+            poller.register(self.stream.socket.fileno(), select.POLLIN)
+        except (OSError, ValueError):
+            return False  # closed already
+        return bool(poller.poll(0))
 
     async def _close(self) -> None:
         try:
@@ -436,9 +473,16 @@ class _Connection:
 
     async def _close_when_idle(self) -> None:
         """An idle keep-alive connection, or one whose request head never completed, closes
-        after keep_alive_timeout (5 s), or at once when steward stops accepting."""
+        after keep_alive_timeout (5 s), or at once when steward stops accepting. A request the
+        client had already sent when that moment came is read and answered first (while
+        stopping, with 503 and ``Connection: close``): closing on it would lose it, and the client
+        would read only "server disconnected". That grace is one more keep_alive_timeout at most,
+        so a head that never completes still closes."""
         with trio.move_on_after(self.settings.keep_alive_timeout):
             await self.context.terminated.wait()
+        if self._request_begun():
+            with trio.move_on_after(self.settings.keep_alive_timeout):
+                await trio.sleep_forever()  # until the reader takes the request (it stops this task)
         with trio.CancelScope(shield=True):
             assert self.protocol is not None
             await self.protocol.handle(Closed())

@@ -1,7 +1,9 @@
 """Websockets passed through unbuffered (ComfyUI's /ws progress messages).
 
 Never takes the GPU: a websocket is long-lived and only reports. Each message is
-forwarded as it arrives, both ways; when either side closes, so does the other.
+forwarded as it arrives, both ways; when either side closes, so does the other. When
+steward stops, the client is told so (close code 1001, going away): a websocket must not
+hold a shutdown open.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ MAX_MESSAGE = 64 * 1024 * 1024
 
 
 async def proxy_websocket(scope: Scope, receive: Receive, send: Send, host: str, port: int,
-                          extra_headers: list[tuple[bytes, bytes]]) -> None:
+                          extra_headers: list[tuple[bytes, bytes]], stopping: trio.Event) -> None:
     if (await receive())["type"] != "websocket.connect":
         return
     resource = (scope["raw_path"] or scope["path"].encode()).decode("latin-1")
@@ -32,6 +34,7 @@ async def proxy_websocket(scope: Scope, receive: Receive, send: Send, host: str,
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_client_to_upstream, receive, upstream, nursery.cancel_scope)
                 nursery.start_soon(_upstream_to_client, upstream, send, nursery.cancel_scope)
+                nursery.start_soon(_close_when_stopping, stopping, send, nursery.cancel_scope)
     except (trio_websocket.HandshakeError, OSError, trio.TooSlowError):
         await send({"type": "websocket.close", "code": 1011})
 
@@ -59,3 +62,9 @@ async def _upstream_to_client(upstream: trio_websocket.WebSocketConnection, send
     except trio_websocket.ConnectionClosed:
         await send({"type": "websocket.close", "code": 1000})
     done.cancel(reason="upstream closed")
+
+
+async def _close_when_stopping(stopping: trio.Event, send: Send, done: trio.CancelScope) -> None:
+    await stopping.wait()
+    await send({"type": "websocket.close", "code": 1001, "reason": "steward is stopping"})
+    done.cancel(reason="steward is stopping")
