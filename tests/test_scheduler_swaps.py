@@ -266,6 +266,37 @@ def test_the_victim_is_the_one_cheapest_to_load_again_not_the_least_recently_use
     assert s.engines["slow"].reload_cost(30.0, 300.0, queued=False).cost == 8 * (1 - math.exp(-1.5))
 
 
+def test_of_busy_victims_the_one_expected_to_drain_soonest_goes_by_its_measured_step_time() -> None:
+    s = make(model("a"), model("b"), model("new"))
+    loaded(s, "a", "background", 1, 0.0, 1.0)  # loads in 1 s; its step takes 20 s
+    s.finish(1, 21.0)
+    loaded(s, "b", "background", 2, 0.0, 2.0)  # loads in 2 s; its step takes 4 s
+    s.finish(2, 6.0)
+    s.submit(3, "b", "background", 21.5)
+    s.submit(4, "a", "background", 22.0)
+    # Without the drain, a would go: cheaper to load again (1 s against 2 s, used alike).
+    effects = s.submit(5, "new", "interactive", 23.0)
+    [evict] = emitted(effects, "evict")
+    likely = round(1 - math.exp(-1.0), 3)  # two background steps each
+    assert evict["engine"] == "b" and evict["in_flight"] == 1
+    assert {k: evict[k] for k in ("drain_s", "load_s", "likely", "cost")} == {
+        "drain_s": 2.5, "load_s": 2.0, "likely": likely, "cost": round(2.5 + 2.0 * (1 - math.exp(-1.0)), 3)}
+    assert s._reload_cost(s.engines["a"], 23.0).drain_s == 19.0  # 20 s less the 1 s it has run
+    s.finish(3, 24.0)  # b's step ends early: b stops, and new loads in its memory
+    assert s.engines["b"].status is EngineStatus.STOPPING
+
+
+def test_a_busy_victim_never_measured_goes_after_the_measured_ones() -> None:
+    s = make(model("a"), model("b"), model("new"))
+    loaded(s, "a", "background", 1, 0.0, 1.0)
+    s.finish(1, 101.0)  # a's step: 100 s
+    s.submit(2, "a", "background", 102.0)
+    loaded(s, "b", "background", 3, 102.0, 103.0)  # b: running its first step, never measured
+    assert s._reload_cost(s.engines["b"], 104.0).drain_s is None
+    [evict] = emitted(s.submit(4, "new", "interactive", 104.0), "evict")
+    assert evict["engine"] == "a" and evict["drain_s"] == 98.0
+
+
 def test_the_tiers_win_over_cost() -> None:
     # pinned: never; hot (a chat on it lately): only after the cold ones, whatever they cost.
     s = make(model("embed", 2, pinned=True), model("chat", 4), model("agent", 4), model("new", 4),

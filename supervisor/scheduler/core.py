@@ -102,10 +102,12 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    (rule 9); the free memory it took would have been theirs.
 
 Victims (rules 5 and 8): of the engines that may be evicted, cold before hot and idle before
-busy (the tiers are hard rules); within a tier, the least expected cost of loading it again
-first, in whole seconds (less is noise), least recently used on a tie. Expected cost =
-load_s x likely: load_s is its last load's measured time (decision to ready, kept in the
-state file), else 1 s + 1 s per GiB; likely is 1 if requests for it are queued, else
+busy (the tiers are hard rules); within a tier, the least expected cost first, in whole
+seconds (less is noise), least recently used on a tie. Expected cost = drain_s + load_s x
+likely: drain_s is what a busy victim's running steps are expected to take yet (the load
+waits for them): its measured mean step time less what the newest of them has run (busy and
+never measured: after every busy one that was; idle: 0); load_s is its last load's measured
+time (decision to ready, kept in the state file), else 1 s + 1 s per GiB; likely is 1 if requests for it are queued, else
 1 - exp(-u), with u the steps started on it within ``hot_window`` (interactive 1, background
 1/2, batch 1/4 each: whom a reload would delay): the chance of a step within the next
 hot_window if they keep coming at that rate. An engine unused for hot_window costs 0 (least
@@ -1289,12 +1291,26 @@ class Scheduler:
         return _Option(placement, needs, False, victims, hot, last, spare)
 
     def _reload_cost(self, engine: EngineState, now: float) -> ReloadCost:
-        return engine.reload_cost(now, self.policy.hot_window, queued=self._demand(engine.name))
+        cost = engine.reload_cost(now, self.policy.hot_window, queued=self._demand(engine.name))
+        return attrs.evolve(cost, drain_s=self._expected_drain(engine, now))
 
-    def _cost_rank(self, engine: EngineState, now: float) -> int:
-        """Its expected cost in whole seconds: two models' loads a few tenths apart are noise,
-        and then the least recently used goes first."""
-        return math.floor(self._reload_cost(engine, now).cost)
+    def _expected_drain(self, engine: EngineState, now: float) -> float | None:
+        """How long *engine*'s running steps are expected to take yet: its measured mean step
+        less the time the newest of them has run (0: idle; None: busy, never measured)."""
+        started = [job.dispatched for job in self.running.values()
+                   if job.model == engine.name and job.dispatched is not None]
+        if not started:
+            return 0.0
+        times = self.step_times.get(engine.name)
+        if not times:
+            return None
+        return max(sum(times) / len(times) - (now - max(started)), 0.0)  # the newest ends last
+
+    def _cost_rank(self, engine: EngineState, now: float) -> tuple[bool, int]:
+        """Its expected cost in whole seconds (an unknown drain last): two models' loads a few
+        tenths apart are noise, and then the least recently used goes first."""
+        cost = self._reload_cost(engine, now)
+        return cost.drain_s is None, math.floor(cost.cost)
 
     def _freeing_on(self, device: int) -> int:
         """Memory of engines on their way out: draining, stopping, or exited and not yet released."""

@@ -249,6 +249,9 @@ class ReloadCost:
     # Loaded ahead of demand and unused since: evicting it costs what not warming it would
     # have, nothing (else a warm load could hold a request that its memory would have served).
     unused_warm: bool = False
+    # A busy victim is drained first: how long its running steps are expected to take yet
+    # (its measured mean step less what each has run); None: busy, steps never measured.
+    drain_s: float | None = 0.0
 
     @property
     def likely(self) -> float:
@@ -258,13 +261,16 @@ class ReloadCost:
 
     @property
     def cost(self) -> float:
-        return self.load_s * self.likely
+        """The load waits for the drain now, and someone waits for the reload later (an unknown
+        drain counts 0 here: the victims' order puts it after every known one)."""
+        return (self.drain_s or 0.0) + self.load_s * self.likely
 
     def fields(self) -> dict[str, object]:
         """For the `evict` event: the figures it was chosen by."""
         return {"load_s": round(self.load_s, 3), "load_measured": self.measured,
                 "recent_uses": self.recent_uses, "likely": round(self.likely, 3), "cost": round(self.cost, 3),
-                "unused_warm": self.unused_warm}
+                "unused_warm": self.unused_warm,
+                "drain_s": None if self.drain_s is None else round(self.drain_s, 3)}
 
 
 @attrs.define
