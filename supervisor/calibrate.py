@@ -9,9 +9,16 @@ short greedy requests to its native ``/completion`` whose answers carry llama-se
 - its speed alone: decode tokens/s (one slot) and prompt tokens/s;
 - two of its slots busy at once: their decode rates added up, and the batching gain
   ``two_slots / alone - 1`` (0: a second slot adds nothing, 1: it doubles the work done);
+- two of its slots reading fresh prompts at once (one token out): the prefill batching gain,
+  the same ratio of prompt tokens/s;
 - two engines decoding at once (the first two measured, or one engine and a copy of it):
   each at ``alone / 2**alpha``, so ``alpha = log2(alone / together)`` (0: they do not slow
-  each other, 1: an even split of the compute, more: they fight over it).
+  each other, 1: an even split of the compute, more: they fight over it); and the same two
+  reading prompts at once: the prefill alpha, from their prompt tokens/s.
+
+Decoding is bound by memory, reading a prompt by compute, so the two share a host
+differently (a 2-core host: two slots decoding did 1.5x the work of one, reading prompts
+1x): supervisor/simulate/sharing.py takes both.
 
 The figures go to the config's ``state_file`` (supervisor/measurements.py: per engine
 under its measurement key, the host's under HOST_KEY), where the scheduler and ``steward
@@ -31,7 +38,7 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -50,6 +57,9 @@ from supervisor.process import ChildProcess, SpawnError, open_child, pump_lines,
 # number of tokens out whatever the model would say (ignore_eos).
 DECODE_TOKENS = 64
 PROMPT_REPEATS = 80  # "measure this " x 80: about 250 prompt tokens, enough to time the prompt
+# Reading prompts: one token out, sampled from the prompt's own logits, so no decode step
+# adds to the time both prompts take (and the run stays short: a second or two per engine).
+PROMPT_READ_TOKENS = 1
 ALONE_REQUESTS = 2  # after one warm-up request
 REQUEST_TIMEOUT_S = 120.0
 OUTPUT_TAIL_LINES = 20
@@ -85,6 +95,10 @@ class Timing:
     def decode_tps(self) -> float | None:
         return self.predicted_n / self.predicted_ms * 1000 if self.predicted_n and self.predicted_ms > 0 else None
 
+    @property
+    def prompt_tps(self) -> float | None:
+        return self.prompt_n / self.prompt_ms * 1000 if self.prompt_n and self.prompt_ms > 0 else None
+
 
 def decode_rate(timings: Sequence[Timing]) -> float | None:
     """Tokens decoded per second over *timings* together (their tokens over their time)."""
@@ -94,6 +108,23 @@ def decode_rate(timings: Sequence[Timing]) -> float | None:
 
 def prompt_rate(timings: Sequence[Timing]) -> float | None:
     tokens, ms = sum(t.prompt_n for t in timings), sum(t.prompt_ms for t in timings)
+    return tokens / ms * 1000 if tokens and ms > 0 else None
+
+
+def prompts_at_once_rate(timings: Sequence[Timing], span_ms: float) -> float | None:
+    """Prompt tokens/s of one engine's slots reading prompts sent at the same moment: all their
+    tokens over the time it took to read them all.
+
+    That time is the longer of their ``prompt_ms`` when they were read in the same batches
+    (each prompt_ms then covers both reads). But llama-server takes up a prompt that arrives
+    while it computes another's batch only after that batch, and then each prompt_ms is one
+    prompt read alone (llama-server 0.3.36 with two threads, two prompts sent together: queued
+    in two tries of four): the longer prompt_ms would double the rate. *span_ms*, from sending
+    them to the last answer, covers both cases (and a few milliseconds of HTTP); the longest
+    prompt_ms still bounds it, for timings that were not slept (the fake llama-server's).
+    """
+    tokens = sum(t.prompt_n for t in timings)
+    ms = max([span_ms, *(t.prompt_ms for t in timings)])
     return tokens / ms * 1000 if tokens and ms > 0 else None
 
 
@@ -122,19 +153,38 @@ class EngineCalibration:
         two = self.speed.two_slots_tps
         return None if two is None else batching_gain(self.speed.decode_tps, two)
 
+    @property
+    def prefill_batching_gain(self) -> float | None:
+        """Two slots reading prompts at once against one (None: one slot, or no prompt figure)."""
+        alone, two = self.speed.prompt_tps, self.speed.two_slots_prompt_tps
+        return None if alone is None or two is None else batching_gain(alone, two)
+
 
 @attrs.frozen
 class PairCalibration:
-    """Two engines decoding at once: their names, their rates alone and together."""
+    """Two engines decoding at once: their names, their decode rates alone and together; and
+    reading prompts at once: their prompt rates alone and together (None: not measured)."""
 
     names: tuple[str, str]
     alone_tps: tuple[float, float]
     together_tps: tuple[float, float]
     copy: bool = False  # the second is a copy of the first (one engine calibrated)
+    alone_prompt_tps: tuple[float, float] | None = None
+    together_prompt_tps: tuple[float, float] | None = None
 
     @property
     def alpha(self) -> float:
-        return statistics.fmean(sharing_alpha(a, t) for a, t in zip(self.alone_tps, self.together_tps, strict=True))
+        return _mean_alpha(self.alone_tps, self.together_tps)
+
+    @property
+    def prefill_alpha(self) -> float | None:
+        if self.alone_prompt_tps is None or self.together_prompt_tps is None:
+            return None
+        return _mean_alpha(self.alone_prompt_tps, self.together_prompt_tps)
+
+
+def _mean_alpha(alone: tuple[float, float], together: tuple[float, float]) -> float:
+    return statistics.fmean(sharing_alpha(a, t) for a, t in zip(alone, together, strict=True))
 
 
 @attrs.frozen
@@ -149,47 +199,69 @@ class Calibration:
 
     @property
     def batching_gain(self) -> float | None:
-        gains = [e.batching_gain for e in self.engines if e.batching_gain is not None]
-        return statistics.fmean(gains) if gains else None
+        return _mean([e.batching_gain for e in self.engines])
+
+    @property
+    def prefill_batching_gain(self) -> float | None:
+        return _mean([e.prefill_batching_gain for e in self.engines])
 
     def sharing(self, kept: HostSharing | None = None) -> HostSharing | None:
-        """The host's figures; a gain not measured now (every engine has one slot) is the one kept, else 0."""
+        """The host's figures. A gain not measured now (every engine has one slot) is the one
+        kept, else 0 for decoding and None for prompts (the simulator then takes decoding's);
+        a prefill alpha not measured now is the one kept, as the state file keeps it."""
         if self.pair is None:
             return None
-        gain = self.batching_gain
-        if gain is None:
-            gain = kept.batching_gain if kept is not None else 0.0
-        return HostSharing(self.pair.alpha, gain, self.cores)
+        gain, prefill_alpha, prefill_gain = self.batching_gain, self.pair.prefill_alpha, self.prefill_batching_gain
+        if kept is not None:
+            gain = kept.batching_gain if gain is None else gain
+            prefill_alpha = kept.prefill_alpha if prefill_alpha is None else prefill_alpha
+            prefill_gain = kept.prefill_batching_gain if prefill_gain is None else prefill_gain
+        return HostSharing(self.pair.alpha, 0.0 if gain is None else gain, self.cores, prefill_alpha, prefill_gain)
 
     def to_json(self) -> dict[str, Any]:
         sharing = self.sharing()
         return {"engines": {e.name: {"load_s": round(e.load_s, 3), **e.speed.figures(), "slots": e.slots,
-                                     "batching_gain": _round(e.batching_gain)} for e in self.engines},
+                                     "batching_gain": _round(e.batching_gain),
+                                     "prefill_batching_gain": _round(e.prefill_batching_gain)}
+                            for e in self.engines},
                 "pair": None if self.pair is None else
                 {"engines": list(self.pair.names), "copy": self.pair.copy,
-                 "alone_tps": [round(v, 3) for v in self.pair.alone_tps],
-                 "together_tps": [round(v, 3) for v in self.pair.together_tps]},
+                 "alone_tps": _rounded(self.pair.alone_tps), "together_tps": _rounded(self.pair.together_tps),
+                 "alone_prompt_tps": _rounded(self.pair.alone_prompt_tps),
+                 "together_prompt_tps": _rounded(self.pair.together_prompt_tps)},
                 "alpha": None if sharing is None else round(sharing.alpha, 3),
                 "batching_gain": None if sharing is None else round(sharing.batching_gain, 3),
+                "prefill_alpha": None if sharing is None else _round(sharing.prefill_alpha),
+                "prefill_batching_gain": None if sharing is None else _round(sharing.prefill_batching_gain),
                 "cores": self.cores, "duration_s": round(self.duration_s, 3), "state_file": self.state_file,
                 "notes": list(self.notes), "write_problem": self.write_problem}
 
 
 def format_calibration(calibration: Calibration) -> str:
-    lines = [f"{'engine':<16} {'load':>7} {'decode tok/s':>12} {'prompt tok/s':>12} {'2 slots tok/s':>13} "
-             f"{'gain':>5}"]
+    # Decoding's figures, then reading prompts': alone, two slots at once, the gain.
+    lines = [f"{'engine':<16} {'load':>7} {'decode tok/s':>12} {'2 slots tok/s':>13} {'gain':>5} "
+             f"{'prompt tok/s':>12} {'2 slots prompt tok/s':>20} {'gain':>5}"]
     for e in calibration.engines:
-        lines.append(f"{e.name:<16} {e.load_s:>6.2f}s {e.speed.decode_tps:>12.1f} {_cell(e.speed.prompt_tps):>12} "
-                     f"{_cell(e.speed.two_slots_tps):>13} {_cell(e.batching_gain, '.2f'):>5}")
+        lines.append(f"{e.name:<16} {e.load_s:>6.2f}s {e.speed.decode_tps:>12.1f} {_cell(e.speed.two_slots_tps):>13} "
+                     f"{_cell(e.batching_gain, '.2f'):>5} {_cell(e.speed.prompt_tps):>12} "
+                     f"{_cell(e.speed.two_slots_prompt_tps):>20} {_cell(e.prefill_batching_gain, '.2f'):>5}")
     if (pair := calibration.pair) is not None:
         second = f"{pair.names[1]} (a copy)" if pair.copy else pair.names[1]
         lines.append(f"two engines at once ({pair.names[0]} + {second}): "
                      f"{pair.together_tps[0]:.1f} / {pair.together_tps[1]:.1f} tok/s, alone "
                      f"{pair.alone_tps[0]:.1f} / {pair.alone_tps[1]:.1f}: alpha {pair.alpha:.2f}")
+        if pair.alone_prompt_tps is None or pair.together_prompt_tps is None:
+            lines.append("  reading prompts at once: not measured")
+        else:
+            lines.append(f"  reading prompts at once: {pair.together_prompt_tps[0]:.1f} / "
+                         f"{pair.together_prompt_tps[1]:.1f} tok/s, alone {pair.alone_prompt_tps[0]:.1f} / "
+                         f"{pair.alone_prompt_tps[1]:.1f}: prefill alpha {pair.prefill_alpha:.2f}")
     sharing = calibration.sharing()
     if sharing is not None:
-        lines.append(f"host: {sharing.cores} cores; alpha {sharing.alpha:.2f}, batching gain "
-                     f"{sharing.batching_gain:.2f} (the simulator's assumptions: 1.0 and 0.5)")
+        lines.append(f"host: {sharing.cores} cores; decode: alpha {sharing.alpha:.2f}, batching gain "
+                     f"{sharing.batching_gain:.2f}; prompts: alpha {_cell(sharing.prefill_alpha, '.2f')}, "
+                     f"batching gain {_cell(sharing.prefill_batching_gain, '.2f')} (the simulator's "
+                     "assumptions: 1.0 and 0.5, the same for prompts)")
     lines.extend(f"note: {note}" for note in calibration.notes)
     took = f"took {calibration.duration_s:.1f}s"
     if calibration.write_problem:
@@ -207,6 +279,16 @@ def _cell(value: float | None, spec: str = ".1f") -> str:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+def _rounded(values: tuple[float, ...] | None) -> list[float] | None:
+    return None if values is None else [round(v, 3) for v in values]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the figures measured (None: none was)."""
+    measured = [v for v in values if v is not None]
+    return statistics.fmean(measured) if measured else None
 
 
 # ---- running engines --------------------------------------------------------------------
@@ -279,8 +361,9 @@ async def _drain(process: ChildProcess, on_line: Callable[[str], None]) -> None:
 
 
 async def timed_completion(http: httpx.AsyncClient, engine: RunningEngine, *, repeats: int = PROMPT_REPEATS,
-                           tokens: int = DECODE_TOKENS) -> Timing:
-    """One greedy ``/completion`` of a fresh prompt, *tokens* out; its timings."""
+                           tokens: int = DECODE_TOKENS, prompt_only: bool = False) -> Timing:
+    """One greedy ``/completion`` of a fresh prompt, *tokens* out; its timings, which must time
+    its decode (*prompt_only*: its prompt; one token out is not a decode to time)."""
     prompt = f"{secrets.token_hex(4)} " + "measure this " * repeats
     body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
     try:
@@ -293,7 +376,7 @@ async def timed_completion(http: httpx.AsyncClient, engine: RunningEngine, *, re
         timing = Timing.of(response.json())
     except ValueError:
         timing = None
-    if timing is None or timing.decode_tps is None:
+    if timing is None or (timing.prompt_tps if prompt_only else timing.decode_tps) is None:
         raise CalibrationError(f"{engine.name}: its answer has no usable timings (not llama-server?)")
     return timing
 
@@ -316,23 +399,35 @@ async def at_once(*calls: Callable[[], Awaitable[Timing]]) -> list[Timing]:
     return [r for r in results if isinstance(r, Timing)]
 
 
+async def prompts_at_once(http: httpx.AsyncClient, *engines: RunningEngine) -> tuple[list[Timing], float]:
+    """Each of *engines* (the same one twice: two of its slots) sent a long fresh prompt at the
+    same moment, one token out: their timings, and the milliseconds from sending them to the
+    last answer."""
+    started = time.monotonic()
+    timings = await at_once(*(functools.partial(timed_completion, http, engine, tokens=PROMPT_READ_TOKENS,
+                                                prompt_only=True) for engine in engines))
+    return timings, (time.monotonic() - started) * 1000
+
+
 async def measure_alone(http: httpx.AsyncClient, engine: RunningEngine, key: str) -> EngineCalibration:
     await timed_completion(http, engine, repeats=4, tokens=8)  # warm-up: first answers are slower
     alone = [await timed_completion(http, engine) for _ in range(ALONE_REQUESTS)]
     decode = decode_rate(alone)
     assert decode is not None  # timed_completion checked every answer decoded
-    two_slots = None
+    two_slots = two_slots_prompt = None
     if engine.slots >= 2:
         pair = await at_once(*[functools.partial(timed_completion, http, engine, repeats=4)] * 2)
         rates = [t.decode_tps for t in pair]
         two_slots = sum(r for r in rates if r is not None)
-    return EngineCalibration(engine.name, key, engine.load_s, EngineSpeed(decode, prompt_rate(alone), two_slots),
-                             engine.slots)
+        two_slots_prompt = prompts_at_once_rate(*await prompts_at_once(http, engine, engine))
+    speed = EngineSpeed(decode, prompt_rate(alone), two_slots, two_slots_prompt)
+    return EngineCalibration(engine.name, key, engine.load_s, speed, engine.slots)
 
 
 async def measure_pair(http: httpx.AsyncClient, specs: Sequence[EngineSpec], alone: Sequence[EngineCalibration],
                        nursery: trio.Nursery) -> PairCalibration:
-    """The first two engines decoding at once (one engine: it and a copy of it)."""
+    """The first two engines decoding at once, then reading prompts at once (one engine: it
+    and a copy of it)."""
     copy = len(specs) == 1
     first, second = (specs[0], specs[0]) if copy else (specs[0], specs[1])
     async with running_engine(first, http, nursery) as a, running_engine(second, http, nursery) as b:
@@ -340,9 +435,19 @@ async def measure_pair(http: httpx.AsyncClient, specs: Sequence[EngineSpec], alo
                       functools.partial(timed_completion, http, b, repeats=4, tokens=8))
         together = await at_once(functools.partial(timed_completion, http, a, repeats=4),
                                  functools.partial(timed_completion, http, b, repeats=4))
-    rates = tuple(t.decode_tps for t in together)
-    alone_tps = (alone[0].speed.decode_tps, alone[0 if copy else 1].speed.decode_tps)
-    return PairCalibration((first.name, second.name), alone_tps, rates, copy)  # type: ignore[arg-type]
+        # Two processes: each prompt_ms is its own read, slowed only by the other's.
+        reading, _ = await prompts_at_once(http, a, b)
+    speeds = (alone[0].speed, alone[0 if copy else 1].speed)
+    rates = tuple(t.decode_tps for t in together)  # every one decoded: timed_completion checked
+    return PairCalibration((first.name, second.name), (speeds[0].decode_tps, speeds[1].decode_tps),
+                           rates, copy,  # type: ignore[arg-type]
+                           _both(s.prompt_tps for s in speeds), _both(t.prompt_tps for t in reading))
+
+
+def _both(values: Iterable[float | None]) -> tuple[float, float] | None:
+    """The two engines' figures, or None when either is missing."""
+    first, second = values
+    return None if first is None or second is None else (first, second)
 
 
 async def calibrate(config: Config, names: Sequence[str], *, say: Callable[[str], None],
@@ -371,7 +476,7 @@ async def calibrate(config: Config, names: Sequence[str], *, say: Callable[[str]
             try:
                 pair = await measure_pair(http, pair_specs, measured[:2], outputs)
             except CalibrationError as exc:
-                notes.append(f"two engines at once: {exc}; alpha not measured")
+                notes.append(f"two engines at once: {exc}; alpha and prefill alpha not measured")
     problems = [store.record_speed(e.key, e.name, e.speed) for e in measured]
     problems += [store.record_load_time(e.key, e.name, e.load_s) for e in measured]
     calibration = Calibration(tuple(measured), pair, _cores(), time.monotonic() - started, config.state_file,
@@ -383,6 +488,7 @@ async def calibrate(config: Config, names: Sequence[str], *, say: Callable[[str]
         figures = calibration.to_json()
         events.emit("calibrated", "info" if measured else "warning", engines=figures["engines"],
                     pair=figures["pair"], alpha=figures["alpha"], batching_gain=figures["batching_gain"],
+                    prefill_alpha=figures["prefill_alpha"], prefill_batching_gain=figures["prefill_batching_gain"],
                     cores=calibration.cores, duration_s=figures["duration_s"], state_file=config.state_file,
                     notes=list(notes), write_problem=calibration.write_problem)
     return calibration
@@ -428,4 +534,4 @@ def _say(line: str) -> None:
 
 __all__ = ["Calibration", "CalibrationError", "EngineCalibration", "EventLogUnavailable", "PairCalibration",
            "Timing", "batching_gain", "calibrate", "calibrated_engines", "decode_rate", "format_calibration",
-           "prompt_rate", "run_calibrate", "sharing_alpha"]
+           "prompt_rate", "prompts_at_once_rate", "run_calibrate", "sharing_alpha"]

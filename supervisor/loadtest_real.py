@@ -65,6 +65,11 @@ GGUF_ENV = "STEWARD_SMOLLM2_GGUF"
 DRAIN_S = 0.0
 ENGINES_IN_WORDS = "real llama-servers with SmolLM2-135M (four names, 1 GiB each in a 3 GiB budget)"
 PROMPT_TOKENS_PER_REPEAT = 3  # "work on this " in SmolLM2's tokens
+# SmolLM2's chat template before the user's text (its system prompt), in its tokens: each slot
+# keeps it cached from the request before, and llama-server reads only what follows (the
+# clients' prompts begin with a random number). Measured with the real llama-server's
+# /apply-template and /tokenize. Embeddings have no template.
+TEMPLATE_PREFIX_TOKENS = 23
 
 
 @attrs.frozen
@@ -231,9 +236,12 @@ def mix_scenario(duration: float, calibration: Calibration, sizes: Mapping[str, 
         output = Range(0.0, 0.0) if kind.inputs else (seen.output if seen is not None else Range(*kind.max_tokens))
         clients[kind.name] = ClientSpec(model=name, klass=kind.klass, count=client.count,  # type: ignore[arg-type]
                                         think=Range(*kind.think_s), start=FIRST_ASK, prompt_tokens=prompt,
-                                        output_tokens=output, inputs=kind.inputs or None)
+                                        output_tokens=output, inputs=kind.inputs or None,
+                                        cached_prompt_tokens=0 if kind.inputs else TEMPLATE_PREFIX_TOKENS)
     sharing = SharingModel(alpha=calibration.alpha if calibration.alpha is not None else 1.0,
-                           batching_gain=calibration.batching_gain if calibration.batching_gain is not None else 0.5)
+                           batching_gain=calibration.batching_gain if calibration.batching_gain is not None else 0.5,
+                           prefill_alpha=calibration.prefill_alpha,
+                           prefill_batching_gain=calibration.prefill_batching_gain)
     return Scenario(GpuSpec(BUDGET, sharing), engines, clients, name="real-mix", duration=duration,  # type: ignore[arg-type]
                     scheduler=SchedulerConfig(), classes=ClassesConfig(), calibration=calibration)
 

@@ -32,15 +32,18 @@ def _figure(entry: object, name: str) -> float | None:
 @attrs.frozen
 class EngineSpeed:
     """An engine's speed measured alone on this host (`steward calibrate`, or steps that ran with
-    nothing else computing): tokens per second decoding one slot, reading a prompt, and the
-    decode rate of all its slots together with two slots busy (None: not measured)."""
+    nothing else computing): tokens per second decoding one slot, reading a prompt, the decode
+    rate of all its slots together with two slots busy, and the prompt rate of two slots reading
+    prompts at once (None: not measured)."""
 
     decode_tps: float
     prompt_tps: float | None = None
     two_slots_tps: float | None = None
+    two_slots_prompt_tps: float | None = None
 
     def figures(self) -> dict[str, float]:
-        named = {"decode_tps": self.decode_tps, "prompt_tps": self.prompt_tps, "two_slots_tps": self.two_slots_tps}
+        named = {"decode_tps": self.decode_tps, "prompt_tps": self.prompt_tps, "two_slots_tps": self.two_slots_tps,
+                 "two_slots_prompt_tps": self.two_slots_prompt_tps}
         return {k: round(v, 3) for k, v in named.items() if v is not None}
 
 
@@ -48,11 +51,15 @@ class EngineSpeed:
 class HostSharing:
     """How engines share this host's compute, measured by `steward calibrate`: k engines computing
     at once each run at 1/k**alpha of their speed alone; n busy slots of one engine do
-    1 + batching_gain * (n - 1) times the work of one (supervisor/simulate/sharing.py)."""
+    1 + batching_gain * (n - 1) times the work of one (supervisor/simulate/sharing.py). Those
+    are decoding's figures; reading prompts is bound by compute, not memory, and shares
+    otherwise: its own two (None: not measured, decoding's stand for them)."""
 
     alpha: float
     batching_gain: float
     cores: int
+    prefill_alpha: float | None = None
+    prefill_batching_gain: float | None = None
 
 
 def measurement_key(model: ModelConfig) -> str:
@@ -70,7 +77,7 @@ def measurement_key(model: ModelConfig) -> str:
 @attrs.define(eq=False)
 class MeasurementStore:
     """A small JSON file: key -> {"bytes", "load_s", "decode_tps", "prompt_tps", "two_slots_tps",
-    "engine", "measured_at"} (any figure may be missing), and HOST_KEY -> the host's sharing
+    "two_slots_prompt_tps", "engine", "measured_at"} (any figure may be missing), and HOST_KEY -> the host's sharing
     figures. Written atomically."""
 
     path: Path | None
@@ -103,7 +110,8 @@ class MeasurementStore:
         decode = _figure(entry, "decode_tps")
         if decode is None or decode == 0:
             return None
-        return EngineSpeed(decode, _figure(entry, "prompt_tps"), _figure(entry, "two_slots_tps"))
+        return EngineSpeed(decode, _figure(entry, "prompt_tps"), _figure(entry, "two_slots_tps"),
+                           _figure(entry, "two_slots_prompt_tps"))
 
     def record_speed(self, key: str, engine: str, speed: EngineSpeed) -> str | None:
         return self._update(key, engine, **speed.figures())
@@ -113,11 +121,16 @@ class MeasurementStore:
         alpha, gain, cores = (_figure(entry, name) for name in ("alpha", "batching_gain", "cores"))
         if alpha is None or gain is None or cores is None:
             return None
-        return HostSharing(alpha, min(gain, 1.0), max(int(cores), 1))
+        prefill_gain = _figure(entry, "prefill_batching_gain")
+        return HostSharing(alpha, min(gain, 1.0), max(int(cores), 1), _figure(entry, "prefill_alpha"),
+                           None if prefill_gain is None else min(prefill_gain, 1.0))
 
     def record_sharing(self, sharing: HostSharing) -> str | None:
+        prefill = {name: round(value, 3) for name, value in (("prefill_alpha", sharing.prefill_alpha),
+                                                             ("prefill_batching_gain", sharing.prefill_batching_gain))
+                   if value is not None}
         return self._update(HOST_KEY, "", alpha=round(sharing.alpha, 3),
-                            batching_gain=round(sharing.batching_gain, 3), cores=sharing.cores)
+                            batching_gain=round(sharing.batching_gain, 3), cores=sharing.cores, **prefill)
 
     def record(self, key: str, engine: str, nbytes: int) -> str | None:
         """Keep a measurement of memory; returns what failed if the file could not be written

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 
@@ -20,6 +21,7 @@ from supervisor.calibrate import (
     decode_rate,
     format_calibration,
     prompt_rate,
+    prompts_at_once_rate,
     sharing_alpha,
 )
 from supervisor.cli import main
@@ -36,7 +38,7 @@ def test_timings_are_read_from_an_answer_and_added_up() -> None:
                           "predicted_per_second": 80.0}}
     timing = Timing.of(answer)
     assert timing == Timing(250, 1000.0, 64, 800.0)
-    assert timing.decode_tps == 80.0
+    assert timing.decode_tps == 80.0 and timing.prompt_tps == 250.0
     assert Timing.of({"choices": []}) is None
     assert Timing.of({"timings": {"prompt_n": 1}}) is None
     other = Timing(150, 1000.0, 64, 1800.0)
@@ -55,33 +57,88 @@ def test_batching_gain_and_alpha_from_figures() -> None:
     assert sharing_alpha(80.0, 80.0) == 0.0
     assert sharing_alpha(80.0, 100.0) == 0.0
     pair = PairCalibration(("a", "b"), (80.0, 60.0), (20.0, 30.0))
-    assert pair.alpha == 1.5
+    assert pair.alpha == 1.5 and pair.prefill_alpha is None  # prompts not measured
+    reading = attrs.evolve(pair, alone_prompt_tps=(300.0, 200.0), together_prompt_tps=(150.0, 50.0))
+    assert reading.prefill_alpha == 1.5  # 1 (half the speed alone) and 2 (a quarter)
+    assert reading.alpha == 1.5
+
+
+def test_two_slots_reading_prompts_count_the_time_both_took() -> None:
+    # Read in the same batches: each prompt_ms covers both reads, the span a little more (HTTP).
+    batched = [Timing(250, 2000.0, 1, 0.001), Timing(240, 1990.0, 1, 0.001)]
+    assert prompts_at_once_rate(batched, 2000.0) == 490 / 2000 * 1000
+    assert prompts_at_once_rate(batched, 2010.0) == 490 / 2010 * 1000
+    # The second taken up only after the first's batch: each prompt_ms is one read alone, the
+    # longer would say 500 tok/s (gain 1) where the two took as long as one after the other.
+    queued = [Timing(250, 1000.0, 1, 0.001), Timing(250, 1000.0, 1, 0.001)]
+    assert prompts_at_once_rate(queued, 2000.0) == 250.0
+    assert batching_gain(250.0, 250.0) == 0.0
+    # Timings that were not slept (a fake's): the longer prompt_ms still bounds the time.
+    assert prompts_at_once_rate(queued, 10.0) == 500.0
+    assert prompts_at_once_rate([Timing(0, 0.0, 1, 1.0)], 10.0) is None
+    speed = EngineSpeed(80.0, 250.0, 120.0, two_slots_prompt_tps=300.0)
+    assert EngineCalibration("chat", "k", 0.5, speed, 2).prefill_batching_gain == pytest.approx(0.2)
+    assert EngineCalibration("chat", "k", 0.5, attrs.evolve(speed, prompt_tps=None), 2).prefill_batching_gain is None
+    assert EngineCalibration("chat", "k", 0.5, EngineSpeed(80.0, 250.0), 1).prefill_batching_gain is None
 
 
 def _calibration(**changes: Any) -> Calibration:
-    engines = (EngineCalibration("chat", "k1", 0.5, EngineSpeed(80.0, 300.0, 120.0), 2),
+    engines = (EngineCalibration("chat", "k1", 0.5, EngineSpeed(80.0, 300.0, 120.0, 360.0), 2),
                EngineCalibration("embed", "k2", 0.25, EngineSpeed(40.0, 200.0), 1))
-    pair = PairCalibration(("chat", "embed"), (80.0, 40.0), (20.0, 10.0))
+    pair = PairCalibration(("chat", "embed"), (80.0, 40.0), (20.0, 10.0), alone_prompt_tps=(300.0, 200.0),
+                           together_prompt_tps=(150.0, 100.0))
     return Calibration(engines, pair, 2, 12.5, "/state.json", **changes)
 
 
 def test_the_host_figures_and_the_table() -> None:
     calibration = _calibration()
     assert calibration.batching_gain == 0.5  # only the engine with two slots says
-    assert calibration.sharing() == HostSharing(2.0, 0.5, 2)
+    assert calibration.prefill_batching_gain == pytest.approx(0.2)
+    assert calibration.sharing() == HostSharing(2.0, 0.5, 2, 1.0, pytest.approx(0.2))
     assert format_calibration(calibration).splitlines() == [
-        "engine              load decode tok/s prompt tok/s 2 slots tok/s  gain",
-        "chat               0.50s         80.0        300.0         120.0  0.50",
-        "embed              0.25s         40.0        200.0             -     -",
+        "engine              load decode tok/s 2 slots tok/s  gain prompt tok/s 2 slots prompt tok/s  gain",
+        "chat               0.50s         80.0         120.0  0.50        300.0                360.0  0.20",
+        "embed              0.25s         40.0             -     -        200.0                    -     -",
         "two engines at once (chat + embed): 20.0 / 10.0 tok/s, alone 80.0 / 40.0: alpha 2.00",
-        "host: 2 cores; alpha 2.00, batching gain 0.50 (the simulator's assumptions: 1.0 and 0.5)",
+        "  reading prompts at once: 150.0 / 100.0 tok/s, alone 300.0 / 200.0: prefill alpha 1.00",
+        "host: 2 cores; decode: alpha 2.00, batching gain 0.50; prompts: alpha 1.00, batching gain 0.20 "
+        "(the simulator's assumptions: 1.0 and 0.5, the same for prompts)",
         "written to /state.json (took 12.5s)",
     ]
     one_slot = Calibration(calibration.engines[1:], calibration.pair, 2, 1.0, None)
-    assert one_slot.sharing() == HostSharing(2.0, 0.0, 2)
-    assert one_slot.sharing(HostSharing(1.0, 0.3, 8)) == HostSharing(2.0, 0.3, 2)  # the gain kept, not measured now
+    assert one_slot.sharing() == HostSharing(2.0, 0.0, 2, 1.0, None)
+    # The gains kept, not measured now; the prefill alpha measured now.
+    assert one_slot.sharing(HostSharing(1.0, 0.3, 8, 0.4, 0.1)) == HostSharing(2.0, 0.3, 2, 1.0, 0.1)
+    no_prompts = attrs.evolve(one_slot, pair=attrs.evolve(calibration.pair, alone_prompt_tps=None))
+    assert no_prompts.sharing(HostSharing(1.0, 0.3, 8, 0.4, 0.1)) == HostSharing(2.0, 0.3, 2, 0.4, 0.1)
+    assert no_prompts.sharing(HostSharing(1.0, 0.3, 8)) == HostSharing(2.0, 0.3, 2)
+    assert "  reading prompts at once: not measured" in format_calibration(no_prompts).splitlines()
+    assert "prompts: alpha -, batching gain - " in format_calibration(no_prompts)
     assert Calibration((), None, 2, 1.0, None).sharing() is None
-    assert calibration.to_json()["alpha"] == 2.0
+    figures = calibration.to_json()
+    assert (figures["alpha"], figures["prefill_alpha"], figures["prefill_batching_gain"]) == (2.0, 1.0, 0.2)
+    assert figures["engines"]["chat"]["two_slots_prompt_tps"] == 360.0
+    assert figures["engines"]["chat"]["prefill_batching_gain"] == 0.2
+    assert figures["engines"]["embed"]["prefill_batching_gain"] is None
+    assert "two_slots_prompt_tps" not in figures["engines"]["embed"]  # one slot: not measured
+    assert (figures["pair"]["alone_prompt_tps"], figures["pair"]["together_prompt_tps"]) == ([300.0, 200.0],
+                                                                                             [150.0, 100.0])
+    assert no_prompts.to_json()["pair"]["alone_prompt_tps"] is None
+
+
+def test_the_prompt_figures_go_to_the_state_file(tmp_path: Path) -> None:
+    """What calibrate writes (record_speed, record_sharing) is what the scheduler and the simulator read."""
+    calibration = _calibration()
+    store = MeasurementStore.open(tmp_path / "state.json")
+    assert store.record_speed("k1", "chat", calibration.engines[0].speed) is None
+    sharing = calibration.sharing()
+    assert sharing is not None and store.record_sharing(sharing) is None
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["k1"]["two_slots_prompt_tps"] == 360.0
+    assert (state[HOST_KEY]["prefill_alpha"], state[HOST_KEY]["prefill_batching_gain"]) == (1.0, 0.2)
+    reopened = MeasurementStore.open(tmp_path / "state.json")
+    assert reopened.speed("k1") == EngineSpeed(80.0, 300.0, 120.0, 360.0)
+    assert reopened.sharing() == HostSharing(2.0, 0.5, 2, 1.0, 0.2)
 
 
 # ---- against the fake llama-server ------------------------------------------------------
@@ -101,9 +158,12 @@ def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
                                     "slow": fake_model(tps=100, parallel=1, load_time="0.1s")})
     assert main(["calibrate", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["engine", "load", "decode", "tok/s", "prompt", "tok/s", "2", "slots", "tok/s", "gain"]
+    assert out[0].split() == ["engine", "load", "decode", "tok/s", "2", "slots", "tok/s", "gain", "prompt", "tok/s",
+                              "2", "slots", "prompt", "tok/s", "gain"]
     assert [line.split()[0] for line in out[1:3]] == ["fast", "slow"]
     assert out[3].startswith("two engines at once (fast + slow): ")
+    assert out[4].startswith("  reading prompts at once: ") and out[4].endswith("prefill alpha 0.00")
+    assert out[5].startswith("host: ") and "; prompts: alpha 0.00, batching gain " in out[5]
     assert out[-1].startswith(f"written to {tmp_path / 'steward-state.json'} (took ")
 
     config = load_config(path)
@@ -115,14 +175,25 @@ def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
     assert 100 <= fast.decode_tps <= 201 and 50 <= slow.decode_tps <= 101
     assert fast.two_slots_tps is not None and fast.two_slots_tps > fast.decode_tps  # its slots run side by side
     assert slow.two_slots_tps is None  # one slot
+    # The fake reports every prompt read at one fixed speed, whatever reads beside it: its
+    # slots and its processes read side by side (a gain near 1, a prefill alpha of 0).
+    assert fast.prompt_tps is not None and fast.two_slots_prompt_tps is not None
+    assert fast.two_slots_prompt_tps > 1.5 * fast.prompt_tps
+    assert slow.two_slots_prompt_tps is None
     load = store.load_time(measurement_key(config.models["fast"]))
     assert load is not None and load >= 0.3
     sharing = store.sharing()
     assert sharing is not None and sharing.alpha < 0.5  # two fakes do not slow each other
     assert sharing.batching_gain > 0.5 and sharing.cores >= 1
+    assert sharing.prefill_alpha == pytest.approx(0.0, abs=0.01)
+    assert sharing.prefill_batching_gain is not None and sharing.prefill_batching_gain > 0.5
     [event] = [r for r in read_event_log(Path(config.log.file or "")) if r["event"] == "calibrated"]
     assert set(event["engines"]) == {"fast", "slow"} and event["pair"]["engines"] == ["fast", "slow"]
     assert event["alpha"] == round(sharing.alpha, 3) and event["write_problem"] is None
+    assert event["prefill_alpha"] == round(sharing.prefill_alpha, 3)
+    assert event["prefill_batching_gain"] == round(sharing.prefill_batching_gain, 3)
+    assert event["engines"]["fast"]["two_slots_prompt_tps"] == round(fast.two_slots_prompt_tps, 3)
+    assert len(event["pair"]["alone_prompt_tps"]) == len(event["pair"]["together_prompt_tps"]) == 2
 
 
 def test_one_engine_is_paired_with_a_copy_of_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,8 +267,12 @@ def test_calibrate_on_the_real_llama_server(tmp_path: Path, capsys: pytest.Captu
     tiny = result["engines"]["tiny"]
     assert tiny["decode_tps"] > 0 and tiny["prompt_tps"] > 0 and tiny["two_slots_tps"] > 0 and tiny["load_s"] > 0
     assert result["alpha"] >= 0 and 0 <= result["batching_gain"] <= 1
+    assert tiny["two_slots_prompt_tps"] > 0 and 0 <= tiny["prefill_batching_gain"] <= 1
+    assert result["prefill_alpha"] >= 0 and 0 <= result["prefill_batching_gain"] <= 1
     store = MeasurementStore.open(tmp_path / "steward-state.json")
-    assert store.sharing() is not None and not math.isnan(store.sharing().alpha)  # type: ignore[union-attr]
+    sharing = store.sharing()
+    assert sharing is not None and not math.isnan(sharing.alpha)
+    assert sharing.prefill_alpha is not None and sharing.prefill_batching_gain is not None
 
 
 # ---- the simulator with a calibration ---------------------------------------------------

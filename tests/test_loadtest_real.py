@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from supervisor import loadtest_real
@@ -134,6 +135,13 @@ def _have_real_engines() -> None:
         loadtest_real.smollm2_path()
     except (FileNotFoundError, RuntimeError) as exc:
         pytest.skip(str(exc))
+
+
+def test_the_mix_in_the_simulator_reads_prompts_as_the_calibration_measured() -> None:
+    calibration = attrs.evolve(_calibration(), prefill_alpha=0.4, prefill_batching_gain=0.0)
+    sharing = mix_scenario(60.0, calibration, {}, {}).gpu.sharing
+    assert (sharing.alpha, sharing.batching_gain, sharing.prefill_alpha, sharing.prefill_batching_gain) == (
+        1.5, 0.2, 0.4, 0.0)
 
 
 def test_a_calibration_without_the_mixs_engines_is_refused_before_any_run(tmp_path: Path) -> None:

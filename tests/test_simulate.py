@@ -72,6 +72,40 @@ def test_slots_of_one_engine_share_its_speed_with_the_batching_gain(gain: float,
     assert finish_all(gpu) == {1: done, 2: done}
 
 
+def test_slots_reading_prompts_batch_by_their_own_gain_then_decode_by_decodings() -> None:
+    gpu = ready_gpu(SharingModel(alpha=0.0, batching_gain=1.0, prefill_batching_gain=0.0), "a")
+    gpu.start_step(1, "a", 2.0, 0.0, prefill=1.0)
+    gpu.start_step(2, "a", 2.0, 0.0, prefill=1.0)
+    # Reading: gain 0, each at half speed, prompts read by 2.0; then gain 1, each at full speed.
+    assert gpu.next_completion() == 2.0
+    assert gpu.complete_due(2.0) == [] and [s.rate for s in gpu.steps.values()] == [1.0, 1.0]
+    assert finish_all(gpu) == {1: 3.0, 2: 3.0}
+
+
+def test_a_slot_decoding_waits_in_the_batches_of_one_reading_its_prompt() -> None:
+    gpu = ready_gpu(SharingModel(alpha=0.0, batching_gain=1.0, prefill_batching_gain=0.0), "a")
+    gpu.start_step(1, "a", 1.0, 0.0)  # decoding only
+    gpu.start_step(2, "a", 3.0, 0.0, prefill=2.0)  # both at 0.5 until 1 is done at 2.0
+    assert finish_all(gpu) == {1: 2.0, 2: 4.0}  # 2 read 1.0 by then: 1.0 more reading, 1.0 decoding
+
+
+def test_engines_reading_prompts_at_once_contend_by_prefill_alpha() -> None:
+    gpu = ready_gpu(SharingModel(alpha=0.0, prefill_alpha=1.0), "a", "b")
+    gpu.start_step(1, "a", 1.0, 0.0, prefill=1.0)  # embeddings: only reading
+    gpu.start_step(2, "b", 1.0, 0.0, prefill=1.0)
+    assert finish_all(gpu) == {1: 2.0, 2: 2.0}
+    gpu.start_step(3, "a", 1.0, 2.0)  # decoding: alpha 0
+    gpu.start_step(4, "b", 1.0, 2.0)
+    assert finish_all(gpu) == {3: 3.0, 4: 3.0}
+
+
+def test_without_prefill_figures_reading_shares_as_decoding_does() -> None:
+    gpu = ready_gpu(SharingModel(batching_gain=0.5), "a")
+    gpu.start_step(1, "a", 1.5, 0.0, prefill=1.0)
+    gpu.start_step(2, "a", 1.5, 0.0, prefill=1.5)
+    assert finish_all(gpu) == {1: 2.0, 2: 2.0}  # as test_slots_of_one_engine_share_its_speed_with_the_batching_gain
+
+
 def test_a_load_in_progress_slows_the_engines_computing() -> None:
     gpu = SimulatedGpu.create(16 * GIB, SharingModel(load_weight=1.0), {"a": GIB, "b": GIB})
     gpu.begin_load("a", 1, 0.0)
@@ -314,11 +348,42 @@ def test_scenario_problems_name_their_key_path() -> None:
 def test_lower_class_generations_are_cut_into_step_tokens_steps_as_the_gateway_cuts_them() -> None:
     """scheduler.step_tokens: a background or batch generation is steps of N tokens out, the
     prompt read in the first (the later ones continue from the cached prompt); chats never."""
-    from supervisor.simulate.workload import make_clients
+    from supervisor.simulate.workload import StepWork, make_clients
     clients = {"chat": client("m", output_tokens=20), "agent": client("m", "background", output_tokens=20)}
-    # 64 prompt tokens at 64/s: 1 s; 20 tokens out at 8/s: 2.5 s
-    for step_tokens, agent_steps in [(0, [1 + 2.5]), (8, [1 + 1, 1, 0.5]), (20, [1 + 2.5])]:
+    # 64 prompt tokens at 64/s: 1 s, read in the first step; 20 tokens out at 8/s: 2.5 s
+    for step_tokens, agent_steps in [(0, [StepWork(1 + 2.5, 1)]),
+                                     (8, [StepWork(1 + 1, 1), StepWork(1), StepWork(0.5)]),
+                                     (20, [StepWork(1 + 2.5, 1)])]:
         scenario = tiny({"m": engine()}, clients, scheduler={"step_tokens": step_tokens})
         chat, agent = make_clients(scenario)
-        assert chat.draw_steps() == pytest.approx([1 + 2.5])
-        assert agent.draw_steps() == pytest.approx(agent_steps)
+        assert chat.draw_steps() == [StepWork(1 + 2.5, 1)]
+        assert agent.draw_steps() == agent_steps
+    # A prompt's first tokens still cached in the slot are not read again: 16 of 64.
+    scenario = tiny({"m": engine()}, {"chat": client("m", output_tokens=20, cached_prompt_tokens=16)})
+    [chat] = make_clients(scenario)
+    assert chat.draw_steps() == [StepWork(0.75 + 2.5, 0.75)]
+    with pytest.raises(ConfigError) as caught:
+        tiny({"m": engine()}, {"chat": client("m", cached_prompt_tokens=-1)})
+    assert caught.value.problems == ["clients.chat.cached_prompt_tokens: must not be negative, got -1"]
+
+
+def test_a_calibration_carries_how_prompts_share_into_the_scenario(tmp_path: Path) -> None:
+    import json
+
+    from supervisor.measurements import HOST_KEY
+    from supervisor.simulate.scenario import Calibration
+
+    inline = tiny({"m": engine()}, {"chat": client("m")},
+                  calibration={"alpha": 0.0, "prefill_alpha": 0.5, "prefill_batching_gain": 0.0})
+    sharing = inline.gpu.sharing
+    assert (sharing.alpha, sharing.batching_gain, sharing.prefill_alpha, sharing.prefill_batching_gain) == (
+        0.0, 0.5, 0.5, 0.0)  # the decoding gain kept
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({HOST_KEY: {"alpha": 0.0, "batching_gain": 0.5, "cores": 2, "prefill_alpha": 0.3,
+                                            "prefill_batching_gain": 0.05}}))
+    calibration = Calibration.from_state_file(state)
+    assert (calibration.prefill_alpha, calibration.prefill_batching_gain) == (0.3, 0.05)
+    assert "prompts: alpha 0.3; prompts: batching gain 0.05" in calibration.describe()
+    with pytest.raises(ConfigError) as caught:
+        tiny({"m": engine()}, {"chat": client("m")}, calibration={"prefill_batching_gain": 2})
+    assert "calibration.prefill_batching_gain: must be between 0 and 1, got 2.0" in caught.value.problems

@@ -30,6 +30,11 @@ class Step:
     engine: str
     remaining: float  # seconds of work alone still to do
     rate: float = 0.0
+    prefill: float = 0.0  # of which reading its prompt, still to do (it comes first)
+
+    @property
+    def reads_prompt(self) -> bool:
+        return self.prefill > DONE
 
 
 @attrs.define
@@ -99,11 +104,12 @@ class SimulatedGpu:
 
     # ---- steps ----------------------------------------------------------------------
 
-    def start_step(self, job_id: int, name: str, work: float, now: float) -> None:
+    def start_step(self, job_id: int, name: str, work: float, now: float, *, prefill: float = 0.0) -> None:
+        """A step of *work* seconds alone starts, the first *prefill* of them reading its prompt."""
         engine = self.engines[name]
         assert engine.state is CardState.READY, f"step granted on {name} while {engine.state.value}"
         self._advance(now)
-        step = Step(job_id, name, work)
+        step = Step(job_id, name, work, prefill=min(prefill, work))
         engine.steps[job_id] = step
         self.steps[job_id] = step
         self._rerate()
@@ -117,17 +123,21 @@ class SimulatedGpu:
         return True
 
     def complete_due(self, now: float) -> list[int]:
-        """The steps done by *now*, removed, in job order."""
+        """The steps done by *now*, removed, in job order (steps that ended reading their
+        prompt by then share on at their decoding rates)."""
+        reading = {job for job, step in self.steps.items() if step.reads_prompt}
         self._advance(now)
         done = sorted(job for job, step in self.steps.items() if step.remaining <= DONE)
         for job in done:
             self._remove(job)
-        if done:
+        if done or any(not self.steps[job].reads_prompt for job in reading if job in self.steps):
             self._rerate()
         return done
 
     def next_completion(self) -> float | None:
-        times = [self.updated + max(s.remaining, 0.0) / s.rate for s in self.steps.values() if s.rate > 0]
+        """The next moment a step ends, or ends reading its prompt (its rate may change then)."""
+        times = [self.updated + max(s.prefill if s.reads_prompt else s.remaining, 0.0) / s.rate
+                 for s in self.steps.values() if s.rate > 0]
         return min(times, default=None)
 
     def _remove(self, job_id: int) -> None:
@@ -139,14 +149,15 @@ class SimulatedGpu:
         if elapsed > 0:
             for step in self.steps.values():
                 step.remaining -= step.rate * elapsed
+                step.prefill = max(step.prefill - step.rate * elapsed, 0.0)
         self.updated = max(self.updated, now)
 
     def _rerate(self) -> None:
         computing = sum(1 for e in self.engines.values() if e.steps)
         loading = sum(1 for e in self.engines.values() if e.state is CardState.LOADING)
         for engine in self.engines.values():
-            if engine.steps:
-                rate = self.sharing.step_rate(len(engine.steps), computing, loading)
-                for step in engine.steps.values():
-                    step.rate = rate
+            prefills = any(step.reads_prompt for step in engine.steps.values())
+            for step in engine.steps.values():
+                step.rate = self.sharing.step_rate(len(engine.steps), computing, loading, prefill=step.reads_prompt,
+                                                   engine_prefills=prefills)
 

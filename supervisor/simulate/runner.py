@@ -199,7 +199,8 @@ class Replay:
                 if request.started is None:
                     request.started = self.now
                     self._held.pop(request.id, None)  # it started before any load of its model was decided
-                self.gpu.start_step(effect.job_id, effect.engine, request.steps[request.step], self.now)
+                work = request.steps[request.step]
+                self.gpu.start_step(effect.job_id, effect.engine, work.seconds, self.now, prefill=work.prefill)
             elif isinstance(effect, Fail):
                 self._waiting.pop(effect.job_id, None)
                 self.gpu.cancel_step(effect.job_id, self.now)

@@ -93,6 +93,9 @@ class ClientSpec:
     output_tokens: Tokens = Tokens(NONE)
     inputs: PositiveInt | None = None  # set: an embeddings client, this many inputs per request
     chunk: PositiveInt | None = None  # inputs per step of an embeddings request; unset: scheduler.embedding_chunk
+    # The first tokens of each prompt that the engine's slot still holds from the one before (a
+    # chat template's system prompt): llama-server does not read them again.
+    cached_prompt_tokens: int = 0
 
     @property
     def embeddings(self) -> bool:
@@ -133,6 +136,9 @@ class Calibration:
     batching_gain: float | None = None
     engines: dict[str, EngineFigures] = attrs.Factory(dict)
     source: str | None = None  # the state file the figures came from
+    # How reading prompts shares (sharing.py); None: decoding's figures stand for it.
+    prefill_alpha: float | None = None
+    prefill_batching_gain: float | None = None
 
     @classmethod
     def from_state_file(cls, path: str | Path) -> Calibration:
@@ -165,14 +171,20 @@ class Calibration:
         if sharing is None and not newest:
             raise ConfigError([f"calibration: {path} holds no calibration (run steward calibrate with its config)"])
         return cls(None if sharing is None else sharing.alpha, None if sharing is None else sharing.batching_gain,
-                   {name: figures for name, (_, figures) in newest.items()}, str(path))
+                   {name: figures for name, (_, figures) in newest.items()}, str(path),
+                   None if sharing is None else sharing.prefill_alpha,
+                   None if sharing is None else sharing.prefill_batching_gain)
 
     def apply(self, scenario: Scenario) -> Scenario:
         """*scenario* with these figures in place of its own; engines it does not have are left out."""
         sharing = scenario.gpu.sharing
         sharing = attrs.evolve(sharing, alpha=sharing.alpha if self.alpha is None else self.alpha,
                                batching_gain=sharing.batching_gain if self.batching_gain is None
-                               else min(self.batching_gain, 1.0))
+                               else min(self.batching_gain, 1.0),
+                               prefill_alpha=sharing.prefill_alpha if self.prefill_alpha is None
+                               else self.prefill_alpha,
+                               prefill_batching_gain=sharing.prefill_batching_gain
+                               if self.prefill_batching_gain is None else min(self.prefill_batching_gain, 1.0))
 
         def engine(name: str, spec: EngineSpec) -> EngineSpec:
             f = self.engines.get(name, EngineFigures())
@@ -188,6 +200,9 @@ class Calibration:
         """One line: where the figures came from and what they set."""
         parts = [f"alpha {self.alpha:g}" if self.alpha is not None else "",
                  f"batching gain {self.batching_gain:g}" if self.batching_gain is not None else "",
+                 f"prompts: alpha {self.prefill_alpha:g}" if self.prefill_alpha is not None else "",
+                 f"prompts: batching gain {self.prefill_batching_gain:g}"
+                 if self.prefill_batching_gain is not None else "",
                  f"engines {', '.join(self.engines)}" if self.engines else ""]
         return (f"calibration from {self.source}: " if self.source else "calibration: ") + (
             "; ".join(p for p in parts if p) or "no figure for this scenario")
@@ -304,7 +319,7 @@ def _parse_calibration(raw: object, folder: Path | None) -> Calibration | None:
         return Calibration.from_state_file(Path(folder or ".") / raw)
     if not isinstance(raw, dict) or "source" in raw:
         raise ConfigError(["calibration: must be the path of a steward state file or a mapping of alpha, "
-                           f"batching_gain and engines, got {raw!r}"])
+                           f"batching_gain, prefill_alpha, prefill_batching_gain and engines, got {raw!r}"])
     try:
         return converter.structure(raw, Calibration)
     except ClassValidationError as exc:
@@ -389,13 +404,16 @@ def _check(scenario: Scenario) -> list[str]:
             problems.append(f"clients.{name}.model: {client.model!r} is not under engines")
         if client.embeddings and client.output_tokens != NONE:
             problems.append(f"clients.{name}.output_tokens: an embeddings client (inputs set) generates no tokens")
+        if client.cached_prompt_tokens < 0:
+            problems.append(f"clients.{name}.cached_prompt_tokens: must not be negative, got {client.cached_prompt_tokens}")
     return problems
 
 
 def _check_calibration(calibration: Calibration, scenario: Scenario) -> list[str]:
     problems = [p.replace("gpu.sharing.", "calibration.")
-                for p in SharingModel(alpha=calibration.alpha or 0.0,
-                                      batching_gain=calibration.batching_gain or 0.0).problems("gpu.sharing")]
+                for p in SharingModel(alpha=calibration.alpha or 0.0, batching_gain=calibration.batching_gain or 0.0,
+                                      prefill_alpha=calibration.prefill_alpha,
+                                      prefill_batching_gain=calibration.prefill_batching_gain).problems("gpu.sharing")]
     if calibration.source is None:  # inline figures name the scenario's engines; a state file has the config's
         problems += [f"calibration.engines.{name}: not under engines" for name in calibration.engines
                      if name not in scenario.engines]

@@ -16,6 +16,14 @@ import attrs
 from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
 
 
+@attrs.frozen
+class StepWork:
+    """One step's work in seconds alone, and how much of it is reading its prompt (first)."""
+
+    seconds: float
+    prefill: float = 0.0
+
+
 @attrs.define(eq=False)
 class Client:
     name: str
@@ -34,7 +42,7 @@ class Client:
     def think(self) -> float:
         return self.spec.think.draw(self.rng)
 
-    def draw_steps(self) -> list[float]:
+    def draw_steps(self) -> list[StepWork]:
         """The work of each step of the next request, in seconds alone (see sharing.py)."""
         spec, engine = self.spec, self.engine
         if spec.inputs is None:
@@ -43,11 +51,14 @@ class Client:
             # A cut generation continues from its cached prompt: each later step reads only the
             # tokens it adds (gateway/chunked.py), negligible beside decoding them.
             outputs = [min(cut, output - done) for done in range(0, output, cut)] or [0]
-            return [prompt / engine.prefill_speed + outputs[0] / engine.speed, *(n / engine.speed for n in outputs[1:])]
+            reading = max(prompt - spec.cached_prompt_tokens, 0) / engine.prefill_speed
+            return [StepWork(reading + outputs[0] / engine.speed, reading),
+                    *(StepWork(n / engine.speed) for n in outputs[1:])]
         chunks = math.ceil(spec.inputs / self.chunk)
         sizes = [min(self.chunk, spec.inputs - k * self.chunk) for k in range(chunks)]
-        return [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
-                for size in sizes]
+        reads = [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
+                 for size in sizes]
+        return [StepWork(seconds, seconds) for seconds in reads]  # embeddings only read
 
 
 def make_clients(scenario: Scenario) -> list[Client]:
@@ -66,7 +77,7 @@ class Request:
     id: int
     client: Client
     arrival: float
-    steps: list[float]  # work of each step, seconds alone
+    steps: list[StepWork]  # work of each step, seconds alone
     step: int = 0  # index of the step submitted or running
     job: int = 0  # job id of that step
     started: float | None = None  # when its first step started computing
