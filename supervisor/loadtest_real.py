@@ -372,10 +372,12 @@ def format_real_report(report: RealReport) -> str:
     """The mix's own table, then real and simulated side by side, then the verdicts."""
     sharing, scenario = report.scenario.gpu.sharing, report.scenario
     speeds = ", ".join(f"{name} {e.speed:.0f} tok/s" for name, e in scenario.engines.items())
+    prompts = ("" if sharing.prefill_alpha is None and sharing.prefill_batching_gain is None else
+               f"; prompts: alpha {_cell(sharing.prefill_alpha)}, batching gain {_cell(sharing.prefill_batching_gain)}")
     width = 24
     lines = [format_report(report.mix), "",
              f"issue 27's mix, {report.duration_s:g} s each run; simulated with this host's calibration "
-             f"(alpha {sharing.alpha:.2f}, batching gain {sharing.batching_gain:.2f}; {speeds}), mean of seeds "
+             f"(alpha {sharing.alpha:.2f}, batching gain {sharing.batching_gain:.2f}{prompts}; {speeds}), mean of seeds "
              f"{format_seeds(list(report.seeds))}",
              f"{'':<{width}} {'real':>15} {'simulated':>15}"]
 

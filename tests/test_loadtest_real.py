@@ -159,17 +159,21 @@ def test_the_real_mix_briefly(tmp_path: Path) -> None:
     state = tmp_path / "state.json"
     state.write_text(json.dumps({f"k-{name}": {"engine": name, "decode_tps": 50.0, "prompt_tps": 250.0,
                                                "load_s": 0.5, "measured_at": 1.0} for name in ENGINES}
-                                | {HOST_KEY: {"alpha": 1.5, "batching_gain": 0.3, "cores": 2}}))
+                                | {HOST_KEY: {"alpha": 1.5, "batching_gain": 0.3, "cores": 2, "prefill_alpha": 0.2,
+                                              "prefill_batching_gain": 0.0}}))
     said: list[str] = []
     report = loadtest_real.run_real_loadtest(20.0, calibration=state, seeds=(1, 2), say=said.append)
     assert report.duration_s == 20.0 and report.scenario.gpu.sharing.alpha == 1.5
+    assert (report.scenario.gpu.sharing.prefill_alpha, report.scenario.gpu.sharing.prefill_batching_gain) == (0.2, 0.0)
     assert report.real_alone.completed > 0 and report.real["interactive"].completed > 0
     assert set(report.real) == set(report.simulated) == {"interactive", "background", "batch"}
     result = report.to_json()
     assert result["real"]["mix"]["interactive"]["p95_s"] is not None
     assert {c["what"] for c in result["checks"]} >= {"interactive p95 at most 1.3x its alone run",
                                                      "batch's longest wait within its bound"}
-    assert "targets (issue 27)" in format_real_report(report)
+    text = format_real_report(report)
+    assert "targets (issue 27)" in text
+    assert "(alpha 1.50, batching gain 0.30; prompts: alpha 0.20, batching gain 0.00; chat 50 tok/s" in text
     assert any(line.startswith("loadtest: the mix, 20s") for line in said)
 
 
