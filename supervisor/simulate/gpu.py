@@ -125,13 +125,11 @@ class SimulatedGpu:
     def complete_due(self, now: float) -> list[int]:
         """The steps done by *now*, removed, in job order (steps that ended reading their
         prompt by then share on at their decoding rates)."""
-        reading = {job for job, step in self.steps.items() if step.reads_prompt}
         self._advance(now)
         done = sorted(job for job, step in self.steps.items() if step.remaining <= DONE)
         for job in done:
             self._remove(job)
-        if done or any(not self.steps[job].reads_prompt for job in reading if job in self.steps):
-            self._rerate()
+        self._rerate()  # called at a predicted end: a step's, or a prompt's
         return done
 
     def next_completion(self) -> float | None:

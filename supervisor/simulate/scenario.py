@@ -177,14 +177,11 @@ class Calibration:
 
     def apply(self, scenario: Scenario) -> Scenario:
         """*scenario* with these figures in place of its own; engines it does not have are left out."""
-        sharing = scenario.gpu.sharing
-        sharing = attrs.evolve(sharing, alpha=sharing.alpha if self.alpha is None else self.alpha,
-                               batching_gain=sharing.batching_gain if self.batching_gain is None
-                               else min(self.batching_gain, 1.0),
-                               prefill_alpha=sharing.prefill_alpha if self.prefill_alpha is None
-                               else self.prefill_alpha,
-                               prefill_batching_gain=sharing.prefill_batching_gain
-                               if self.prefill_batching_gain is None else min(self.prefill_batching_gain, 1.0))
+        measured = {"alpha": self.alpha, "prefill_alpha": self.prefill_alpha,
+                    "batching_gain": None if self.batching_gain is None else min(self.batching_gain, 1.0),
+                    "prefill_batching_gain": None if self.prefill_batching_gain is None
+                    else min(self.prefill_batching_gain, 1.0)}
+        sharing = attrs.evolve(scenario.gpu.sharing, **{k: v for k, v in measured.items() if v is not None})
 
         def engine(name: str, spec: EngineSpec) -> EngineSpec:
             f = self.engines.get(name, EngineFigures())
