@@ -7,6 +7,11 @@ short greedy requests to its native ``/completion`` whose answers carry llama-se
 
 - its load time, from spawn to a ready ``/health``;
 - its speed alone: decode tokens/s (one slot) and prompt tokens/s;
+- how it slows with context: one long prompt (about 1,000 tokens) against the short ones
+  (about 250), its prompt and decode rates giving each token's added cost per token before it
+  (measurements.ContextCost; a context too small for it: not measured);
+- for an engine that also serves embeddings, its prompt tokens/s reading a batch of inputs
+  through ``/v1/embeddings`` (no ``timings`` there: tokens over the request's time);
 - two of its slots busy at once: their decode rates added up, and the batching gain
   ``two_slots / alone - 1`` (0: a second slot adds nothing, 1: it doubles the work done);
 - two of its slots reading fresh prompts at once (one token out): the prefill batching gain,
@@ -50,13 +55,18 @@ from supervisor.config import Config
 from supervisor.config_policy import engine_specs
 from supervisor.engine import EngineSpec, pick_port, placed_command
 from supervisor.events import EventLog, EventLogUnavailable, open_event_log
-from supervisor.measurements import EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from supervisor.apis import GENERATION, Api
+from supervisor.measurements import ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
 from supervisor.process import ChildProcess, SpawnError, open_child, pump_lines, stop_child
 
 # The requests: short and greedy, a fresh prompt each (no prompt cache reused), a fixed
 # number of tokens out whatever the model would say (ignore_eos).
 DECODE_TOKENS = 64
 PROMPT_REPEATS = 80  # "measure this " x 80: about 250 prompt tokens, enough to time the prompt
+DEEP_REPEATS = 330  # about 1,000 prompt tokens: how each token's cost grows with the context
+DEEP_CONTEXT_SHARE = 0.8  # of a slot's context at most (llama-server's /props), its decode included
+EMBEDDING_INPUTS = 8
+EMBEDDING_REPEATS = 25  # per input: about 80 tokens, an embeddings client's paragraph
 # Reading prompts: one token out, sampled from the prompt's own logits, so no decode step
 # adds to the time both prompts take (and the run stays short: a second or two per engine).
 PROMPT_READ_TOKENS = 1
@@ -128,6 +138,23 @@ def prompts_at_once_rate(timings: Sequence[Timing], span_ms: float) -> float | N
     return tokens / ms * 1000 if tokens and ms > 0 else None
 
 
+def context_cost(short: Sequence[Timing], deep: Timing) -> ContextCost | None:
+    """Each token's added seconds per token of context (measurements.ContextCost), from the
+    short requests' rates and one long prompt's: a prompt of n tokens is read at a mean cost
+    of ``1/p0 + prompt_s * n/2`` per token, a token decoded at context c costs
+    ``1/d0 + decode_s * c``. None: the long prompt was not much longer (a context cut short).
+    A rate that did not fall (noise) counts as no cost."""
+    prompt_n = statistics.fmean(t.prompt_n for t in short)
+    decode_at = statistics.fmean(t.prompt_n + t.predicted_n / 2 for t in short)
+    short_prompt, short_decode = prompt_rate(short), decode_rate(short)
+    if deep.prompt_n < 2 * prompt_n or None in (short_prompt, short_decode, deep.prompt_tps, deep.decode_tps):
+        return None
+    assert short_prompt and short_decode and deep.prompt_tps and deep.decode_tps
+    prompt_s = 2 * (1 / deep.prompt_tps - 1 / short_prompt) / (deep.prompt_n - prompt_n)
+    decode_s = (1 / deep.decode_tps - 1 / short_decode) / (deep.prompt_n + deep.predicted_n / 2 - decode_at)
+    return ContextCost(max(prompt_s, 0.0), max(decode_s, 0.0), prompt_n, decode_at)
+
+
 def batching_gain(alone_tps: float, two_slots_tps: float) -> float:
     """Two busy slots do ``1 + gain`` times the work of one (supervisor/simulate/sharing.py), in [0, 1]."""
     return min(max(two_slots_tps / alone_tps - 1, 0.0), 1.0)
@@ -152,6 +179,11 @@ class EngineCalibration:
     def batching_gain(self) -> float | None:
         two = self.speed.two_slots_tps
         return None if two is None else batching_gain(self.speed.decode_tps, two)
+
+    @property
+    def decode_tps_deep(self) -> float | None:
+        """Its decode rate alone with 1,000 tokens before each (None: the context cost was not measured)."""
+        return None if self.speed.context_cost is None else self.speed.decode_tps_at(1000)
 
     @property
     def prefill_batching_gain(self) -> float | None:
@@ -240,11 +272,13 @@ class Calibration:
 def format_calibration(calibration: Calibration) -> str:
     # Decoding's figures, then reading prompts': alone, two slots at once, the gain.
     lines = [f"{'engine':<16} {'load':>7} {'decode tok/s':>12} {'2 slots tok/s':>13} {'gain':>5} "
-             f"{'prompt tok/s':>12} {'2 slots prompt tok/s':>20} {'gain':>5}"]
+             f"{'prompt tok/s':>12} {'2 slots prompt tok/s':>20} {'gain':>5} "
+             f"{'decode at 1k context':>20} {'embed tok/s':>11}"]
     for e in calibration.engines:
         lines.append(f"{e.name:<16} {e.load_s:>6.2f}s {e.speed.decode_tps:>12.1f} {_cell(e.speed.two_slots_tps):>13} "
                      f"{_cell(e.batching_gain, '.2f'):>5} {_cell(e.speed.prompt_tps):>12} "
-                     f"{_cell(e.speed.two_slots_prompt_tps):>20} {_cell(e.prefill_batching_gain, '.2f'):>5}")
+                     f"{_cell(e.speed.two_slots_prompt_tps):>20} {_cell(e.prefill_batching_gain, '.2f'):>5} "
+                     f"{_cell(e.decode_tps_deep):>20} {_cell(e.speed.embedding_tps):>11}")
     if (pair := calibration.pair) is not None:
         second = f"{pair.names[1]} (a copy)" if pair.copy else pair.names[1]
         lines.append(f"two engines at once ({pair.names[0]} + {second}): "
@@ -299,6 +333,7 @@ class RunningEngine:
     url: str
     slots: int
     load_s: float
+    embeddings: bool = False  # it serves /v1/embeddings too
 
 
 def calibrated_engines(config: Config, only: str | None = None) -> list[str]:
@@ -347,7 +382,8 @@ async def running_engine(spec: EngineSpec, http: httpx.AsyncClient,
                 await trio.sleep(spec.health_interval)
         if waiting.cancelled_caught:
             raise CalibrationError(f"{spec.name}: not ready within engines.start_timeout ({spec.start_timeout:g}s)")
-        yield RunningEngine(spec.name, url, spec.slots, time.monotonic() - started)
+        yield RunningEngine(spec.name, url, spec.slots, time.monotonic() - started,
+                            Api.EMBEDDINGS in spec.runtime.apis and bool(spec.runtime.apis & GENERATION))
     finally:
         with trio.CancelScope(shield=True):
             await stop_child(process, spec.stop_grace)
@@ -379,6 +415,35 @@ async def timed_completion(http: httpx.AsyncClient, engine: RunningEngine, *, re
     if timing is None or (timing.prompt_tps if prompt_only else timing.decode_tps) is None:
         raise CalibrationError(f"{engine.name}: its answer has no usable timings (not llama-server?)")
     return timing
+
+
+async def deep_repeats(http: httpx.AsyncClient, engine: RunningEngine, short_tokens: int) -> int:
+    """How many repeats the long prompt has: DEEP_REPEATS, fewer where a slot's context (its
+    ``/props``; the model's tokenizer may cut the prompt into more tokens) would not hold it."""
+    try:
+        props = (await http.get(f"{engine.url}/props", timeout=REQUEST_TIMEOUT_S)).json()
+        slot_context = int(props["default_generation_settings"]["n_ctx"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return DEEP_REPEATS  # not said: the long prompt is tried as it is
+    per_repeat = max(short_tokens, 1) / PROMPT_REPEATS
+    return min(DEEP_REPEATS, int((DEEP_CONTEXT_SHARE * slot_context - DECODE_TOKENS) / per_repeat))
+
+
+async def embedding_rate(http: httpx.AsyncClient, engine: RunningEngine) -> float:
+    """Prompt tokens per second of one ``/v1/embeddings`` request of fresh inputs: the usage's
+    tokens over the request's time (llama-server sends no timings there)."""
+    inputs = [f"{secrets.token_hex(4)} " + "measure this " * EMBEDDING_REPEATS for _ in range(EMBEDDING_INPUTS)]
+    started = time.monotonic()
+    try:
+        response = await http.post(f"{engine.url}/v1/embeddings", json={"input": inputs}, timeout=REQUEST_TIMEOUT_S)
+        took = time.monotonic() - started
+        tokens = response.json()["usage"]["prompt_tokens"] if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise CalibrationError(f"{engine.name}: /v1/embeddings failed: {exc or type(exc).__name__}") from None
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0 or took <= 0:
+        raise CalibrationError(f"{engine.name}: /v1/embeddings answered {response.status_code} "
+                               f"without a token count: {response.text[:200]}")
+    return tokens / took
 
 
 async def at_once(*calls: Callable[[], Awaitable[Timing]]) -> list[Timing]:
@@ -420,7 +485,12 @@ async def measure_alone(http: httpx.AsyncClient, engine: RunningEngine, key: str
         rates = [t.decode_tps for t in pair]
         two_slots = sum(r for r in rates if r is not None)
         two_slots_prompt = prompts_at_once_rate(*await prompts_at_once(http, engine, engine))
-    speed = EngineSpeed(decode, prompt_rate(alone), two_slots, two_slots_prompt)
+    repeats = await deep_repeats(http, engine, alone[0].prompt_n)
+    deep = None  # a slot's context too small for a long prompt: the cost stays unmeasured
+    if repeats >= 2 * PROMPT_REPEATS:
+        deep = context_cost(alone, await timed_completion(http, engine, repeats=repeats))
+    embedding = await embedding_rate(http, engine) if engine.embeddings else None
+    speed = EngineSpeed(decode, prompt_rate(alone), two_slots, two_slots_prompt, deep, embedding)
     return EngineCalibration(engine.name, key, engine.load_s, speed, engine.slots)
 
 
@@ -534,4 +604,4 @@ def _say(line: str) -> None:
 
 __all__ = ["Calibration", "CalibrationError", "EngineCalibration", "EventLogUnavailable", "PairCalibration",
            "Timing", "batching_gain", "calibrate", "calibrated_engines", "decode_rate", "format_calibration",
-           "prompt_rate", "prompts_at_once_rate", "run_calibrate", "sharing_alpha"]
+           "context_cost", "prompt_rate", "prompts_at_once_rate", "run_calibrate", "sharing_alpha"]

@@ -227,7 +227,10 @@ def mix_scenario(duration: float, calibration: Calibration, sizes: Mapping[str, 
                                f"(leave out --calibration, or give a state file of this mix)")
         engines[name] = EngineSpec(memory=MEMORY, speed=figures.speed, prompt_speed=figures.prompt_speed,
                                    slots=client.parallel, load_time=figures.load_time or 1.0,
-                                   stop_time=stops.get(name, 0.5))
+                                   stop_time=stops.get(name, 0.5),
+                                   prompt_context_cost=figures.prompt_context_cost or 0.0,
+                                   decode_context_cost=figures.decode_context_cost or 0.0,
+                                   embedding_speed=figures.embedding_speed)
     clients = {}
     for client in MIX:
         kind, name = client.kind, client.kind.model
@@ -371,7 +374,9 @@ class RealReport:
 def format_real_report(report: RealReport) -> str:
     """The mix's own table, then real and simulated side by side, then the verdicts."""
     sharing, scenario = report.scenario.gpu.sharing, report.scenario
-    speeds = ", ".join(f"{name} {e.speed:.0f} tok/s" for name, e in scenario.engines.items())
+    speeds = ", ".join(f"{name} {e.speed:.0f} tok/s" + (f" ({1 / (1 / e.speed + e.decode_context_cost * 1000):.0f} "
+                                                         "after 1,000 tokens)" if e.decode_context_cost else "")
+                       for name, e in scenario.engines.items())
     prompts = ("" if sharing.prefill_alpha is None and sharing.prefill_batching_gain is None else
                f"; prompts: alpha {_cell(sharing.prefill_alpha)}, batching gain {_cell(sharing.prefill_batching_gain)}")
     width = 24

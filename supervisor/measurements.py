@@ -30,21 +30,74 @@ def _figure(entry: object, name: str) -> float | None:
 
 
 @attrs.frozen
+class ContextCost:
+    """How an engine slows as its context grows, measured by `steward calibrate` (a long prompt
+    beside the short ones): attention reads every token before the one it computes, so each
+    token costs more the deeper it sits (SmolLM2-135M on 2 cores: decoding 57 tokens/s after a
+    250-token prompt, 34 after 1,500; reading a prompt 181 and 162 tokens/s).
+
+    Each token's time grows linearly with the tokens before it: *prompt_s* more seconds per
+    prompt token, *decode_s* per decoded token, for each token of context. The speeds alone
+    (EngineSpeed) were measured over prompts of *prompt_context* tokens, and decoding at
+    *decode_context* tokens of context (the decoded tokens' mean)."""
+
+    prompt_s: float
+    decode_s: float
+    prompt_context: float
+    decode_context: float
+
+    def figures(self) -> dict[str, float]:
+        return {"context_prompt_s": self.prompt_s, "context_decode_s": self.decode_s,
+                "prompt_context": self.prompt_context, "decode_context": self.decode_context}
+
+
+@attrs.frozen
 class EngineSpeed:
     """An engine's speed measured alone on this host (`steward calibrate`, or steps that ran with
     nothing else computing): tokens per second decoding one slot, reading a prompt, the decode
     rate of all its slots together with two slots busy, and the prompt rate of two slots reading
-    prompts at once (None: not measured)."""
+    prompts at once; how it slows with context; and the prompt tokens per second of an
+    embeddings request, for an engine that serves them (None: not measured)."""
 
     decode_tps: float
     prompt_tps: float | None = None
     two_slots_tps: float | None = None
     two_slots_prompt_tps: float | None = None
+    context_cost: ContextCost | None = None
+    embedding_tps: float | None = None
 
     def figures(self) -> dict[str, float]:
         named = {"decode_tps": self.decode_tps, "prompt_tps": self.prompt_tps, "two_slots_tps": self.two_slots_tps,
-                 "two_slots_prompt_tps": self.two_slots_prompt_tps}
-        return {k: round(v, 3) for k, v in named.items() if v is not None}
+                 "two_slots_prompt_tps": self.two_slots_prompt_tps, "embedding_tps": self.embedding_tps,
+                 **(self.context_cost.figures() if self.context_cost is not None else {})}
+        return {k: _rounded_figure(v) for k, v in named.items() if v is not None}
+
+    def decode_tps_at(self, context: float) -> float:
+        """Tokens decoded per second alone with *context* tokens before each (decode_tps where
+        the context cost was not measured)."""
+        cost = self.context_cost
+        if cost is None:
+            return self.decode_tps
+        return 1.0 / max(1.0 / self.decode_tps + cost.decode_s * (context - cost.decode_context),
+                         1.0 / self.decode_tps / 100)
+
+    def at_no_context(self) -> tuple[float, float | None]:
+        """The decode and prompt tokens/s alone extrapolated to an empty context (the linear model
+        of ContextCost): what a token costs before attention adds its share."""
+        cost = self.context_cost
+        if cost is None:
+            return self.decode_tps, self.prompt_tps
+        decode = 1.0 / max(1.0 / self.decode_tps - cost.decode_s * cost.decode_context, 1.0 / self.decode_tps / 100)
+        if self.prompt_tps is None:
+            return decode, None
+        # A prompt of n tokens is read at n / (n/p0 + prompt_s * n**2 / 2): its mean token sits at n/2.
+        per_token = 1.0 / self.prompt_tps - cost.prompt_s * cost.prompt_context / 2
+        return decode, 1.0 / max(per_token, 1.0 / self.prompt_tps / 100)
+
+
+def _rounded_figure(value: float) -> float:
+    """Three significant decimals for rates and sizes; the tiny per-token costs keep their digits."""
+    return round(value, 3) if abs(value) >= 0.01 else float(f"{value:.4g}")
 
 
 @attrs.frozen
@@ -110,8 +163,11 @@ class MeasurementStore:
         decode = _figure(entry, "decode_tps")
         if decode is None or decode == 0:
             return None
+        costs = [_figure(entry, name) for name in ("context_prompt_s", "context_decode_s", "prompt_context",
+                                                   "decode_context")]
+        context_cost = None if any(c is None for c in costs) else ContextCost(*costs)  # type: ignore[arg-type]
         return EngineSpeed(decode, _figure(entry, "prompt_tps"), _figure(entry, "two_slots_tps"),
-                           _figure(entry, "two_slots_prompt_tps"))
+                           _figure(entry, "two_slots_prompt_tps"), context_cost, _figure(entry, "embedding_tps"))
 
     def record_speed(self, key: str, engine: str, speed: EngineSpeed) -> str | None:
         return self._update(key, engine, **speed.figures())

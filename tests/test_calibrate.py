@@ -18,6 +18,7 @@ from supervisor.calibrate import (
     PairCalibration,
     Timing,
     batching_gain,
+    context_cost,
     decode_rate,
     format_calibration,
     prompt_rate,
@@ -27,7 +28,7 @@ from supervisor.calibrate import (
 from supervisor.cli import main
 from supervisor.config import load_config
 from supervisor.events import read_event_log
-from supervisor.measurements import HOST_KEY, EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from supervisor.measurements import HOST_KEY, ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
 from tests.conftest import fake_model
 
 # ---- the arithmetic ---------------------------------------------------------------------
@@ -63,6 +64,26 @@ def test_batching_gain_and_alpha_from_figures() -> None:
     assert reading.alpha == 1.5
 
 
+def test_the_context_cost_from_a_long_prompt_against_short_ones() -> None:
+    # Short: 250 prompt tokens read at 250 tok/s (1 s), 64 decoded at 64 tok/s (at 282 on average).
+    short = [Timing(250, 1000.0, 64, 1000.0)] * 2
+    # Long: 1,000 tokens read in 5 s (200 tok/s), 64 decoded in 1.6 s (40 tok/s, at 1,032).
+    cost = context_cost(short, Timing(1000, 5000.0, 64, 1600.0))
+    assert cost == ContextCost(pytest.approx(2 * (1 / 200 - 1 / 250) / 750), pytest.approx((1 / 40 - 1 / 64) / 750),
+                               250.0, 282.0)
+    speed = EngineSpeed(64.0, 250.0, context_cost=cost)
+    assert speed.decode_tps_at(282.0) == pytest.approx(64.0)
+    assert speed.decode_tps_at(1032.0) == pytest.approx(40.0)
+    decode, prompt = speed.at_no_context()
+    # At no context: each decoded token 282 x cost faster; a prompt read at its mean position 125 x cost.
+    assert 1 / decode == pytest.approx(1 / 64 - 282 * cost.decode_s)
+    assert prompt is not None and 1 / prompt == pytest.approx(1 / 250 - cost.prompt_s * 125)
+    assert EngineSpeed(64.0).decode_tps_at(5000.0) == 64.0 and EngineSpeed(64.0, 250.0).at_no_context() == (64.0, 250.0)
+    # A rate that rose with the context (noise) is no cost; a long prompt cut short measures nothing.
+    assert context_cost(short, Timing(1000, 3000.0, 64, 900.0)) == ContextCost(0.0, 0.0, 250.0, 282.0)
+    assert context_cost(short, Timing(300, 1200.0, 64, 1000.0)) is None
+
+
 def test_two_slots_reading_prompts_count_the_time_both_took() -> None:
     # Read in the same batches: each prompt_ms covers both reads, the span a little more (HTTP).
     batched = [Timing(250, 2000.0, 1, 0.001), Timing(240, 1990.0, 1, 0.001)]
@@ -82,9 +103,14 @@ def test_two_slots_reading_prompts_count_the_time_both_took() -> None:
     assert EngineCalibration("chat", "k", 0.5, EngineSpeed(80.0, 250.0), 1).prefill_batching_gain is None
 
 
+# 10 µs more per decoded token for each token of context, measured at 282: at 1,000 tokens
+# a token takes 1/80 + 718e-5 s (50.8 tok/s).
+COST = ContextCost(2e-6, 1e-5, 250.0, 282.0)
+
+
 def _calibration(**changes: Any) -> Calibration:
-    engines = (EngineCalibration("chat", "k1", 0.5, EngineSpeed(80.0, 300.0, 120.0, 360.0), 2),
-               EngineCalibration("embed", "k2", 0.25, EngineSpeed(40.0, 200.0), 1))
+    engines = (EngineCalibration("chat", "k1", 0.5, EngineSpeed(80.0, 300.0, 120.0, 360.0, COST), 2),
+               EngineCalibration("embed", "k2", 0.25, EngineSpeed(40.0, 200.0, embedding_tps=150.0), 1))
     pair = PairCalibration(("chat", "embed"), (80.0, 40.0), (20.0, 10.0), alone_prompt_tps=(300.0, 200.0),
                            together_prompt_tps=(150.0, 100.0))
     return Calibration(engines, pair, 2, 12.5, "/state.json", **changes)
@@ -96,9 +122,12 @@ def test_the_host_figures_and_the_table() -> None:
     assert calibration.prefill_batching_gain == pytest.approx(0.2)
     assert calibration.sharing() == HostSharing(2.0, 0.5, 2, 1.0, pytest.approx(0.2))
     assert format_calibration(calibration).splitlines() == [
-        "engine              load decode tok/s 2 slots tok/s  gain prompt tok/s 2 slots prompt tok/s  gain",
-        "chat               0.50s         80.0         120.0  0.50        300.0                360.0  0.20",
-        "embed              0.25s         40.0             -     -        200.0                    -     -",
+        "engine              load decode tok/s 2 slots tok/s  gain prompt tok/s 2 slots prompt tok/s  gain "
+        "decode at 1k context embed tok/s",
+        "chat               0.50s         80.0         120.0  0.50        300.0                360.0  0.20 "
+        "                50.8           -",
+        "embed              0.25s         40.0             -     -        200.0                    -     - "
+        "                   -       150.0",
         "two engines at once (chat + embed): 20.0 / 10.0 tok/s, alone 80.0 / 40.0: alpha 2.00",
         "  reading prompts at once: 150.0 / 100.0 tok/s, alone 300.0 / 200.0: prefill alpha 1.00",
         "host: 2 cores; decode: alpha 2.00, batching gain 0.50; prompts: alpha 1.00, batching gain 0.20 "
@@ -137,7 +166,8 @@ def test_the_prompt_figures_go_to_the_state_file(tmp_path: Path) -> None:
     assert state["k1"]["two_slots_prompt_tps"] == 360.0
     assert (state[HOST_KEY]["prefill_alpha"], state[HOST_KEY]["prefill_batching_gain"]) == (1.0, 0.2)
     reopened = MeasurementStore.open(tmp_path / "state.json")
-    assert reopened.speed("k1") == EngineSpeed(80.0, 300.0, 120.0, 360.0)
+    assert reopened.speed("k1") == EngineSpeed(80.0, 300.0, 120.0, 360.0, COST)
+    assert (state["k1"]["context_decode_s"], state["k1"]["decode_context"]) == (1e-5, 282.0)
     assert reopened.sharing() == HostSharing(2.0, 0.5, 2, 1.0, 0.2)
 
 
@@ -159,7 +189,8 @@ def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
     assert main(["calibrate", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["engine", "load", "decode", "tok/s", "2", "slots", "tok/s", "gain", "prompt", "tok/s",
-                              "2", "slots", "prompt", "tok/s", "gain"]
+                              "2", "slots", "prompt", "tok/s", "gain", "decode", "at", "1k", "context", "embed",
+                              "tok/s"]
     assert [line.split()[0] for line in out[1:3]] == ["fast", "slow"]
     assert out[3].startswith("two engines at once (fast + slow): ")
     assert out[4].startswith("  reading prompts at once: ") and out[4].endswith("prefill alpha 0.00")
@@ -261,13 +292,15 @@ def test_calibrate_on_the_real_llama_server(tmp_path: Path, capsys: pytest.Captu
         pytest.skip(str(exc))
     gguf = write_tiny_model(tmp_path / "tiny-llama.gguf", "llama").path
     path = _write_config(tmp_path, {"tiny": {"command": [str(binary)], "model": str(gguf),
-                                             "memory": "1GiB", "parallel": 2, "args": ["-c", "4096"]}})
+                                             "memory": "1GiB", "parallel": 2, "args": ["-c", "8192"]}})
     assert main(["calibrate", str(path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     tiny = result["engines"]["tiny"]
     assert tiny["decode_tps"] > 0 and tiny["prompt_tps"] > 0 and tiny["two_slots_tps"] > 0 and tiny["load_s"] > 0
     assert result["alpha"] >= 0 and 0 <= result["batching_gain"] <= 1
     assert tiny["two_slots_prompt_tps"] > 0 and 0 <= tiny["prefill_batching_gain"] <= 1
+    # The long prompt read beside the short ones: each token's cost by its context.
+    assert tiny["context_decode_s"] >= 0 and tiny["context_prompt_s"] >= 0 and tiny["decode_context"] > 250
     assert result["prefill_alpha"] >= 0 and 0 <= result["prefill_batching_gain"] <= 1
     store = MeasurementStore.open(tmp_path / "steward-state.json")
     sharing = store.sharing()
@@ -312,6 +345,24 @@ def test_a_scenario_names_a_state_file_as_its_calibration(tmp_path: Path) -> Non
     assert scenario.calibration.engines == {"gemma4-12b": EngineFigures(25.0, 300.0, 2.5)}
     assert scenario.calibration.describe() == (f"calibration from {tmp_path / 'state.json'}: alpha 2.5; "
                                                "batching gain 0.2; engines gemma4-12b")
+
+
+def test_a_calibrated_context_cost_reaches_the_simulated_engine(tmp_path: Path) -> None:
+    """The state file's speeds were measured at some context: the simulator takes them to an
+    empty one and adds each token's cost by its position (workload.py)."""
+    from supervisor.simulate.scenario import Calibration as Figures, EngineFigures, builtin_scenario
+
+    store = MeasurementStore.open(tmp_path / "state.json")
+    speed = EngineSpeed(64.0, 250.0, context_cost=COST, embedding_tps=150.0)
+    assert store.record_speed("k", "gemma4-12b", speed) is None
+    figures = Figures.from_state_file(tmp_path / "state.json").engines["gemma4-12b"]
+    decode, prompt = speed.at_no_context()
+    assert figures == EngineFigures(pytest.approx(decode), pytest.approx(prompt), None, 2e-6, 1e-5, 150.0)
+    assert decode > 64.0 and prompt is not None and prompt > 250.0
+    chat = Figures(engines={"gemma4-12b": figures}).apply(builtin_scenario("gridcore")).engines["gemma4-12b"]
+    # 64 tokens decoded after 250: at their mean context 282 the speed calibrate measured.
+    assert 64 / chat.decode_seconds(250, 64) == pytest.approx(64.0)
+    assert chat.embed_seconds(150) == 1.0
 
 
 def test_inline_calibration_figures_and_their_errors() -> None:

@@ -367,6 +367,30 @@ def test_lower_class_generations_are_cut_into_step_tokens_steps_as_the_gateway_c
     assert caught.value.problems == ["clients.chat.cached_prompt_tokens: must not be negative, got -1"]
 
 
+def test_each_token_costs_more_the_deeper_it_sits_in_the_context() -> None:
+    """An engine's context costs (steward calibrate): reading a prompt's token at position x
+    costs 1/prompt_speed + prompt_context_cost * x, decoding one at context x 1/speed +
+    decode_context_cost * x; an embeddings input reads at embedding_speed."""
+    from supervisor.simulate.workload import StepWork, make_clients
+    costly = engine(prompt_context_cost=1 / 2048, decode_context_cost=1 / 1480, embedding_speed=128)
+    clients = {"chat": client("m", output_tokens=20), "agent": client("m", "background", output_tokens=20),
+               "docs": client("m", "batch", inputs=3, chunk=2, output_tokens=0)}
+    # Reading 64 tokens: 1 s + (1/2048) * 64**2 / 2 = 2 s. Decoding 20 after 64: 2.5 s +
+    # (1/1480) * (84**2 - 64**2) / 2 = 3.5 s.
+    chat, agent, docs = make_clients(tiny({"m": costly}, clients, scheduler={"step_tokens": 8}))
+    assert chat.draw_steps() == [StepWork(pytest.approx(2 + 3.5), pytest.approx(2))]
+    # Cut into 8 + 8 + 4 tokens out, each at its own depth: the same 3.5 s in all.
+    steps = agent.draw_steps()
+    assert [s.seconds for s in steps] == pytest.approx([2 + 1 + 544 / 1480, 1 + 608 / 1480, 0.5 + 328 / 1480])
+    assert docs.draw_steps() == [StepWork(1.0, 1.0), StepWork(0.5, 0.5)]  # 64 tokens an input at 128/s
+    # The first 16 tokens cached: reading from 16 to 64, 0.75 s + (64**2 - 16**2) / 4096.
+    [cached] = make_clients(tiny({"m": costly}, {"chat": client("m", output_tokens=20, cached_prompt_tokens=16)}))
+    assert cached.draw_steps()[0].prefill == pytest.approx(0.75 + 3840 / 4096)
+    with pytest.raises(ConfigError) as caught:
+        tiny({"m": engine(decode_context_cost=-1)}, {"chat": client("m")})
+    assert caught.value.problems == ["engines.m.decode_context_cost: must not be negative, got -1.0"]
+
+
 def test_a_calibration_carries_how_prompts_share_into_the_scenario(tmp_path: Path) -> None:
     import json
 

@@ -27,7 +27,7 @@ from supervisor.config import load_config
 from supervisor.events import Event
 from supervisor.gateway.door import Exchange, FrontDoor
 from supervisor.health import Answer, HealthStatus, HealthWatch, RecentActivity, assess, serve_health
-from supervisor.measurements import EngineSpeed, MeasurementStore, measurement_key
+from supervisor.measurements import ContextCost, EngineSpeed, MeasurementStore, measurement_key
 from supervisor.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile
@@ -127,6 +127,24 @@ def test_the_speed_alone_is_learned_smoothed_and_kept_where_calibration_keeps_it
     assert kept is not None and kept.prompt_tps == 900.0 and 110.0 < kept.decode_tps < 135.0
     fresh = SpeedBook(MeasurementStore(None), lambda: {"chat": "k"})
     assert fresh.learn("chat", 80.0) == 80.0 and fresh.alone("chat") == 80.0  # no calibration: the first is it
+
+
+def test_the_speed_alone_is_the_one_at_the_answer_s_context(tmp_path: Path) -> None:
+    """An agent decoding after a long prompt is not slowed by its own prompt: with the context
+    cost calibrated, the figure alone is taken at the answer's context, and a figure learned
+    there is taken back to the calibration's."""
+    store = MeasurementStore.open(tmp_path / "state.json")
+    # 64 tok/s at context 282; each token 1/64 + 1e-5 x (context - 282) s: 40 tok/s at 1,032.
+    cost = ContextCost(0.0, (1 / 40 - 1 / 64) / 750, 250.0, 282.0)
+    store.record_speed("k", "agent", EngineSpeed(64.0, context_cost=cost))
+    book = SpeedBook(store, lambda: {"agent": "k"})
+    assert book.alone("agent") == 64.0 and book.alone("agent", 1032.0) == pytest.approx(40.0)
+    assert book.learn("agent", 40.0, 1032.0) == pytest.approx(64.0)  # as fast as calibrated
+    meter = PaceMeter(ComputeCompany(), book)
+    # 100 tokens out after a 982-token prompt: their mean context 1,032, decoded at 20 tok/s.
+    pace = meter.measure("agent", "background", 100, 5.0, 0.0, 5.0, prompt_tokens=982)
+    assert pace.slowdown == pytest.approx(2.0)  # not 3.2 against the short prompt's 64
+    assert meter.measure("agent", "background", 100, 5.0, 0.0, 5.0).slowdown == pytest.approx(3.2)
 
 
 # --- the door's reading of an answer ---------------------------------------------------------

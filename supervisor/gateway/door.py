@@ -384,7 +384,7 @@ class FrontDoor:
         if decoding is None:
             return None
         tokens, seconds, start, end = decoding
-        return self.pace.measure(exchange.engine, exchange.klass, tokens, seconds, start, end)
+        return self.pace.measure(exchange.engine, exchange.klass, tokens, seconds, start, end, exchange.prompt_tokens)
 
 
 def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[Scope], ErrorShape],

@@ -17,9 +17,11 @@ from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
 def mean_work(client: ClientSpec, engine: EngineSpec) -> float:
     """The expected work of one of *client*'s requests, all its steps, in seconds alone
     (workload.py draws them)."""
+    prompt = client.prompt_tokens.mean
     if client.inputs is not None:
-        return client.inputs * client.prompt_tokens.mean / engine.prefill_speed
-    return client.prompt_tokens.mean / engine.prefill_speed + client.output_tokens.mean / engine.speed
+        return client.inputs * engine.embed_seconds(prompt)
+    return (engine.read_seconds(min(client.cached_prompt_tokens, prompt), prompt)
+            + engine.decode_seconds(prompt, client.output_tokens.mean))
 
 
 def lower_rate(scenario: Scenario) -> float:

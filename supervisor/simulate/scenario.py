@@ -29,7 +29,7 @@ from supervisor.config import (
     _describe,
     make_converter,
 )
-from supervisor.measurements import HOST_KEY, MeasurementStore
+from supervisor.measurements import HOST_KEY, EngineSpeed, MeasurementStore
 from supervisor.scheduler.types import CLASSES
 from supervisor.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
@@ -67,16 +67,36 @@ NONE = Range(0.0, 0.0)
 @attrs.frozen
 class EngineSpec:
     memory: Size
-    speed: Rate  # output tokens per second with the GPU to itself, one slot busy
+    speed: Rate  # output tokens per second with the GPU to itself, one slot busy (at no context)
     prompt_speed: Rate | None = None  # prompt tokens per second; unset: 10 x speed
     slots: PositiveInt = PositiveInt(1)
     load_time: Duration = Duration(5.0)
     stop_time: Duration = Duration(1.0)
     pinned: bool = False
+    # Each token's added seconds per token before it (measurements.ContextCost), reading a
+    # prompt and decoding; 0: speed and prompt_speed whatever the context.
+    prompt_context_cost: float = 0.0
+    decode_context_cost: float = 0.0
+    # Prompt tokens per second reading an embeddings request's inputs; unset: prompt_speed.
+    embedding_speed: Rate | None = None
 
     @property
     def prefill_speed(self) -> float:
         return self.prompt_speed if self.prompt_speed is not None else 10 * self.speed
+
+    def read_seconds(self, start: float, end: float) -> float:
+        """Seconds alone to read a prompt's tokens from position *start* to *end* (those before
+        *start* are cached)."""
+        tokens = max(end - start, 0.0)
+        return tokens / self.prefill_speed + self.prompt_context_cost * (end**2 - start**2) / 2 if tokens else 0.0
+
+    def decode_seconds(self, context: float, tokens: float) -> float:
+        """Seconds alone to decode *tokens* tokens after *context* tokens."""
+        return tokens / self.speed + self.decode_context_cost * ((context + tokens) ** 2 - context**2) / 2
+
+    def embed_seconds(self, tokens: float) -> float:
+        """Seconds alone to read one embeddings input of *tokens* tokens."""
+        return tokens / self.embedding_speed if self.embedding_speed is not None else self.read_seconds(0, tokens)
 
 
 @attrs.frozen
@@ -120,9 +140,25 @@ class BaselineKnobs:
 class EngineFigures:
     """One engine's figures as measured on a host (``steward calibrate``); unset: the scenario's own."""
 
-    speed: Rate | None = None  # decode tokens/s alone
+    speed: Rate | None = None  # decode tokens/s alone (at no context, with context costs)
     prompt_speed: Rate | None = None
     load_time: Duration | None = None
+    prompt_context_cost: float | None = None
+    decode_context_cost: float | None = None
+    embedding_speed: Rate | None = None
+
+
+def _engine_figures(speed: EngineSpeed | None, load_s: float | None) -> EngineFigures:
+    """A state file's figures for one engine, its speeds taken to an empty context where the
+    context cost was measured (the simulator adds each token's cost by its position)."""
+    load = None if load_s is None else Duration(load_s)
+    if speed is None:
+        return EngineFigures(load_time=load)
+    decode, prompt = speed.at_no_context()
+    cost = speed.context_cost
+    return EngineFigures(Rate(decode), None if not prompt else Rate(prompt), load,
+                         None if cost is None else cost.prompt_s, None if cost is None else cost.decode_s,
+                         None if not speed.embedding_tps else Rate(speed.embedding_tps))
 
 
 @attrs.frozen
@@ -159,10 +195,7 @@ class Calibration:
         for key, entry in entries.items():
             if key == HOST_KEY or not isinstance(entry, dict) or not isinstance(name := entry.get("engine"), str):
                 continue
-            speed = store.speed(key)
-            figures = EngineFigures(None if speed is None else Rate(speed.decode_tps),
-                                    None if speed is None or not speed.prompt_tps else Rate(speed.prompt_tps),
-                                    None if (load := store.load_time(key)) is None else Duration(load))
+            figures = _engine_figures(store.speed(key), store.load_time(key))
             when = entry.get("measured_at")
             when = float(when) if isinstance(when, int | float) else 0.0
             if figures != EngineFigures() and (name not in newest or when >= newest[name][0]):
@@ -185,9 +218,7 @@ class Calibration:
 
         def engine(name: str, spec: EngineSpec) -> EngineSpec:
             f = self.engines.get(name, EngineFigures())
-            return attrs.evolve(spec, speed=spec.speed if f.speed is None else f.speed,
-                                prompt_speed=spec.prompt_speed if f.prompt_speed is None else f.prompt_speed,
-                                load_time=spec.load_time if f.load_time is None else f.load_time)
+            return attrs.evolve(spec, **{k: v for k, v in attrs.asdict(f, recurse=False).items() if v is not None})
         known = {name: figures for name, figures in self.engines.items() if name in scenario.engines}
         return attrs.evolve(scenario, gpu=attrs.evolve(scenario.gpu, sharing=sharing),
                             engines={name: engine(name, spec) for name, spec in scenario.engines.items()},
@@ -390,6 +421,9 @@ def _check(scenario: Scenario) -> list[str]:
     for name, engine in scenario.engines.items():
         if engine.memory == 0:
             problems.append(f"engines.{name}.memory: must be the engine's memory size, e.g. 8.3GiB (got 0)")
+        for cost in ("prompt_context_cost", "decode_context_cost"):
+            if getattr(engine, cost) < 0:
+                problems.append(f"engines.{name}.{cost}: must not be negative, got {getattr(engine, cost)}")
         if engine.memory > scenario.gpu.memory:
             problems.append(f"engines.{name}.memory: {engine.memory} bytes is more than gpu.memory "
                             f"({scenario.gpu.memory} bytes); it could never load")

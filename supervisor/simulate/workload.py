@@ -50,13 +50,13 @@ class Client:
             cut = self.step_tokens if 0 < self.step_tokens < output else output
             # A cut generation continues from its cached prompt: each later step reads only the
             # tokens it adds (gateway/chunked.py), negligible beside decoding them.
-            outputs = [min(cut, output - done) for done in range(0, output, cut)] or [0]
-            reading = max(prompt - spec.cached_prompt_tokens, 0) / engine.prefill_speed
-            return [StepWork(reading + outputs[0] / engine.speed, reading),
-                    *(StepWork(n / engine.speed) for n in outputs[1:])]
+            starts = list(range(0, output, cut)) or [0]
+            decodes = [engine.decode_seconds(prompt + done, min(cut, output - done)) for done in starts]
+            reading = engine.read_seconds(min(spec.cached_prompt_tokens, prompt), prompt)
+            return [StepWork(reading + decodes[0], reading), *(StepWork(s) for s in decodes[1:])]
         chunks = math.ceil(spec.inputs / self.chunk)
         sizes = [min(self.chunk, spec.inputs - k * self.chunk) for k in range(chunks)]
-        reads = [sum(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) / engine.prefill_speed
+        reads = [sum(engine.embed_seconds(spec.prompt_tokens.draw_int(self.rng)) for _ in range(size))
                  for size in sizes]
         return [StepWork(seconds, seconds) for seconds in reads]  # embeddings only read
 
