@@ -21,7 +21,7 @@ from supervisor.gateway.door import _read_tokens
 from supervisor.gateway.errors import anthropic_error_body, anthropic_stream_error, responses_stream_error
 from supervisor.gateway.forms import parse_form
 from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
-from supervisor.gateway.routed import UnknownModel, route_request
+from supervisor.gateway.routed import NotHere, route_request
 
 ALIASES = {"chat": "chat", "gpt-4o": "chat", "whisper": "asr"}
 
@@ -84,9 +84,11 @@ def test_a_json_request_on_a_new_route_is_routed_like_chat() -> None:
     untouched = json.dumps({"model": "chat", "input": "hi"}).encode()
     assert route_request(scope("/v1/responses", {"x-steward-class": "background"}), untouched, ALIASES).body \
         is untouched
-    with pytest.raises(UnknownModel) as unknown:
-        route_request(scope("/v1/rerank"), json.dumps({"model": "nope", "query": "q"}).encode(), ALIASES)
-    assert unknown.value.routed.body_naming("chat@node") == b'{"model": "chat@node", "query": "q"}'
+    unknown = route_request(scope("/v1/rerank"), json.dumps({"model": "nope", "query": "q"}).encode(), ALIASES)
+    assert isinstance(unknown, NotHere) and unknown.name == "nope"
+    assert unknown.request.body_naming("chat@node") == b'{"model": "chat@node", "query": "q"}'
+    refusal = unknown.refusal()  # when no node serves it either
+    assert (refusal.status, refusal.code, refusal.param) == (404, "model_not_found", "model")
 
 
 @pytest.mark.parametrize(("body", "message"), [(b"[1]", "must be a JSON object"), (b"{", "could not parse"),

@@ -42,7 +42,7 @@ from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
 from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.reshaped import reading_answer
-from supervisor.gateway.routed import RoutedRequest, UnknownModel, route_request
+from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
 from supervisor.gateway.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
@@ -68,13 +68,20 @@ class InferenceHandler:
     # (chunked.py); a model missing here, or 0: never.
     step_tokens: Mapping[str, int] = attrs.Factory(dict)
 
-    async def _serve_remote(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
-                            exchange: Exchange) -> None:
-        assert self.nodes is not None
+    async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
+                              exchange: Exchange) -> None:
+        """A model no engine here serves: a node's, if one serves it, else a 404."""
+        routed = not_here.request
+        if self.nodes is None or not self.nodes.serves(not_here.name):
+            await self._refuse(send, not_here.refusal(), routed.route, exchange)
+            return
         exchange.model, exchange.klass = routed.name, routed.klass
-        with self.door.admit(exchange, model=routed.name, klass=routed.klass):
-            async with open_disconnect_watch(receive):
-                await self.nodes.serve(scope, routed, exchange, send)
+        try:
+            with self.door.admit(exchange, model=routed.name, klass=routed.klass):
+                async with open_disconnect_watch(receive):
+                    await self.nodes.serve(scope, routed, exchange, send)
+        except RequestError as refused:
+            await self._refuse(send, refused, routed.route, exchange)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = exchange_of(scope)
@@ -85,19 +92,13 @@ class InferenceHandler:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases, self.served_names, route=route,
                                    default_class=self.door.default_class(exchange, "interactive"))
-            assert routed.model is not None
+            if isinstance(routed, NotHere):
+                await self._serve_not_here(scope, receive, send, routed, exchange)
+                return
             self._check_served(routed.model, route)
             exchange.model, exchange.klass = routed.model, routed.klass
             with self.door.admit(exchange, model=routed.model, klass=routed.klass):
                 await self._serve_admitted(scope, receive, send, routed, exchange)
-        except UnknownModel as exc:
-            if self.nodes is None or not self.nodes.serves(exc.name):
-                await self._refuse(send, exc, route, exchange)
-                return
-            try:
-                await self._serve_remote(scope, receive, send, exc.routed, exchange)
-            except RequestError as refused:
-                await self._refuse(send, refused, route, exchange)
         except RequestError as exc:
             if not isinstance(exc, Refusal):  # the door's refusals are `refused` events already
                 self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
@@ -137,7 +138,6 @@ class InferenceHandler:
                     return
                 await self._serve_embedding_steps(scope, routed, bodies, send, exchange)
                 return
-            assert routed.model is not None
             generation = cut_generation(routed, self.step_tokens.get(routed.model, 0))
             if generation is not None:
                 await self._serve_generation_steps(scope, routed, generation, send, disconnect, exchange)
@@ -161,7 +161,6 @@ class InferenceHandler:
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send, exchange: Exchange) -> None:
         """One step per chunk, in order; a failing step fails the request, no partial answer."""
-        assert routed.model is not None
         async with self.scheduler.open_request() as request:
             await self._run_embedding_steps(scope, routed, chunks, send, request, exchange)
 
@@ -169,7 +168,6 @@ class InferenceHandler:
                                    request: Request, exchange: Exchange) -> None:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
-            assert routed.model is not None
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
                                                  steps=len(chunks), on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
@@ -211,7 +209,6 @@ class InferenceHandler:
     async def _serve_generation_steps(self, scope: Scope, routed: RoutedRequest, generation: Generation, send: Send,
                                       disconnect: Disconnect, exchange: Exchange) -> None:
         """One step per ``step_tokens`` tokens, each continuing the last, one answer (chunked.py)."""
-        assert routed.model is not None
         tracked = TrackedSend(send)
         client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
                                 stream=routed.stream, model=routed.model)

@@ -5,6 +5,9 @@ A JSON body must be an object with a ``model``; a form (transcriptions) must hav
 ``model`` field. Steward's own class field and ``@class`` suffix are removed, the model is
 named as its engine knows it where the engine checks, and a stream that would not carry
 its usage is asked for it. A body steward did not change goes on byte for byte.
+
+A well-formed request naming no model here is not an error yet: ``route_request`` returns it
+as ``NotHere``, which a front door may send to a node that serves it, else refuses (404).
 """
 
 from __future__ import annotations
@@ -22,19 +25,11 @@ from supervisor.gateway.forms import Form, parse_form
 from supervisor.gateway.stream_usage import ask_for_usage
 
 
-class UnknownModel(RequestError):
-    """No model here by that name: a front door may still have a node that serves it."""
-
-    def __init__(self, name: str, routed: RoutedRequest) -> None:
-        super().__init__(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
-        self.name, self.routed = name, routed
-
-
 @attrs.frozen
 class RoutedRequest:
     route: ApiRoute
     name: str  # as the client named it (an alias, a capability), steward's suffix removed
-    model: str | None  # the model here; None: no such model here
+    model: str  # the model here (in a NotHere: the name as asked, there being none)
     klass: str
     stream: bool
     body: bytes
@@ -51,11 +46,29 @@ class RoutedRequest:
         return dump_json({**(self.payload or {}), "model": name})
 
 
+@attrs.frozen
+class NotHere:
+    """A well-formed request naming no model here: a front door may have a node that serves it."""
+
+    request: RoutedRequest
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    def refusal(self) -> RequestError:
+        """What the client is told when no node serves it either."""
+        return RequestError(404, f"The model '{self.name}' does not exist.", param="model", code="model_not_found")
+
+
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
                   served_names: Mapping[str, str] | None = None, *, default_class: str = "interactive",
-                  route: ApiRoute | None = None) -> RoutedRequest:
-    """Parse and validate *body* for *route* (the scope path's by default); raises RequestError,
-    or UnknownModel for a well-formed request naming no model here."""
+                  route: ApiRoute | None = None) -> RoutedRequest | NotHere:
+    """Parse and validate *body* for *route* (the scope path's by default).
+
+    Raises:
+        RequestError: the body is not a request of the route (400).
+    """
     route = route or api_route(scope)
     if route.body is BodyKind.MULTIPART:
         return _route_form(scope, body, aliases, served_names or {}, default_class, route)
@@ -74,17 +87,15 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
         payload["model"] = served  # vLLM refuses a name it does not serve, an alias included
         changed = True
     keep_usage_chunk = route.asks_usage and ask_for_usage(payload)
-    routed = RoutedRequest(route=route, name=requested, model=model, klass=choice.klass,
+    routed = RoutedRequest(route=route, name=requested, model=model or requested, klass=choice.klass,
                            stream=payload.get("stream") is True,
                            body=dump_json(payload) if changed or keep_usage_chunk else body,
                            content_type=b"application/json", payload=payload, keep_usage_chunk=keep_usage_chunk)
-    if model is None:
-        raise UnknownModel(requested, routed)
-    return routed
+    return routed if model is not None else NotHere(routed)
 
 
 def _route_form(scope: Scope, body: bytes, aliases: Mapping[str, str], served_names: Mapping[str, str],
-                default_class: str, route: ApiRoute) -> RoutedRequest:
+                default_class: str, route: ApiRoute) -> RoutedRequest | NotHere:
     content_type = header_value(scope, b"content-type")
     form = parse_form(content_type, body)
     name = form.value("model")
@@ -108,9 +119,7 @@ def _route_form(scope: Scope, body: bytes, aliases: Mapping[str, str], served_na
     if values:
         form = form.changed(values)
     stream = (form.value("stream") or "").strip().lower() == "true"
-    routed = RoutedRequest(route=route, name=requested, model=model, klass=choice.klass, stream=stream,
+    routed = RoutedRequest(route=route, name=requested, model=model or requested, klass=choice.klass, stream=stream,
                            body=form.encode() if values else body,
                            content_type=(content_type or "").encode("latin-1"), form=form)
-    if model is None:
-        raise UnknownModel(requested, routed)
-    return routed
+    return routed if model is not None else NotHere(routed)
