@@ -132,8 +132,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from supervisor.address import Address
-from supervisor.scheduler import classes, guard, jobs, lifecycle, memory, reload, warming
-from supervisor.scheduler.eviction import ADMIN, PINNED, admin_option, carry_out, reload_cost
+from supervisor.scheduler import classes, eviction, guard, jobs, lifecycle, memory, reload, warming
+from supervisor.scheduler.eviction import ADMIN, PINNED, admin_option, carry_out
 from supervisor.scheduler.exclusive import advance_exclusive, exclusive_rank
 from supervisor.scheduler.explain import explain
 from supervisor.scheduler.gaps import serve_gap, short
@@ -332,7 +332,7 @@ class Scheduler(CoreState):
 
     def reload_cost(self, engine: EngineState, now: float) -> ReloadCost:
         """What evicting *engine* now is expected to cost (the `evict` event's figures)."""
-        return reload_cost(self, engine, now)
+        return eviction.reload_cost(self, engine, now)
 
     def snapshot(self, *, explained: bool = False) -> SchedulerSnapshot:
         """The state for views; *explained*: with why each line's head waits (it costs a placement
