@@ -44,7 +44,7 @@ def lower_engines_full(s: CoreState, klass: str, model: str | None, now: float) 
     guard turn of another class claims (rule 4b) are, too."""
     if klass == "interactive":
         return False
-    claim = s.guard_claim
+    claim = s.turns.claim
     if claim is not None and claim.klass != klass and model in claim.engines:
         return True
     if not engines_bounded(s, now):
@@ -62,7 +62,7 @@ def lower_class_busy(s: CoreState) -> set[str]:
     """The engines background or batch steps compute on, and the engine a guard turn's
     first step waits for (loading for it): that turn will compute there next."""
     busy = {job.model for job in s.running.values() if job.klass != "interactive" and job.model is not None}
-    pending = (s.waiting.get(job_id) for job_id in s.guard.values() if job_id is not None)
+    pending = (s.waiting.get(job_id) for job_id in s.turns.step.values() if job_id is not None)
     return busy | {job.model for job in pending if job is not None and job.model is not None}
 
 
@@ -82,10 +82,10 @@ def dispatch(s: CoreState, job: Job, engine: EngineState, now: float, *, by_guar
     else:
         s.progress[job.klass] = now
     if fill:
-        s.guard_fill[job.klass].add(job.id)
+        s.turns.fill[job.klass].add(job.id)
     elif by_guard:
-        s.guard[job.klass] = job.id
-        s.turn_started[job.klass] = now
+        s.turns.step[job.klass] = job.id
+        s.turns.started[job.klass] = now
     engine.in_flight += 1
     engine.last_used = now
     engine.record_use(now, job.klass, s.policy.hot_window)

@@ -400,7 +400,7 @@ class Scheduler(CoreState):
                     if (option := admin_option(self, engine, now, promised)) is not None:
                         carry_out(self, engine, option, now, promised, ADMIN)
         turn = guard.guard_turn(self, now)
-        claimed, self.guard_claim = self.guard_claim, None  # decided afresh: only the turn due now claims
+        claimed, self.turns.claim = self.turns.claim, None  # decided afresh: only the turn due now claims
         for rank, klass in enumerate(CLASSES):
             queue = self.queues[klass]
             if rank == RANK["background"]:  # interactive work is served: the lower classes' moments

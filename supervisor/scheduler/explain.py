@@ -75,7 +75,7 @@ def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
     if blocked_from is not None and rank >= blocked_from:
         return WaitReason.EXCLUSIVE, f"an image job ({CLASSES[blocked_from]}) is next: work drains for it"
     class_gate = gate(s, job.klass, now, guard_turn(s, now))
-    mine = s.guard[job.klass] == job.id  # the guard's turn waits for this step's engine to load
+    mine = s.turns.step[job.klass] == job.id  # the guard's turn waits for this step's engine to load
     if class_gate == "blocked" and not mine:
         return _held_by_higher(s, job)
     if not mine and lower_engines_full(s, job.klass, job.model, now):
@@ -103,7 +103,7 @@ def _exclusive_detail(s: CoreState, job: Job) -> str:
 
 def _engines_bound(s: CoreState, job: Job, *, turn_due: bool) -> str:
     """Rule 3c's bound, and the guard turn that claims the lower classes' engines (rule 4)."""
-    claim = s.guard_claim
+    claim = s.turns.claim
     engines = claim.engines if claim is not None else tuple(sorted(lower_class_busy(s)))
     usually = _usually(s, engines)
     bound = (f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
@@ -168,8 +168,8 @@ def _next_turn_not_before(s: CoreState, lane: str, klass: str) -> float:
     ends no sooner than now, and the lane then rests guard_share's part of it; a turn of
     *klass* itself is progress, so its clock starts again when it ends."""
     now, share = s.now, s.policy.guard_share
-    pending = s.guard[lane] is not None and s.guard[lane] in s.waiting  # its engine still loads
-    started = now if pending else s.turn_started[lane]
+    pending = s.turns.step[lane] is not None and s.turns.step[lane] in s.waiting  # its engine still loads
+    started = now if pending else s.turns.started[lane]
     not_before = now + (now - started) * (1 - share) / share if s.interactive_active(now) else now
     return max(not_before, now + s.policy.starvation[klass]) if lane == klass else not_before
 
@@ -185,7 +185,7 @@ def _engine_wait(s: CoreState, job: Job, engine: EngineState) -> tuple[WaitReaso
     if engine.status is EngineStatus.READY and engine.unhealthy:
         return WaitReason.UNHEALTHY, f"{name} fails its health checks"
     if engine.status is EngineStatus.READY:
-        claim = s.guard_claim
+        claim = s.turns.claim
         turn = ("" if claim is None or claim.klass != job.klass or name not in claim.engines
                 else f"; its starvation guard turn is due and takes the next one{_usually(s, (name,))}")
         return WaitReason.NO_SLOT, f"all {engine.profile.slots} slot(s) of {name} are busy{turn}"

@@ -40,7 +40,7 @@ def serve_gap(s: CoreState, now: float) -> None:
     """In a gap, one short lower-class step starts at once, when no lower-class step computes
     (background's first, oldest first); the next when it ends, if the gap lasts. Decided
     before the guard's turn, which may start beside it: neither waits for the other."""
-    if not in_gap(s, now) or any(s.running_by_class[k] for k in CLASSES[1:]) or s.guard_claim is not None:
+    if not in_gap(s, now) or any(s.running_by_class[k] for k in CLASSES[1:]) or s.turns.claim is not None:
         return
     for klass in CLASSES[1:]:
         heads = sorted((h for h in s.queues[klass].heads() if h.model is not None), key=lambda h: h.seq)

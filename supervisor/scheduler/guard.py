@@ -77,7 +77,7 @@ def _own_due_at(s: CoreState, klass: str) -> float:
 def lane_due_at(s: CoreState, since: float, klass: str) -> float:
     """When a turn of *klass* beside interactive work is due: starved its starvation time,
     and the lane rested (guard_share)."""
-    return max(since + s.policy.starvation[klass], s.guard_resume_at)
+    return max(since + s.policy.starvation[klass], s.turns.resume_at)
 
 
 def starved_since(s: CoreState, klass: str) -> float | None:
@@ -115,7 +115,7 @@ def _swap_waits_for_window(s: CoreState, klass: str, now: float) -> bool:
 def in_turn(s: CoreState, klass: str) -> bool:
     """A guard turn of *klass* is under way: its first step waits for its load or runs, or
     steps that joined it run."""
-    return s.guard[klass] is not None or bool(s.guard_fill[klass])
+    return s.turns.step[klass] is not None or bool(s.turns.fill[klass])
 
 
 def lane_class(s: CoreState) -> str | None:
@@ -126,19 +126,19 @@ def lane_class(s: CoreState) -> str | None:
 def end_turn_step(s: CoreState, job: Job, now: float) -> None:
     """A step of a guard turn ended; once the turn's last has, the lane rests (guard_share)."""
     klass = job.klass
-    if s.guard[klass] == job.id:
-        s.guard[klass] = None
-    s.guard_fill[klass].discard(job.id)
+    if s.turns.step[klass] == job.id:
+        s.turns.step[klass] = None
+    s.turns.fill[klass].discard(job.id)
     if job.by_guard and not in_turn(s, klass):
         share = s.policy.guard_share
-        s.guard_resume_at = now + (now - s.turn_started[klass]) * (1 - share) / share
+        s.turns.resume_at = now + (now - s.turns.started[klass]) * (1 - share) / share
 
 
 def turn_engines(s: CoreState) -> dict[str, Demand]:
     """Rule 4d: an engine loading (or loaded) for a guard turn's first step is wanted before
     any lower class's demand (only interactive work may take it), until that step starts:
     else the class the turn is for would evict it again the moment it is ready."""
-    pending = (s.waiting.get(job_id) for job_id in s.guard.values() if job_id is not None)
+    pending = (s.waiting.get(job_id) for job_id in s.turns.step.values() if job_id is not None)
     return {job.model: TURN_DEMAND for job in pending if job is not None and job.model is not None}
 
 
@@ -146,13 +146,13 @@ def drop_stale_guards(s: CoreState) -> None:
     """A guard step still waiting for the load made for it, which was undone (its engine
     evicted, for an exclusive job say, before the step could run), no longer holds the
     lane: the guard chooses again. Kept, it would wait for an engine nobody loads."""
-    for klass, job_id in s.guard.items():
+    for klass, job_id in s.turns.step.items():
         job = s.waiting.get(job_id) if job_id is not None else None
         if job is None or job.model is None:
             continue  # running (or gone): its end frees the lane
         engine = s.engines[job.model]
         if engine.status not in (EngineStatus.STARTING, EngineStatus.READY):
-            s.guard[klass] = None
+            s.turns.step[klass] = None
             s.emit("starvation_retry", "info", job=job.id, model=job.model, **{"class": klass},
                    engine_status=engine.status.value)
 
@@ -176,7 +176,7 @@ def serve_turn_first(s: CoreState, now: float, turn: str | None, blocked_from: i
     held = () if in_turn(s, klass) else _held_by_lower_work(s, klass, now)
     if not held:
         return
-    s.guard_claim = GuardClaim(klass, held)
+    s.turns.claim = GuardClaim(klass, held)
     if claimed is None or claimed.klass != klass:
         s.emit("starvation_claim", "info", **{"class": klass}, waits_for=list(held),
                starved_s=rounded(now - (starved_since(s, klass) or now)), step_s=s.measured_step(held))
@@ -211,7 +211,7 @@ def serve_guard(s: CoreState, klass: str, now: float, promised: dict[int, int], 
                 may_start_new: bool) -> None:
     """A class held back by higher work: one guard turn at a time runs beside it, one step,
     or with guard_fill its engine's free slots; within rule 3c's bound."""
-    pending = s.guard[klass]
+    pending = s.turns.step[klass]
     if pending is not None:
         job = s.waiting.get(pending)
         if job is not None and s.has_free_slot(s.engines[job.model]):  # type: ignore[index]
@@ -246,7 +246,7 @@ def serve_guard(s: CoreState, klass: str, now: float, promised: dict[int, int], 
         s.emit("starvation_step", "info", job=head.id, model=head.model, **{"class": klass},
                starved_s=rounded(now - (starved_since(s, klass) or now)), load=True,
                step_s=s.measured_step([engine.name]))
-        s.guard[klass] = head.id
+        s.turns.step[klass] = head.id
         carry_out(s, engine, option, now, promised, LoadReason.of(head, guard=True))
         return
 

@@ -84,7 +84,7 @@ def finish(s: CoreState, job_id: int, status: int | None, now: float) -> None:
         s.gap_job = None  # a gap step is no progress for the starvation clock (rule 3b)
     else:
         s.progress[klass] = now
-    if s.guard[klass] == job_id or job_id in s.guard_fill[klass]:
+    if s.turns.step[klass] == job_id or job_id in s.turns.fill[klass]:
         end_turn_step(s, job, now)
     if job.model is not None and job.dispatched is not None and (status is None or status < 400):
         s.step_times.setdefault(job.model, collections.deque(maxlen=STEP_SAMPLES)).append(now - job.dispatched)

@@ -44,7 +44,26 @@ STEP_SAMPLES = 8
 
 
 @attrs.define
+class GuardTurns:
+    """The starvation guard's turns (guard.py): per lower class, the turn under way, and the lane's rest."""
+
+    # The step the starvation guard let through, per class, until it ends (its engine may
+    # still be loading for it: then it waits, and holds the lane).
+    step: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
+    # The steps that joined a guard turn on its engine (guard_fill), per class, until they end,
+    # and when each class's turn began: guard_share counts the whole turn.
+    fill: dict[str, set[int]] = attrs.Factory(lambda: {k: set() for k in CLASSES})
+    started: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
+    resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
+    # A due guard turn that waits for the lower classes' own steps, and on which engines (rule
+    # 4b): no other lower-class step starts there until it has.
+    claim: GuardClaim | None = None
+
+
+@attrs.define
 class CoreState:
+    """What the decision core owns: the rule modules move it, explain.py and the snapshot only read it."""
+
     ledger: Ledger
     engines: dict[str, EngineState]
     policy: SchedulingPolicy = attrs.Factory(SchedulingPolicy)
@@ -56,20 +75,11 @@ class CoreState:
     running_by_class: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(CLASSES, 0))
     # When a class last made progress (a step of it started or ended): the starvation clock.
     progress: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
-    # The step the starvation guard let through, per class, until it ends.
-    guard: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
-    # The steps that joined a guard turn on its engine (guard_fill), per class, until they end,
-    # and when each class's turn began: guard_share counts the whole turn.
-    guard_fill: dict[str, set[int]] = attrs.Factory(lambda: {k: set() for k in CLASSES})
-    turn_started: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
     gap_job: int | None = None  # the gap step running (rule 3b), until it ends
     # Each engine's last steps, dispatch to end, newest last: which engines' steps are short.
     step_times: dict[str, collections.deque[float]] = attrs.Factory(dict)
     last_interactive_end: float = -math.inf
-    guard_resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
-    # A due guard turn that waits for the lower classes' own steps, and on which engines (rule
-    # 4b): no other lower-class step starts there until it has.
-    guard_claim: GuardClaim | None = None
+    turns: GuardTurns = attrs.Factory(GuardTurns)
     mode: str = "idle"
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
@@ -100,8 +110,8 @@ class CoreState:
     def unqueue(self, job: Job) -> None:
         del self.waiting[job.id]
         self.queues[job.klass].remove(job)
-        if self.guard[job.klass] == job.id and job.id not in self.running:
-            self.guard[job.klass] = None
+        if self.turns.step[job.klass] == job.id and job.id not in self.running:
+            self.turns.step[job.klass] = None
 
     def stop(self, engine: EngineState) -> None:
         engine.status = EngineStatus.STOPPING
