@@ -113,16 +113,21 @@ time (decision to ready, kept in the state file), else 1 s + 1 s per GiB; likely
 hot_window if they keep coming at that rate. An engine unused for hot_window costs 0 (least
 recently used goes first). The `evict` event carries the figures.
 
-Where each rule lives: this module is the facade, the core's inputs over its state
-(state.py) and the order a decision applies the rules in (``Scheduler._decide``); jobs.py
-queues, refuses, times out and finishes steps (rules 1, 2); classes.py serves an open class
-and bounds the lower classes' engines (rules 1, 3c, 7); guard.py gates the lower classes
-and runs the starvation guard (rules 3, 4 to 4d); gaps.py the gap steps (rule 3b);
-eviction.py places loads and chooses victims (rules 5, 6; Victims); swaps.py holds swaps
-(rule 9); exclusive.py the exclusive jobs (rule 8); warming.py loads ahead of demand (rule
-10); lifecycle.py, memory.py and reload.py follow the engines: their reports, health and
-idle unloads, memory readings and releases, config reloads. explain.py says why a step
-waits, from the same predicates.
+Where each rule lives (each module's docstring says more):
+- core.py, this module: the facade; the core's inputs over its state, the order a decision
+  applies the rules in (``Scheduler._decide``), next_wakeup and the snapshot.
+- state.py: what the core owns (``CoreState``), and the reads and moves every rule shares.
+- jobs.py: a step queued, refused, withdrawn, timed out or finished (rules 1, 2).
+- classes.py: an open class served, one engine at a time between chats (rules 1, 3c, 7).
+- guard.py: the window's gate and the starvation guard (rules 3, 4 to 4d).
+- gaps.py: gap steps (rule 3b).
+- eviction.py: where a load goes and what it evicts (rules 5, 6; Victims).
+- swaps.py: swap holds (rule 9).
+- exclusive.py: exclusive jobs (rule 8).
+- warming.py: loads ahead of demand (rule 10).
+- lifecycle.py, memory.py, reload.py: the engines' reports, health and idle unloads; memory
+  readings and releases; config reloads.
+- explain.py: why a step waits, in words, from the same predicates.
 """
 
 from __future__ import annotations
