@@ -281,7 +281,7 @@ def test_of_busy_victims_the_one_expected_to_drain_soonest_goes_by_its_measured_
     assert evict["engine"] == "b" and evict["in_flight"] == 1
     assert {k: evict[k] for k in ("drain_s", "load_s", "likely", "cost")} == {
         "drain_s": 2.5, "load_s": 2.0, "likely": likely, "cost": round(2.5 + 2.0 * (1 - math.exp(-1.0)), 3)}
-    assert s._reload_cost(s.engines["a"], 23.0).drain_s == 19.0  # 20 s less the 1 s it has run
+    assert s.reload_cost(s.engines["a"], 23.0).drain_s == 19.0  # 20 s less the 1 s it has run
     s.finish(3, 24.0)  # b's step ends early: b stops, and new loads in its memory
     assert s.engines["b"].status is EngineStatus.STOPPING
 
@@ -292,7 +292,7 @@ def test_a_busy_victim_never_measured_goes_after_the_measured_ones() -> None:
     s.finish(1, 101.0)  # a's step: 100 s
     s.submit(2, "a", "background", 102.0)
     loaded(s, "b", "background", 3, 102.0, 103.0)  # b: running its first step, never measured
-    assert s._reload_cost(s.engines["b"], 104.0).drain_s is None
+    assert s.reload_cost(s.engines["b"], 104.0).drain_s is None
     [evict] = emitted(s.submit(4, "new", "interactive", 104.0), "evict")
     assert evict["engine"] == "a" and evict["drain_s"] == 98.0
 

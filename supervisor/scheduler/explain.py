@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
 
 import attrs
 
+from supervisor.scheduler.classes import engines_bounded, lower_class_busy, lower_engines_full
+from supervisor.scheduler.eviction import place
+from supervisor.scheduler.exclusive import exclusive_rank
+from supervisor.scheduler.guard import gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
+from supervisor.scheduler.state import CoreState, Demand
+from supervisor.scheduler.swaps import swap_hold
 from supervisor.scheduler.types import CLASSES, RANK, EngineState, EngineStatus, Job
 from supervisor.units import format_elapsed, format_size
-
-if TYPE_CHECKING:
-    from supervisor.scheduler.core import Demand, Scheduler
 
 
 class WaitReason(enum.Enum):
@@ -54,7 +56,7 @@ class Wait:
     why: str  # in words, for a person: "background request for gemma waits: needs 4.0 GiB, ..."
 
 
-def explain(s: Scheduler, job: Job) -> Wait:
+def explain(s: CoreState, job: Job) -> Wait:
     """Why *job* (waiting) has not started, at the core's current time."""
     what = f"{job.klass} request for {job.model}" if not job.exclusive else f"{job.klass} image job"
 
@@ -62,22 +64,22 @@ def explain(s: Scheduler, job: Job) -> Wait:
     return Wait(reason, f"{what} waits: {detail}")
 
 
-def _why(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
+def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
     now = s.now
     rank = RANK[job.klass]
-    blocked_from = s._exclusive_rank()
+    blocked_from = exclusive_rank(s)
     if job.exclusive:
         return WaitReason.DRAINING_FOR_EXCLUSIVE, _exclusive_detail(s, job)
     if s.exclusive_holder is not None:
         return WaitReason.EXCLUSIVE, "an image job holds the GPU"
     if blocked_from is not None and rank >= blocked_from:
         return WaitReason.EXCLUSIVE, f"an image job ({CLASSES[blocked_from]}) is next: work drains for it"
-    gate = s._gate(job.klass, now, s._guard_turn(now))
-    mine = s.guard[job.klass] == job.id  # the guard's turn waits for this step's engine to load
-    if gate == "blocked" and not mine:
+    class_gate = gate(s, job.klass, now, guard_turn(s, now))
+    mine = s.turns.step[job.klass] == job.id  # the guard's turn waits for this step's engine to load
+    if class_gate == "blocked" and not mine:
         return _held_by_higher(s, job)
-    if not mine and s.lower_engines_full(job.klass, job.model, now):
-        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=gate == "guard")
+    if not mine and lower_engines_full(s, job.klass, job.model, now):
+        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=class_gate == "guard")
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])
@@ -86,7 +88,7 @@ def _why(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     return _engine_wait(s, job, s.engines[job.model])  # type: ignore[index]
 
 
-def _exclusive_detail(s: Scheduler, job: Job) -> str:
+def _exclusive_detail(s: CoreState, job: Job) -> str:
     running = sum(s.running_by_class[k] for k in CLASSES[RANK[job.klass]:])
     unloading = [e.name for e in s.engines.values() if e.draining or s.ledger.releasing(e.name)]
     parts = [f"needs {format_size(job.exclusive_memory)} of the GPU"]
@@ -99,41 +101,41 @@ def _exclusive_detail(s: Scheduler, job: Job) -> str:
     return "; ".join(parts)
 
 
-def _engines_bound(s: Scheduler, job: Job, *, turn_due: bool) -> str:
+def _engines_bound(s: CoreState, job: Job, *, turn_due: bool) -> str:
     """Rule 3c's bound, and the guard turn that claims the lower classes' engines (rule 4)."""
-    claim = s.guard_claim
-    engines = claim.engines if claim is not None else tuple(sorted(s.lower_class_busy()))
+    claim = s.turns.claim
+    engines = claim.engines if claim is not None else tuple(sorted(lower_class_busy(s)))
     usually = _usually(s, engines)
     bound = (f"while a chat's engine is hot, background and batch compute on {s.policy.lower_class_engines} "
              f"engine(s) at once")
     if claim is not None and claim.klass == job.klass:
         return (f"its starvation guard turn is due and waits for the steps on {', '.join(engines)} to end{usually}"
-                + (f"; {bound}" if turn_due and s._engines_bounded(s.now) else ""))
+                + (f"; {bound}" if turn_due and engines_bounded(s, s.now) else ""))
     if claim is not None and job.model in claim.engines:
         return (f"a {claim.klass} turn of the starvation guard is due and waits for the steps on "
                 f"{', '.join(engines)} to end{usually}; no other background or batch step starts there before it")
     return f"{bound}, and {', '.join(engines)} computes"
 
 
-def _usually(s: Scheduler, engines: tuple[str, ...]) -> str:
+def _usually(s: CoreState, engines: tuple[str, ...]) -> str:
     """How long the engines' steps took lately (measured), in words; "" if never measured."""
-    step = s._measured_step(engines)
+    step = s.measured_step(engines)
     return "" if step is None else f" (their steps took {format_elapsed(step)} on average lately)"
 
 
-def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
+def _held_by_higher(s: CoreState, job: Job) -> tuple[WaitReason, str]:
     """Held back by higher work; when the starvation guard's turn comes, as a time the core keeps
     or as a lower bound ("not before"): the lane may be held longer, a chat may keep computing,
     the other lower class may be due first."""
     now, klass = s.now, job.klass
     limit = s.policy.starvation[klass]
-    since = s._starved_since(klass)
-    beside = s._interactive_active(now)
+    since = starved_since(s, klass)
+    beside = s.interactive_active(now)
     guard = ""
     if limit > 0 and since is not None:
         own_due = since + limit
-        due = s._lane_due_at(since, klass) if beside else own_due
-        lane = s.lane_class() if beside else (klass if s._in_turn(klass) else None)
+        due = lane_due_at(s, since, klass) if beside else own_due
+        lane = lane_class(s) if beside else (klass if in_turn(s, klass) else None)
         if lane is not None:
             due = max(due, _next_turn_not_before(s, lane, klass))
             held = (f"the starvation guard lets one lower-class turn run at a time, and a {lane} turn has the lane"
@@ -141,7 +143,7 @@ def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
             if now >= own_due:
                 return WaitReason.GUARD_SHARE, f"{held}; the next: not before {_clock(s, due)}"
         elif now >= due:
-            first = s._guard_turn(now)
+            first = guard_turn(s, now)
             if first is not None and first != klass:
                 return WaitReason.GUARD_SHARE, f"a {first} turn of the starvation guard was due first; its own is next"
             return WaitReason.GUARD_SHARE, (f"its starvation guard turn is due and waits for a moment no interactive "
@@ -161,18 +163,18 @@ def _held_by_higher(s: Scheduler, job: Job) -> tuple[WaitReason, str]:
     return WaitReason.HIGHER_CLASS, f"{' and '.join(higher)} work goes first{guard}"
 
 
-def _next_turn_not_before(s: Scheduler, lane: str, klass: str) -> float:
+def _next_turn_not_before(s: CoreState, lane: str, klass: str) -> float:
     """A lower bound for the next guard turn of *klass* while a turn of *lane* runs: the turn
     ends no sooner than now, and the lane then rests guard_share's part of it; a turn of
     *klass* itself is progress, so its clock starts again when it ends."""
     now, share = s.now, s.policy.guard_share
-    pending = s.guard[lane] is not None and s.guard[lane] in s.waiting  # its engine still loads
-    started = now if pending else s.turn_started[lane]
-    not_before = now + (now - started) * (1 - share) / share if s._interactive_active(now) else now
+    pending = s.turns.step[lane] is not None and s.turns.step[lane] in s.waiting  # its engine still loads
+    started = now if pending else s.turns.started[lane]
+    not_before = now + (now - started) * (1 - share) / share if s.interactive_active(now) else now
     return max(not_before, now + s.policy.starvation[klass]) if lane == klass else not_before
 
 
-def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReason, str]:
+def _engine_wait(s: CoreState, job: Job, engine: EngineState) -> tuple[WaitReason, str]:
     now, name = s.now, engine.name
     if s.closing:
         return WaitReason.SHUTTING_DOWN, "steward is shutting down"
@@ -183,7 +185,7 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     if engine.status is EngineStatus.READY and engine.unhealthy:
         return WaitReason.UNHEALTHY, f"{name} fails its health checks"
     if engine.status is EngineStatus.READY:
-        claim = s.guard_claim
+        claim = s.turns.claim
         turn = ("" if claim is None or claim.klass != job.klass or name not in claim.engines
                 else f"; its starvation guard turn is due and takes the next one{_usually(s, (name,))}")
         return WaitReason.NO_SLOT, f"all {engine.profile.slots} slot(s) of {name} are busy{turn}"
@@ -196,7 +198,7 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     if s.ledger.releasing(name):
         return WaitReason.FREEING, f"the memory of {name}'s last process is not yet seen free"
     wanted = _earlier_demand(s)
-    option = s._place(engine, now, {}, wanted, (RANK[job.klass], job.seq), idle_only=False)
+    option = place(s, engine, now, {}, wanted, (RANK[job.klass], job.seq), idle_only=False)
     if option is None:
         return WaitReason.NO_ROOM, f"needs {format_size(engine.profile.memory)}, more than its devices hold"
     placement = option.placement
@@ -206,7 +208,7 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     free = format_size(max(0, sum(s.ledger.free_on(d) for d in option.needs)))
     if option.fits:
         return WaitReason.PROMISED, f"{need}; it is free, but earlier requests wait for that memory"
-    if (hold := s._swap_hold(job, option, now)) is not None:
+    if (hold := swap_hold(s, job, option, now)) is not None:
         return WaitReason.SWAP_HOLD, (
             f"{need}, {free} free; held for up to {s.policy.swap_hold:g}s (until {_clock(s, hold.until)}) so that "
             f"{job.klass} requests for the loaded {', '.join(hold.behind)} go first; then it evicts "
@@ -222,7 +224,7 @@ def _engine_wait(s: Scheduler, job: Job, engine: EngineState) -> tuple[WaitReaso
     return WaitReason.NO_ROOM, f"{need}, {free} free; {_blockers(s, engine, job, option.needs, wanted)}"
 
 
-def _earlier_demand(s: Scheduler) -> dict[str, Demand]:
+def _earlier_demand(s: CoreState) -> dict[str, Demand]:
     wanted: dict[str, Demand] = {}
     for rank, klass in enumerate(CLASSES):
         for head in s.queues[klass].heads():
@@ -232,7 +234,7 @@ def _earlier_demand(s: Scheduler) -> dict[str, Demand]:
     return wanted
 
 
-def _blockers(s: Scheduler, engine: EngineState, job: Job, needs: dict[int, int], wanted: dict[str, Demand]) -> str:
+def _blockers(s: CoreState, engine: EngineState, job: Job, needs: dict[int, int], wanted: dict[str, Demand]) -> str:
     """The engines holding the memory it needs, and why none may be evicted for it now."""
     now = s.now
     interactive = job.klass == "interactive"
@@ -262,6 +264,6 @@ def _blockers(s: Scheduler, engine: EngineState, job: Job, needs: dict[int, int]
     return "the engines that could make room may not: " + ", ".join(f"{name} ({why})" for name, why, _ in reasons)
 
 
-def _clock(s: Scheduler, at: float) -> str:
+def _clock(s: CoreState, at: float) -> str:
     """A time of the core's clock as the wall clock reads it (HH:MM:SS, local time)."""
     return time.strftime("%H:%M:%S", time.localtime(at + s.wall_offset))

@@ -5,7 +5,7 @@ single device can hold is split over all it may use, in proportion to their budg
 (llama-server's ``--tensor-split``); ``models.NAME.devices`` limits the choice, and a
 list of several splits it over them. A sleeping engine wakes where its process is. Which
 candidate wins (free memory first, then the device it ran on last) is the scheduler's
-call, since it depends on what would have to be evicted (``Scheduler._place``).
+call, since it depends on what would have to be evicted (``eviction.place``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""Exclusive jobs: a job that takes the whole GPU, an image job say (rule 8).
+
+An exclusive job at the head of its class stops new work of that class and below, lets
+running work drain, unloads the engines on its device whose memory it needs (unpinned
+before pinned, idle before busy, then the cheapest to load again; never one a higher
+class wants), runs once that memory is free, and then lets everything resume (warming.py
+may then load engines ahead of demand).
+"""
+
+from __future__ import annotations
+
+from supervisor.scheduler.eviction import cost_rank, evict
+from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
+from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, RANK, EngineStatus, Grant, Job
+
+
+def exclusive_rank(s: CoreState) -> int | None:
+    """The rank of the highest class whose head is an exclusive job (None: no such class):
+    that class and those below it start nothing new."""
+    for rank, klass in enumerate(CLASSES):
+        head = s.queues[klass].head()
+        if head is not None and head.exclusive:
+            return rank
+    return None
+
+
+def exclusive_owner(job_id: int) -> str:
+    """The ledger's name for what an exclusive job holds."""
+    return f"exclusive:{job_id}"
+
+
+def advance_exclusive(s: CoreState, job: Job, now: float, wanted: dict[str, Demand]) -> None:
+    """Drain and unload what the job needs, then grant it the GPU."""
+    rank = RANK[job.klass]
+    need = job.exclusive_memory
+    # Outside use is not held against the job: the service that runs it (ComfyUI keeps
+    # its models cached between jobs) is itself "outside" steward's engines. Only the
+    # engines on its device make room for it.
+    device = DEFAULT_DEVICE
+    unreserved = s.ledger.budgets[device] - s.ledger.reserved_on(device)
+    if s.exclusive_holder is None and need > unreserved + s.freeing_on(device):
+        candidates = [e for e in s.engines.values()
+                      if e.status is EngineStatus.READY and s.ledger.held_on(e.name, device)
+                      and wanted.get(e.name, NO_DEMAND)[0] >= rank]
+        candidates.sort(key=lambda e: (e.profile.pinned, e.in_flight > 0, cost_rank(s, e, now), e.last_used))
+        gain = unreserved + s.freeing_on(device)
+        for candidate in candidates:
+            if gain >= need:
+                break
+            gain += s.ledger.held_on(candidate.name, device)
+            evict(s, candidate, now, for_what="exclusive", need=need, free=unreserved, for_job=job.id)
+    still_running = sum(s.running_by_class[k] for k in CLASSES[rank:])
+    if s.exclusive_holder is None and still_running == 0 and need <= unreserved:
+        s.unqueue(job)
+        s.ledger.reserve(exclusive_owner(job.id), {device: need}, count_outside=False)
+        job.dispatched = now
+        s.running[job.id] = job
+        s.running_by_class[job.klass] += 1
+        s.progress[job.klass] = now
+        s.exclusive_holder = job.id
+        s.emit("dispatch", "info", job=job.id, request=job.request, model=None, **{"class": job.klass},
+               step="1/1", waited_s=rounded(now - job.submitted), exclusive=True, memory=need)
+        s.effects.append(Grant(job.id, None, None))

@@ -1,0 +1,120 @@
+"""Memory readings: what the devices hold, measured, and when a reservation is released (rule 6).
+
+A reading of every device (its total use and its per-process list) says what each engine's
+process holds (the most it held replaces the estimate once it differs by 1 %), what a
+sleeping engine holds, and what processes that are not engines use (outside use, taken
+from what the ledger hands out). Phantom guard: while an engine stops, and for
+``settle_polls`` readings after, the outside estimate stays frozen. An exited engine's
+reservation is released once its process is gone from every list and the unattributed
+memory is back to that estimate, or after ``release_timeout``. A service's own account
+(Ollama's /api/ps) only ever grows its reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from supervisor.scheduler.state import CoreState
+from supervisor.scheduler.types import DEFAULT_DEVICE, DeviceUse, EngineState, EngineStatus, Measured
+
+
+def observe_devices(s: CoreState, now: float, readings: Sequence[DeviceUse]) -> None:
+    """A memory reading of every device: its total use, and the per-process list (taken separately).
+
+    Memory not attributed to a live engine is outside use and is subtracted from what
+    the ledger can hand out on that device. Phantom guard: while an engine stops, and for
+    ``settle_polls`` readings after, that estimate stays frozen, because a process that
+    exited between the two NVML calls is gone from the list while its memory still
+    counts, and would look like outside use (GridCore evicted a healthy model over it).
+    An exited engine's reservation is released once its process is gone from every
+    device's list and the unattributed memory of each is back to the frozen estimate.
+    """
+    readings = readings[: len(s.ledger.budgets)]
+    live = {e.pid: e for e in s.engines.values()
+            if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY, EngineStatus.DRAINING,
+                                                  EngineStatus.STOPPING, EngineStatus.SLEEPING)}
+    # What a service says it holds is on the device its reservation is on.
+    external = dict.fromkeys(range(len(readings)), 0)
+    for engine in s.engines.values():
+        if engine.serving and engine.external:
+            device = min(s.ledger.shares.get(engine.name) or {DEFAULT_DEVICE: 0})
+            external[device] = external.get(device, 0) + engine.external
+    unattributed = tuple(
+        reading.used - sum(nbytes for pid, nbytes in reading.processes.items() if pid in live) - external[device]
+        for device, reading in enumerate(readings))
+    if s.ledger.awaiting_free or any(e.status is EngineStatus.STOPPING for e in s.engines.values()):
+        s.settle_polls_left = s.policy.settle_polls
+    elif s.settle_polls_left > 0:
+        s.settle_polls_left -= 1
+    else:
+        s.outside_memory = tuple(max(0, nbytes) for nbytes in unattributed)
+        s.ledger.outside_by_device[: len(readings)] = s.outside_memory
+    listed = {pid for reading in readings for pid in reading.processes}
+    for engine in s.engines.values():
+        if s.ledger.releasing(engine.name) and engine.pid not in listed:
+            baseline = engine.outside_baseline if engine.outside_baseline is not None else unattributed
+            if all(now_ <= then + s.policy.release_tolerance for now_, then in zip(unattributed, baseline)):
+                released = s.release(engine)
+                s.emit("released", "info", engine=engine.name, released=released, free=s.ledger.free)
+    for pid, engine in live.items():
+        share = {device: reading.processes[pid] for device, reading in enumerate(readings)
+                 if pid in reading.processes}
+        if engine.serving and share:
+            _measure(s, engine, share)
+        elif engine.status is EngineStatus.SLEEPING and share:
+            _measure_asleep(s, engine, share)
+
+
+def _measure_asleep(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:
+    """What a sleeping engine holds becomes its reservation, unless set by hand."""
+    nbytes = sum(share.values())
+    reserved = s.ledger.held(engine.name)
+    if (engine.profile.sleep_memory is not None or not s.ledger.holds(engine.name)
+            or abs(nbytes - reserved) <= reserved // 100):
+        return
+    s.ledger.resize(engine.name, share)
+    s.emit("measured", "info", engine=engine.name, measured=nbytes, estimate=reserved, free=s.ledger.free,
+           asleep=True)
+
+
+def _measure(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:
+    """Keep the most the process has used; it replaces the estimate once it differs by 1 %."""
+    nbytes = sum(share.values())
+    if nbytes <= engine.measured:
+        return
+    engine.measured = nbytes
+    reserved = s.ledger.held(engine.name)
+    if abs(nbytes - reserved) <= reserved // 100 or engine.profile.fixed_memory:
+        return
+    previous = s.ledger.resize(engine.name, share)
+    engine.profile = attrs.evolve(engine.profile, memory=nbytes)
+    s.emit("measured", "info", engine=engine.name, measured=nbytes, estimate=previous, free=s.ledger.free)
+    s.effects.append(Measured(engine.name, nbytes))
+
+
+def service_memory(s: CoreState, name: str, generation: int, nbytes: int) -> bool:
+    """A service's own account of the memory it holds now (Ollama's /api/ps); False: stale.
+
+    The reservation grows to it when it is more; it never shrinks below the configured
+    amount while the service is up, since it may load a model at any request.
+    """
+    engine = s.engines[name]
+    if generation != engine.generation or not engine.serving:
+        return False
+    engine.external = nbytes
+    reserved = s.ledger.held(name)
+    if nbytes > reserved:
+        s.ledger.rescale(name, nbytes)
+        s.emit("measured", "info", engine=name, measured=nbytes, estimate=reserved, free=s.ledger.free)
+    return True
+
+
+def release_overdue(s: CoreState, now: float) -> None:
+    """A reservation whose memory was not seen free within ``release_timeout`` is released anyway."""
+    for name, deadline in list(s.ledger.awaiting_free.items()):
+        if now >= deadline:
+            released = s.release(s.engines[name])
+            s.emit("release_timeout", "warning", engine=name, released=released,
+                   timeout_s=s.policy.release_timeout, free=s.ledger.free)
