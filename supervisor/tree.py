@@ -38,8 +38,6 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui import NodeCatalog
-from adapters.ollama import warm_model
 from supervisor.address import Address
 from supervisor.alerts import AlertPolicy, serve_alerts
 from supervisor.auth.watch import serve_key_file
@@ -64,8 +62,9 @@ from supervisor.gateway.api_routes import error_shape_for
 from supervisor.gateway.app import Services, body_limits, create_app
 from supervisor.gateway.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
+from supervisor.gateway.comfy_api import NodeCatalog
 from supervisor.gateway.comfy_app import create_comfy_app
-from supervisor.gateway.comfy_jobs import ComfyTurnstile
+from supervisor.gateway.comfy_jobs import ComfyTurnstile, warm_model
 from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
 from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body

@@ -17,6 +17,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from supervisor.config.checks import check_semantics
 from supervisor.config.hooks import converter
 from supervisor.config.schema import IMAGE_RUNTIME, Config, ImageModelConfig
+from supervisor.gateway.comfy_workflow import load_workflow
 from supervisor.units import show
 
 
@@ -53,8 +54,6 @@ def load_config(path: str | Path) -> Config:
 
 def workflow_problems(config: Config) -> list[str]:
     """What is wrong with the image models' workflow files (read here, and again when served)."""
-    from adapters.comfyui_workflow import load_workflow  # adapters import this module
-
     problems = []
     for name, model in config.image_models.items():
         try:

@@ -18,9 +18,9 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui_inputs import NodeClass, validate_outputs
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
+from supervisor.gateway.comfy_inputs import NodeClass, validate_outputs
 from supervisor.gateway.errors import comfy_refusal_body
 
 _PROMPT_ID = re.compile(rb'"prompt_id"\s*:\s*"([^"]+)"')
@@ -56,7 +56,7 @@ class PromptRequest:
 
     def refusal(self, nodes: Mapping[str, NodeClass] | None) -> PromptRefused | None:
         """What ComfyUI would refuse of it, given its node classes (`NodeCatalog.lookup`): a class
-        it does not list, no output, inputs it refuses on every output (comfyui_inputs); *nodes*
+        it does not list, no output, inputs it refuses on every output (comfy_inputs); *nodes*
         None (ComfyUI unreachable): nothing more is checked. Pure."""
         if nodes is None:
             return None
