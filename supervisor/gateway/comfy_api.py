@@ -1,4 +1,6 @@
-"""ComfyUI's side of an image job: follow the prompt to its end, then free the GPU.
+"""ComfyUI's own API as steward reads and calls it: a /prompt body read and checked against
+ComfyUI's node classes (``/object_info``) before the GPU is taken, then the prompt followed to
+its end, then the GPU freed. ComfyUI is a service steward holds the GPU for, not a Runtime.
 
 A prompt is done when `/history/<id>` shows it completed or failed; one that vanished
 (deleted from ComfyUI's queue, ComfyUI restarted) is noticed through `/queue` rather than
