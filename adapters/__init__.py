@@ -1,4 +1,7 @@
-"""One module per runtime. ``RUNTIMES`` maps a model's ``runtime`` key to its adapter."""
+"""One module per runtime. ``RUNTIMES`` maps a model's ``runtime`` key to its adapter.
+
+The service drives the runtimes; they import only leaf modules of supervisor/ (the rule and its
+allow-list: tests/test_layout_imports.py)."""
 
 from collections.abc import Callable
 
@@ -7,7 +10,7 @@ from adapters.llama_server import LlamaServerRuntime
 from adapters.ollama import OllamaRuntime
 from adapters.openai import OpenAIRuntime
 from supervisor.apis import Api
-from supervisor.config import ModelConfig
+from supervisor.config.schema import ModelConfig
 
 RUNTIMES: dict[str, Callable[[ModelConfig], Runtime]] = {
     "llama-server": LlamaServerRuntime,

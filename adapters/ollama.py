@@ -18,9 +18,8 @@ import trio
 
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
-from supervisor.config import OLLAMA_ENGINE, OllamaConfig
+from supervisor.config.schema import OllamaConfig
 from supervisor.events import EventLog
-from supervisor.scheduler.actor import JobFailed, SchedulerClient
 
 
 class OllamaRuntime:
@@ -101,19 +100,6 @@ async def unload_all(config: OllamaConfig, http: httpx.AsyncClient, base_url: st
     events.emit("ollama_unload", "info" if complete else "warning", models=names, seconds=seconds,
                 complete=complete)
     return f"unloaded {len(names)} model(s) in {seconds}s" if complete else f"unload timed out after {seconds}s"
-
-
-async def warm_model(config: OllamaConfig, model: str, scheduler: SchedulerClient, http: httpx.AsyncClient,
-                     events: EventLog) -> None:
-    """Load *model* again after an image job, as batch work: it runs once nothing else waits."""
-    try:
-        async with scheduler.open_grant(OLLAMA_ENGINE, "batch") as lease:
-            response = await http.post(f"{config.upstream.url}/api/generate",
-                                       json={"model": model, "keep_alive": -1}, timeout=120)
-            lease.status = response.status_code
-            events.emit("ollama_warm", "info", model=model, status=response.status_code)
-    except (JobFailed, httpx.HTTPError) as exc:
-        events.emit("ollama_warm", "warning", model=model, detail=str(exc))
 
 
 async def _unload(http: httpx.AsyncClient, base_url: str, name: str, timeout: float) -> None:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
-from supervisor.config import PORT_PLACEHOLDER, ModelConfig
+from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
 from supervisor.events import EventLog
 
 # Requests steward sends at once when `parallel` is not set: such servers batch many

@@ -1,10 +1,14 @@
-"""Network addresses as typed values: parsed once from config, printed the way URLs need them."""
+"""Network addresses as typed values: parsed once from config, printed the way URLs need them
+(a MAC address the way Wake-on-LAN and people write it)."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 
 import attrs
+
+from supervisor.units import show
 
 
 @attrs.frozen
@@ -45,3 +49,32 @@ class Address:
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if self.is_ipv6 else f"{self.host}:{self.port}"
+
+
+# Two hex digits six times with one separator throughout, Cisco's dotted quads, or bare.
+_MAC_FORMS = (
+    re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}", re.IGNORECASE),
+    re.compile(r"[0-9a-f]{2}(?:-[0-9a-f]{2}){5}", re.IGNORECASE),
+    re.compile(r"[0-9a-f]{4}(?:\.[0-9a-f]{4}){2}", re.IGNORECASE),
+    re.compile(r"[0-9a-f]{12}", re.IGNORECASE),
+)
+
+
+def _six_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) != 6:
+        raise ValueError(f"a MAC address is 6 bytes, got {value!r}")
+
+
+@attrs.frozen
+class MacAddress:
+    octets: bytes = attrs.field(validator=_six_bytes)
+
+    @classmethod
+    def parse(cls, text: object) -> MacAddress:
+        """``aa:bb:cc:dd:ee:ff``, ``AA-BB-CC-DD-EE-FF``, ``aabb.ccdd.eeff`` or ``aabbccddeeff``; raises ValueError."""
+        if isinstance(text, str) and any(form.fullmatch(text.strip()) for form in _MAC_FORMS):
+            return cls(bytes.fromhex(re.sub(r"[:.-]", "", text.strip())))
+        raise ValueError(f"must be a MAC address like aa:bb:cc:dd:ee:ff, got {show(text)}")
+
+    def __str__(self) -> str:
+        return self.octets.hex(":")

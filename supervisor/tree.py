@@ -38,8 +38,6 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui import NodeCatalog
-from adapters.ollama import warm_model
 from supervisor.address import Address
 from supervisor.alerts import AlertPolicy, serve_alerts
 from supervisor.auth.watch import serve_key_file
@@ -61,11 +59,12 @@ from supervisor.events import Event, EventLog, open_event_log
 from supervisor.gateway import app as gateway_app
 from supervisor.gateway import comfy_app, ollama_app
 from supervisor.gateway.api_routes import error_shape_for
-from supervisor.gateway.app import body_limits, create_app
+from supervisor.gateway.app import Services, body_limits, create_app
 from supervisor.gateway.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
+from supervisor.gateway.comfy_api import NodeCatalog
 from supervisor.gateway.comfy_app import create_comfy_app
-from supervisor.gateway.comfy_jobs import ComfyTurnstile
+from supervisor.gateway.comfy_jobs import ComfyTurnstile, warm_model
 from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
 from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
@@ -310,9 +309,11 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
             turnstile = ComfyTurnstile(config.comfyui, client, events, http,
                                        await root.start(serve_contained_nursery, "image job", events), warm)
             comfy_nodes = NodeCatalog(http, config.comfyui.upstream.url)
-        openai_app = create_app(config, client, events, gate, metrics, door, health, memory_device(probe), nodes,
-                                catalog, reload, ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
-                                if turnstile is not None and comfy_nodes is not None else None)
+        images = (ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
+                  if turnstile is not None and comfy_nodes is not None else None)
+        openai_app = create_app(config, Services(
+            scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
+            device=memory_device(probe), nodes=nodes, catalog=catalog, reload=reload, images=images))
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                error_shape_for, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:

@@ -10,6 +10,7 @@ import datetime
 import time
 from typing import Any
 
+import attrs
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -41,13 +42,31 @@ def body_limits(config: Config) -> BodyLimits:
     return BodyLimits(config.limits.max_body_size, config.limits.body_timeout)
 
 
-def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-               metrics: StewardMetrics, door: FrontDoor, health: HealthWatch, device: str = "gpu",
-               nodes: NodeRouter | None = None, catalog: ModelCatalog | None = None,
-               reload: Reload | None = None, images: ImageHandler | None = None) -> QuartTrio:
+@attrs.frozen
+class Services:
+    """What the OpenAI listener's app serves with: the services the composition root
+    (supervisor/tree.py) started, handed over as one bundle."""
+
+    scheduler: SchedulerClient
+    events: EventLog
+    gate: RequestGate
+    metrics: StewardMetrics
+    door: FrontDoor
+    health: HealthWatch
+    device: str = "gpu"  # where the engines' memory lives: "gpu", or "cpu" for host RAM (tree.memory_device)
+    nodes: NodeRouter | None = None  # a front door's: the nodes it routes to
+    catalog: ModelCatalog | None = None  # default: the config's own (no reload replaces it)
+    reload: Reload | None = None  # /steward/reload, where the config came from a file
+    images: ImageHandler | None = None  # /v1/images/generations, with a comfyui section and an image model
+
+
+def create_app(config: Config, services: Services) -> QuartTrio:
+    scheduler, events, door, nodes, images = (services.scheduler, services.events, services.door, services.nodes,
+                                              services.images)
+    gate, health, device = services.gate, services.health, services.device
     app = new_quart_app("steward", error_body, events, lambda path: error_shape_for({"path": path}))
     started = int(time.time())
-    catalog = catalog or ModelCatalog.of(config)
+    catalog = services.catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
     inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
@@ -177,8 +196,8 @@ def create_app(config: Config, scheduler: SchedulerClient, events: EventLog, gat
         """What a front door routes by (an admin route once keys are in force)."""
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
-    add_health_routes(app, health, metrics, health_details)
-    add_admin_routes(app, scheduler, health, events, device, reload)  # type: ignore[arg-type]
+    add_health_routes(app, health, services.metrics, health_details)
+    add_admin_routes(app, scheduler, health, events, device, services.reload)  # type: ignore[arg-type]
     return app
 
 

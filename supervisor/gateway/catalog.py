@@ -9,10 +9,10 @@ from __future__ import annotations
 import attrs
 
 from adapters import model_apis, model_runtime
-from adapters.comfyui_workflow import Workflow, load_workflow
 from supervisor.apis import Api
 from supervisor.config import Config, ImageModelConfig
 from supervisor.gateway.chunked import CUT_RUNTIME
+from supervisor.gateway.comfy_workflow import Workflow, load_workflow
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ ComfyUI and its answer comes back unchanged; steward follows the job to its end,
 once; a client that leaves before the prompt was sent leaves the queue cleanly.
 A prompt ComfyUI would refuse anyway (not an object, no nodes, a node class ComfyUI does
 not list in its ``/object_info``, no output, inputs its validation fails on:
-adapters/comfyui_inputs.py) is answered in ComfyUI's own 400 shape before anything is
+supervisor/gateway/comfy_inputs.py) is answered in ComfyUI's own 400 shape before anything is
 unloaded. The GPU itself is held through the turnstile both listeners share (comfy_jobs.py).
 Everything else passes through untouched, with the Host and Origin ComfyUI expects (steward
 checks Origin itself, at the door of every listener).
@@ -31,7 +31,6 @@ import attrs
 import trio
 from quart_trio import QuartTrio
 
-from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.address import Address
 from supervisor.auth.keys import ApiKey
 from supervisor.backoff import Backoff, RetryEnded, retry_while_unreachable
@@ -51,6 +50,7 @@ from supervisor.gateway.asgi import (
     send_refusal,
     send_whole,
 )
+from supervisor.gateway.comfy_api import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.gateway.comfy_jobs import ComfyTurnstile, HeldGpu
 from supervisor.gateway.door import (
     MONITORING_PATHS,

@@ -18,11 +18,11 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui import follow_prompt, free_gpu, used_vram
-from supervisor.config import ComfyConfig
+from supervisor.config import OLLAMA_ENGINE, ComfyConfig, OllamaConfig
 from supervisor.events import EventLog
+from supervisor.gateway.comfy_api import follow_prompt, free_gpu, used_vram
 from supervisor.gateway.door import Exchange
-from supervisor.scheduler.actor import Lease, SchedulerClient
+from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
 from supervisor.supervise import ContainedNursery
 
 COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
@@ -100,3 +100,16 @@ class ComfyTurnstile:
         for held in list(self.running):
             held.scope.cancel(reason="force-released by an operator")
         return len(self.running)
+
+
+async def warm_model(config: OllamaConfig, model: str, scheduler: SchedulerClient, http: httpx.AsyncClient,
+                     events: EventLog) -> None:
+    """Load *model* again after an image job, as batch work: it runs once nothing else waits."""
+    try:
+        async with scheduler.open_grant(OLLAMA_ENGINE, "batch") as lease:
+            response = await http.post(f"{config.upstream.url}/api/generate",
+                                       json={"model": model, "keep_alive": -1}, timeout=120)
+            lease.status = response.status_code
+            events.emit("ollama_warm", "info", model=model, status=response.status_code)
+    except (JobFailed, httpx.HTTPError) as exc:
+        events.emit("ollama_warm", "warning", model=model, detail=str(exc))

@@ -27,8 +27,6 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
-from adapters.comfyui_workflow import ImageParams, SavedImage, failure_of, saved_images
 from supervisor.backoff import Backoff, RetryEnded, retry_while_unreachable
 from supervisor.gateway.asgi import (
     BodyLimits,
@@ -46,7 +44,9 @@ from supervisor.gateway.asgi import (
 )
 from supervisor.gateway.catalog import ImageModel, ModelCatalog
 from supervisor.gateway.classes import choose_class
+from supervisor.gateway.comfy_api import NodeCatalog, PromptRefused, find_prompt_id, read_prompt
 from supervisor.gateway.comfy_jobs import ComfyTurnstile, HeldGpu
+from supervisor.gateway.comfy_workflow import ImageParams, SavedImage, failure_of, saved_images
 from supervisor.gateway.door import CAPABILITY_PREFIX, Exchange, FrontDoor, exchange_of
 from supervisor.gateway.errors import error_body, error_headers
 from supervisor.scheduler.actor import JobFailed

@@ -28,21 +28,13 @@ persistent by the distribution's network configuration) and in its firmware.
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 
-import attrs
 import trio
 
+from supervisor.address import MacAddress
 from supervisor.units import show
 
-# Two hex digits six times with one separator throughout, Cisco's dotted quads, or bare.
-_MAC_FORMS = (
-    re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}", re.IGNORECASE),
-    re.compile(r"[0-9a-f]{2}(?:-[0-9a-f]{2}){5}", re.IGNORECASE),
-    re.compile(r"[0-9a-f]{4}(?:\.[0-9a-f]{4}){2}", re.IGNORECASE),
-    re.compile(r"[0-9a-f]{12}", re.IGNORECASE),
-)
 _SYNC = b"\xff" * 6
 _PASSWORD_LENGTHS = (0, 4, 6)
 # Long enough for a busy switch queue to drain, short enough that waking is not held up.
@@ -51,26 +43,6 @@ _REPEAT_GAP = 0.05
 
 class WakeError(Exception):
     """The magic packet could not be sent; the message says where to and why."""
-
-
-def _six_bytes(instance: object, attribute: attrs.Attribute[bytes], value: bytes) -> None:
-    if not isinstance(value, bytes) or len(value) != 6:
-        raise ValueError(f"a MAC address is 6 bytes, got {value!r}")
-
-
-@attrs.frozen
-class MacAddress:
-    octets: bytes = attrs.field(validator=_six_bytes)
-
-    @classmethod
-    def parse(cls, text: object) -> MacAddress:
-        """``aa:bb:cc:dd:ee:ff``, ``AA-BB-CC-DD-EE-FF``, ``aabb.ccdd.eeff`` or ``aabbccddeeff``; raises ValueError."""
-        if isinstance(text, str) and any(form.fullmatch(text.strip()) for form in _MAC_FORMS):
-            return cls(bytes.fromhex(re.sub(r"[:.-]", "", text.strip())))
-        raise ValueError(f"must be a MAC address like aa:bb:cc:dd:ee:ff, got {show(text)}")
-
-    def __str__(self) -> str:
-        return self.octets.hex(":")
 
 
 def magic_packet(mac: MacAddress, password: bytes = b"") -> bytes:
@@ -121,3 +93,6 @@ def _family(address: str) -> socket.AddressFamily:
     except ValueError:
         raise ValueError(f"must be an IP address like 192.168.1.255, got {show(address)}") from None
     return socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+
+
+__all__ = ["MacAddress", "WakeError", "magic_packet", "send_magic_packet"]

@@ -17,7 +17,7 @@ import httpx
 
 from supervisor.accounting.cpu_share import THREADED_RUNTIMES, sets_threads
 from supervisor.address import Address
-from supervisor.config import (
+from supervisor.config.schema import (
     COMFYUI_SCOPE,
     OLLAMA_ENGINE,
     PORT_PLACEHOLDER,
@@ -157,7 +157,7 @@ def _device_problems(where: str, model: ModelConfig) -> list[str]:
 
 def _env_problems(where: str, env: dict[str, str]) -> list[str]:
     """What no process environment can hold: each entry is one NAME=VALUE string (a NUL is
-    refused in every string, by config.py)."""
+    refused in every string, by hooks.py)."""
     problems = []
     for name in env:
         if not name:

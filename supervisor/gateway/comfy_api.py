@@ -1,4 +1,6 @@
-"""ComfyUI's side of an image job: follow the prompt to its end, then free the GPU.
+"""ComfyUI's own API as steward reads and calls it: a /prompt body read and checked against
+ComfyUI's node classes (``/object_info``) before the GPU is taken, then the prompt followed to
+its end, then the GPU freed. ComfyUI is a service steward holds the GPU for, not a Runtime.
 
 A prompt is done when `/history/<id>` shows it completed or failed; one that vanished
 (deleted from ComfyUI's queue, ComfyUI restarted) is noticed through `/queue` rather than
@@ -18,9 +20,9 @@ import attrs
 import httpx
 import trio
 
-from adapters.comfyui_inputs import NodeClass, validate_outputs
 from supervisor.config import ComfyConfig
 from supervisor.events import EventLog
+from supervisor.gateway.comfy_inputs import NodeClass, validate_outputs
 from supervisor.gateway.errors import comfy_refusal_body
 
 _PROMPT_ID = re.compile(rb'"prompt_id"\s*:\s*"([^"]+)"')
@@ -56,7 +58,7 @@ class PromptRequest:
 
     def refusal(self, nodes: Mapping[str, NodeClass] | None) -> PromptRefused | None:
         """What ComfyUI would refuse of it, given its node classes (`NodeCatalog.lookup`): a class
-        it does not list, no output, inputs it refuses on every output (comfyui_inputs); *nodes*
+        it does not list, no output, inputs it refuses on every output (comfy_inputs); *nodes*
         None (ComfyUI unreachable): nothing more is checked. Pure."""
         if nodes is None:
             return None
