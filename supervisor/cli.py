@@ -8,7 +8,6 @@ modules through tools/commands.py), so ``--version`` starts with next to nothing
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ from supervisor.usage.commands import add_usage_parser, run_usage
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="steward", description="One OpenAI-compatible front door for your GPUs.")
-    parser.add_argument("--version", action="version", version=f"steward {_version()}")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="run the gateway and its engines")
     run.add_argument("config", help="path to the YAML config")
@@ -75,7 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     return run_until_signalled(config, on_ready=None, config_path=Path(args.config))
 
 
+class _Version(argparse._VersionAction):
+    """``--version``: the installed version, read only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        self.version = f"steward {_version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("gpu-steward")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
