@@ -52,3 +52,4 @@ def test_check_imports_no_gateway_numpy_or_tools(tmp_path: Path) -> None:
     assert "model chat" in result.stdout
     assert "supervisor.config_policy" in modules
     assert too_heavy(modules) == []
+    assert {"supervisor.serving", "supervisor.tree"} & modules == set()  # what serves: `run` only
