@@ -1,9 +1,10 @@
-"""A simulated GPU that fake engines register their memory with.
+"""A simulated GPU that fake engines register their memory with: the writing side.
 
 The "device" is a directory. ``gpu.json`` holds its size; each process that holds
 memory writes ``proc-<pid>.json`` with its byte count (atomically, so a reader never
-sees half a file). Steward reads it through the same probe interface as NVML
-(``supervisor.probes.SimulatedGpuProbe``).
+sees half a file). The format and its reader are steward's (``supervisor/simulated_gpu.py``,
+read through the same probe interface as NVML, ``supervisor.probes.SimulatedGpuProbe``);
+they are re-exported here (``SimulatedDevice``, ``device_dirs``, ...) for the fakes and tests.
 
 Like the real driver, the simulated one lies a little: memory of a process that
 has exited (cleanly or killed) is still counted in the device total for
@@ -25,13 +26,21 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import attrs
+from supervisor.simulated_gpu import (
+    DEVICES_FILE,
+    GPU_FILE,
+    PROC_PREFIX,
+    SimReading,
+    SimulatedDevice,
+    device_dirs,
+    is_multi_device,
+    read_meta,
+)
 
-GPU_FILE = "gpu.json"
-DEVICES_FILE = "devices.json"
-PROC_PREFIX = "proc-"
+__all__ = ["DEVICES_FILE", "GPU_FILE", "PROC_PREFIX", "SimReading", "SimulatedDevice", "create_device",
+           "create_devices", "device_dirs", "device_total", "is_multi_device", "register", "unregister",
+           "visible_devices"]
 
 
 def create_device(directory: str | os.PathLike[str], *, total_bytes: int, name: str = "Simulated GPU",
@@ -57,24 +66,6 @@ def create_devices(directory: str | os.PathLike[str], totals: Sequence[int], *, 
     return path
 
 
-def is_multi_device(directory: str | os.PathLike[str]) -> bool:
-    return (Path(directory) / DEVICES_FILE).exists()
-
-
-def device_dirs(directory: str | os.PathLike[str]) -> list[Path]:
-    """The devices of *directory* in index order: those ``devices.json`` lists, else the directory itself."""
-    path = Path(directory)
-    if not is_multi_device(path):
-        return [path]
-    try:
-        names = json.loads((path / DEVICES_FILE).read_text())["devices"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path / DEVICES_FILE}: unreadable device list ({exc})") from None
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise ValueError(f"{path / DEVICES_FILE}: 'devices' must be a non-empty list of directory names")
-    return [path / n for n in names]
-
-
 def visible_devices(directory: str | os.PathLike[str], cuda_visible_devices: str | None) -> list[Path]:
     """The devices a CUDA process sees, in its own order (``CUDA0`` first), under *cuda_visible_devices*.
 
@@ -96,7 +87,7 @@ def visible_devices(directory: str | os.PathLike[str], cuda_visible_devices: str
 
 def device_total(directory: str | os.PathLike[str]) -> int:
     """The size of one device."""
-    return int(_read_meta(Path(directory))["total_bytes"])
+    return int(read_meta(Path(directory))["total_bytes"])
 
 
 def register(directory: str | os.PathLike[str], nbytes: int, *, pid: int | None = None, label: str = "") -> None:
@@ -125,68 +116,6 @@ def _mark_exited(path: Path) -> None:
     except (OSError, ValueError):
         return
     _write_json(path, {**record, "exited": True})
-
-
-@attrs.frozen
-class SimReading:
-    name: str
-    total_bytes: int
-    used_bytes: int
-    processes: dict[int, int]  # pid -> bytes, live processes only
-
-
-@attrs.define(eq=False)
-class SimulatedDevice:
-    """Reader side. Keeps when each dead process was first seen dead, for the linger."""
-
-    directory: Path = attrs.field(converter=Path)
-    _dead_since: dict[int, float] = attrs.field(factory=dict, init=False)
-
-    def read(self, now: float) -> SimReading:
-        meta = _read_meta(self.directory)
-        linger = float(meta.get("linger_s", 0.3))
-        used = 0
-        live: dict[int, int] = {}
-        for entry in self.directory.glob(f"{PROC_PREFIX}*.json"):
-            try:
-                record = json.loads(entry.read_text())
-            except (OSError, ValueError):
-                continue  # removed or replaced between glob and read
-            pid, nbytes = int(record["pid"]), int(record["bytes"])
-            if _alive(pid) and not record.get("exited"):
-                self._dead_since.pop(pid, None)
-                live[pid] = nbytes
-                used += nbytes
-                continue
-            first_seen_dead = self._dead_since.setdefault(pid, now)
-            if now - first_seen_dead < linger:
-                used += nbytes  # the driver has not reclaimed it yet
-            else:
-                entry.unlink(missing_ok=True)
-                self._dead_since.pop(pid, None)
-        return SimReading(name=str(meta.get("name", "Simulated GPU")), total_bytes=int(meta["total_bytes"]),
-                          used_bytes=used, processes=live)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); its memory is gone all the same.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
-def _read_meta(directory: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((directory / GPU_FILE).read_text())
-    return meta
 
 
 def _write_json(path: Path, value: object) -> None:

@@ -104,7 +104,7 @@ def _rounded_figure(value: float) -> float:
 class HostSharing:
     """How engines share this host's compute, measured by `steward calibrate`: k engines computing
     at once each run at 1/k**alpha of their speed alone; n busy slots of one engine do
-    1 + batching_gain * (n - 1) times the work of one (supervisor/simulate/sharing.py). Those
+    1 + batching_gain * (n - 1) times the work of one (supervisor/tools/simulate/sharing.py). Those
     are decoding's figures; reading prompts is bound by compute, not memory, and shares
     otherwise: its own two (None: not measured, decoding's stand for them)."""
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 
 from supervisor.config import GpuConfig
 from supervisor.process_tree import read_parents, tree_rss
-
-if TYPE_CHECKING:
-    from fakes.simgpu import SimulatedDevice
+from supervisor.simulated_gpu import GPU_FILE, SimulatedDevice, device_dirs
 
 
 @attrs.frozen
@@ -41,23 +39,21 @@ class ProbeUnavailable(Exception):
 
 @attrs.define(eq=False)
 class SimulatedGpuProbe:
-    """The fakes' GPU: one device directory, or a directory of them (``fakes.simgpu.create_devices``)."""
+    """The simulated GPU (supervisor/simulated_gpu.py): one device directory, or a directory of them."""
 
     directory: str
     kind: str = "simulated"
     _devices: list[SimulatedDevice] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        from fakes import simgpu  # the demo and tests only
-
         try:
-            dirs = simgpu.device_dirs(self.directory)
+            dirs = device_dirs(self.directory)
         except ValueError as exc:
             raise ProbeUnavailable(f"no simulated GPU in {self.directory}: {exc}") from None
         for device in dirs:
-            if not (device / simgpu.GPU_FILE).exists():
+            if not (device / GPU_FILE).exists():
                 raise ProbeUnavailable(f"no simulated GPU in {device} (gpu.json missing)")
-        self._devices = [simgpu.SimulatedDevice(device) for device in dirs]
+        self._devices = [SimulatedDevice(device) for device in dirs]
 
     def read(self) -> list[GpuReading]:
         now = time.monotonic()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from supervisor.address import Address
 from supervisor.alerts import AlertPolicy, serve_alerts
 from supervisor.auth.watch import serve_key_file
 from supervisor.backoff import Backoff
+from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_budgets
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.config_policy import (
     build_scheduler,
@@ -77,10 +78,10 @@ from supervisor.gateway.server import Listener, serve_http
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch, RecentActivity, StandingFaults, serve_health
 from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, budget_problems, plan_all
+from supervisor.memory_plan import budget_problems, plan_all
 from supervisor.metrics import StewardMetrics
 from supervisor.nodes.directory import serve_node_directory
-from supervisor.probes import GpuProbe, GpuReading, host_memory_total, open_probe
+from supervisor.probes import GpuProbe, GpuReading, open_probe
 from supervisor.process_tree import fold_to_roots, read_parents
 from supervisor.reload import Reload
 from supervisor.reloader import Reloader, serve_reloads
@@ -111,54 +112,6 @@ class Steward:
     @property
     def url(self) -> str:
         return self.urls[0]
-
-
-@attrs.frozen
-class DeviceBudget:
-    nbytes: int
-    source: str  # where the figure comes from, for `steward check` and the `probe` event
-
-
-def resolve_budgets(config: Config, readings: list[GpuReading]) -> list[DeviceBudget]:
-    """What steward may reserve on each device (index = device): gpu.devices.N.budget, else
-    gpu.budget, else the device's total (host RAM with no GPU)."""
-    listed = max(config.gpu.devices, default=-1) + 1
-    if readings and listed > len(readings):
-        raise ConfigError([f"gpu.devices.{listed - 1}: no such device (the probe sees {len(readings)})"])
-    budgets = []
-    for index in range(max(len(readings), listed, 1)):
-        device = config.gpu.devices.get(index)
-        if device is not None and device.budget is not None:
-            budgets.append(DeviceBudget(device.budget, f"gpu.devices.{index}.budget"))
-        elif config.gpu.budget is not None:
-            budgets.append(DeviceBudget(config.gpu.budget, "gpu.budget"))
-        elif index < len(readings):
-            reading = readings[index]
-            budgets.append(DeviceBudget(reading.total_bytes, f"{reading.device} total ({reading.name})"))
-        elif index == 0 and listed <= 1:
-            budgets.append(DeviceBudget(host_memory_total(), "host memory total (no GPU probed; set gpu.budget "
-                                                             "to choose)"))
-        else:
-            raise ConfigError([f"gpu.devices.{index}.budget: required (no probe reads device {index})"])
-    return budgets
-
-
-def budgets_beyond_devices(budgets: Sequence[DeviceBudget], readings: Sequence[GpuReading],
-                           device: Device) -> list[str]:
-    """Budgets set above what a probed GPU holds: steward would plan with memory the device does
-    not have, and an engine would fail to load (or crash) where the plan said it fits. Host RAM,
-    where an engine may use swap, has no such bound."""
-    if device != "gpu":
-        return []
-    return [f"{budget.source}: {format_size(budget.nbytes)} ({budget.nbytes} bytes) is more than {reading.device} "
-            f"holds, {format_size(reading.total_bytes)} ({reading.name}); steward would plan with memory the "
-            f"device does not have"
-            for budget, reading in zip(budgets, readings) if budget.nbytes > reading.total_bytes]
-
-
-def memory_device(probe: GpuProbe | None) -> Device:
-    """Where the engines' memory lives: the GPU, or host RAM on a CPU-only host."""
-    return "gpu" if probe is not None and probe.kind != "host" else "cpu"
 
 
 @attrs.define(eq=False)

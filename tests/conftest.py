@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from fakes import simgpu
-from supervisor import chaos
+from supervisor.tools import chaos
 from supervisor.process import become_subreaper
 from supervisor.events import read_event_log
 from tests.vllm_server import long_lived_pids

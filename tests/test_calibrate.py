@@ -12,7 +12,7 @@ import attrs
 import pytest
 import yaml
 
-from supervisor.calibrate import (
+from supervisor.tools.calibrate import (
     Calibration,
     EngineCalibration,
     PairCalibration,
@@ -255,7 +255,7 @@ def test_calibrate_cut_short_leaves_no_process_behind(tmp_path: Path) -> None:
 
     import trio
 
-    from supervisor.calibrate import calibrate
+    from supervisor.tools.calibrate import calibrate
     from tests.conftest import descendants
 
     config = load_config(_write_config(tmp_path, {"slow": fake_model(tps=5)}))  # 64 tokens: 13 s
@@ -282,7 +282,7 @@ def test_calibrate_cut_short_leaves_no_process_behind(tmp_path: Path) -> None:
 def test_calibrate_on_the_real_llama_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The plumbing on the real binary: its timings read, the state file written. A tiny model
     (fakes/tiny_gguf.py) keeps it short on a busy machine; SmolLM2's figures are the real load
-    test's (supervisor/loadtest_real.py)."""
+    test's (supervisor/tools/loadtest_real.py)."""
     from fakes.llama_binary import llama_server_path
     from fakes.tiny_gguf import write_tiny_model
 
@@ -326,11 +326,11 @@ def _state_file(path: Path) -> Path:
 def _gridcore_raw() -> dict[str, Any]:
     from importlib.resources import files
 
-    return yaml.safe_load(files("supervisor.simulate").joinpath("gridcore.yaml").read_text())
+    return yaml.safe_load(files("supervisor.tools.simulate").joinpath("gridcore.yaml").read_text())
 
 
 def test_a_scenario_names_a_state_file_as_its_calibration(tmp_path: Path) -> None:
-    from supervisor.simulate.scenario import EngineFigures, builtin_scenario, load_scenario
+    from supervisor.tools.simulate.scenario import EngineFigures, builtin_scenario, load_scenario
 
     _state_file(tmp_path / "state.json")
     (tmp_path / "gridcore-here.yaml").write_text(yaml.safe_dump(_gridcore_raw() | {"calibration": "state.json"}))
@@ -350,7 +350,7 @@ def test_a_scenario_names_a_state_file_as_its_calibration(tmp_path: Path) -> Non
 def test_a_calibrated_context_cost_reaches_the_simulated_engine(tmp_path: Path) -> None:
     """The state file's speeds were measured at some context: the simulator takes them to an
     empty one and adds each token's cost by its position (workload.py)."""
-    from supervisor.simulate.scenario import Calibration as Figures, EngineFigures, builtin_scenario
+    from supervisor.tools.simulate.scenario import Calibration as Figures, EngineFigures, builtin_scenario
 
     store = MeasurementStore.open(tmp_path / "state.json")
     speed = EngineSpeed(64.0, 250.0, context_cost=COST, embedding_tps=150.0)
@@ -367,7 +367,7 @@ def test_a_calibrated_context_cost_reaches_the_simulated_engine(tmp_path: Path) 
 
 def test_inline_calibration_figures_and_their_errors() -> None:
     from supervisor.config import ConfigError
-    from supervisor.simulate.scenario import parse_scenario
+    from supervisor.tools.simulate.scenario import parse_scenario
 
     inline = {"alpha": 0.0, "engines": {"gemma4-e2b": {"speed": 60, "load_time": "1.5s"}}}
     scenario = parse_scenario(_gridcore_raw() | {"calibration": inline})

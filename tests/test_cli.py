@@ -127,7 +127,7 @@ def test_run_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_check_shows_the_demos_always_on_engine(tmp_path: Path) -> None:
-    from supervisor.demo import SHARED_MODEL, demo_config_dict
+    from supervisor.tools.demo import SHARED_MODEL, demo_config_dict
 
     path = write(tmp_path, demo_config_dict(tmp_path, 0))
     result = steward("check", path)

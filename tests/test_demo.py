@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from fakes.llama_binary import llama_server_path
-from supervisor.demo import banner
+from supervisor.tools.demo import banner
 from tests.conftest import ROOT
 
 RANDOM_WEIGHTS = "The tiny models are random weights written on the fly: their answers are gibberish by"

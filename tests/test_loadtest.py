@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor import chaos, loadtest_thrash
+from supervisor.tools import chaos, loadtest_thrash
 from supervisor.cli import main
-from supervisor.loadtest import (
+from supervisor.tools.loadtest import (
     ChaosOptions,
     LoadReport,
     LoadTally,
@@ -28,8 +28,8 @@ from supervisor.loadtest import (
     serve_progress,
     summarize_events,
 )
-from supervisor.simulate import builtin_scenario
-from supervisor.simulate.targets import Verdict
+from supervisor.tools.simulate import builtin_scenario
+from supervisor.tools.simulate.targets import Verdict
 from tests.conftest import descendants
 
 MODELS = {"chat": "gemma4-12b", "background": "gemma4-e4b", "batch": "gemma4-e2b", "embedding": "nomic-embed"}

@@ -12,10 +12,10 @@ from typing import Any
 import attrs
 import pytest
 
-from supervisor import loadtest_real
+from supervisor.tools import loadtest_real
 from supervisor.config import SchedulerConfig
-from supervisor.loadtest import LoadReport, Outcome
-from supervisor.loadtest_real import (
+from supervisor.tools.loadtest import LoadReport, Outcome
+from supervisor.tools.loadtest_real import (
     MIX,
     ClassFigures,
     RealReport,
@@ -28,8 +28,8 @@ from supervisor.loadtest_real import (
     simulated_figures,
 )
 from supervisor.measurements import HOST_KEY
-from supervisor.simulate.scenario import Calibration, EngineFigures, Range
-from supervisor.simulate.targets import Verdict
+from supervisor.tools.simulate.scenario import Calibration, EngineFigures, Range
+from supervisor.tools.simulate.targets import Verdict
 
 ENGINES = [client.kind.model for client in MIX]
 

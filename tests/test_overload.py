@@ -2,7 +2,7 @@
 
 The seed's system hid its overload three ways (a waiting gauge structurally zero, no usage
 rows for rejected requests, an overload event that went nowhere) and its health check said
-200. The slow test runs the whole scenario (supervisor/overload.py) against a real steward
+200. The slow test runs the whole scenario (supervisor/tools/overload.py) against a real steward
 and a fake engine and asserts each of those is visible here; it asserts only counts and
 relations, never absolute times, so it holds beside busy cores. The quick tests check the
 pure parts: the mix, the scrape parser, and that the checks do catch the seed's blindness.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.overload import (
+from supervisor.tools.overload import (
     CAPACITY_REASONS,
     OverloadPlan,
     OverloadReport,

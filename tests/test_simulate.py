@@ -17,12 +17,12 @@ import yaml
 from supervisor.cli import main
 from supervisor.config import ConfigError
 from supervisor.scheduler.types import Fail, Grant
-from supervisor.simulate import default_scenario, simulate
-from supervisor.simulate.gpu import CardState, SimulatedGpu
-from supervisor.simulate.policies import POLICIES, make_policy
-from supervisor.simulate.runner import Replay, replay
-from supervisor.simulate.scenario import Scenario, parse_scenario
-from supervisor.simulate.sharing import SharingModel
+from supervisor.tools.simulate import default_scenario, simulate
+from supervisor.tools.simulate.gpu import CardState, SimulatedGpu
+from supervisor.tools.simulate.policies import POLICIES, make_policy
+from supervisor.tools.simulate.runner import Replay, replay
+from supervisor.tools.simulate.scenario import Scenario, parse_scenario
+from supervisor.tools.simulate.sharing import SharingModel
 
 GIB = 1024**3
 
@@ -348,7 +348,7 @@ def test_scenario_problems_name_their_key_path() -> None:
 def test_lower_class_generations_are_cut_into_step_tokens_steps_as_the_gateway_cuts_them() -> None:
     """scheduler.step_tokens: a background or batch generation is steps of N tokens out, the
     prompt read in the first (the later ones continue from the cached prompt); chats never."""
-    from supervisor.simulate.workload import StepWork, make_clients
+    from supervisor.tools.simulate.workload import StepWork, make_clients
     clients = {"chat": client("m", output_tokens=20), "agent": client("m", "background", output_tokens=20)}
     # 64 prompt tokens at 64/s: 1 s, read in the first step; 20 tokens out at 8/s: 2.5 s
     for step_tokens, agent_steps in [(0, [StepWork(1 + 2.5, 1)]),
@@ -371,7 +371,7 @@ def test_each_token_costs_more_the_deeper_it_sits_in_the_context() -> None:
     """An engine's context costs (steward calibrate): reading a prompt's token at position x
     costs 1/prompt_speed + prompt_context_cost * x, decoding one at context x 1/speed +
     decode_context_cost * x; an embeddings input reads at embedding_speed."""
-    from supervisor.simulate.workload import StepWork, make_clients
+    from supervisor.tools.simulate.workload import StepWork, make_clients
     costly = engine(prompt_context_cost=1 / 2048, decode_context_cost=1 / 1480, embedding_speed=128)
     clients = {"chat": client("m", output_tokens=20), "agent": client("m", "background", output_tokens=20),
                "docs": client("m", "batch", inputs=3, chunk=2, output_tokens=0)}
@@ -395,7 +395,7 @@ def test_a_calibration_carries_how_prompts_share_into_the_scenario(tmp_path: Pat
     import json
 
     from supervisor.measurements import HOST_KEY
-    from supervisor.simulate.scenario import Calibration
+    from supervisor.tools.simulate.scenario import Calibration
 
     inline = tiny({"m": engine()}, {"chat": client("m")},
                   calibration={"alpha": 0.0, "prefill_alpha": 0.5, "prefill_batching_gain": 0.0})

@@ -9,12 +9,12 @@ import attrs
 import pytest
 
 from supervisor.cli import main
-from supervisor.simulate import simulate
-from supervisor.simulate.policies import make_policy
-from supervisor.simulate.room import lower_rate, lower_room, mean_work
-from supervisor.simulate.runner import replay
-from supervisor.simulate.scenario import builtin_scenario
-from supervisor.simulate.targets import GRIDCORE_BASE, GRIDCORE_GAIN
+from supervisor.tools.simulate import simulate
+from supervisor.tools.simulate.policies import make_policy
+from supervisor.tools.simulate.room import lower_rate, lower_room, mean_work
+from supervisor.tools.simulate.runner import replay
+from supervisor.tools.simulate.scenario import builtin_scenario
+from supervisor.tools.simulate.targets import GRIDCORE_BASE, GRIDCORE_GAIN
 from tests.test_simulate import client, engine, tiny
 
 

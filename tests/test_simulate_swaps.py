@@ -15,13 +15,13 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.scheduler.types import StopEngine
-from supervisor.simulate import BUILTIN_SCENARIOS, builtin_scenario, parse_seeds, simulate
-from supervisor.simulate.gpu import CardState
-from supervisor.simulate.metrics import PolicyResult, largest_overtake
-from supervisor.simulate.policies import POLICIES, make_policy, strict_arrival_order
-from supervisor.simulate.runner import Outcome, Record, Replay, Wait, replay
-from supervisor.simulate.scenario import Scenario, format_seeds, parse_scenario
-from supervisor.simulate.targets import Target, Verdict, targets_for, worst_case
+from supervisor.tools.simulate import BUILTIN_SCENARIOS, builtin_scenario, parse_seeds, simulate
+from supervisor.tools.simulate.gpu import CardState
+from supervisor.tools.simulate.metrics import PolicyResult, largest_overtake
+from supervisor.tools.simulate.policies import POLICIES, make_policy, strict_arrival_order
+from supervisor.tools.simulate.runner import Outcome, Record, Replay, Wait, replay
+from supervisor.tools.simulate.scenario import Scenario, format_seeds, parse_scenario
+from supervisor.tools.simulate.targets import Target, Verdict, targets_for, worst_case
 
 GIB = 1024**3
 

@@ -4,7 +4,8 @@ The file is memory-mapped and only the header pages are touched, so a 40 GB
 model reads as fast as a 4 MB one. ``gguf.GGUFReader`` was measured first: it
 builds a numpy view per array element and took 8 s on a header with a
 262144-token vocabulary, so the header is parsed here with ``struct`` and only
-the type tables come from the ``gguf`` package.
+the type tables come from the ``gguf`` package. It and numpy are imported
+where a header is read, not with this module: ``steward`` starts without them.
 
 Layout (ggml ``docs/gguf.md``, llama.cpp ``ggml/src/gguf.cpp``): magic ``GGUF``,
 version u32, tensor count u64, KV count u64, KV pairs, tensor infos, padding to
@@ -21,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -34,6 +33,8 @@ _EXTRA_TYPES: dict[int, tuple[str, int, int]] = {42: ("Q2_0", 64, 18)}
 
 def ggml_type_layout(type_id: int) -> tuple[str, int, int]:
     """(name, block size in elements, bytes per block) of a ggml type id."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
     try:
         qtype = GGMLQuantizationType(type_id)
     except ValueError:
@@ -160,6 +161,8 @@ class _Cursor:
         if type_id == _ARRAY:
             item_type, count = self.unpack("IQ")
             if item_type in _NUMPY:
+                import numpy as np
+
                 dtype = np.dtype(_NUMPY[item_type]).newbyteorder(self.order)
                 nbytes = dtype.itemsize * count
                 if self.pos + nbytes > self.size:

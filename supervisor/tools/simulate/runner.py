@@ -26,10 +26,10 @@ from collections.abc import Callable
 import attrs
 
 from supervisor.scheduler.types import Effect, Emit, Fail, Grant, StartEngine, StopEngine
-from supervisor.simulate.gpu import CardState, SimulatedGpu
-from supervisor.simulate.policies import Policy
-from supervisor.simulate.scenario import Scenario
-from supervisor.simulate.workload import Client, Request, make_clients
+from supervisor.tools.simulate.gpu import CardState, SimulatedGpu
+from supervisor.tools.simulate.policies import Policy
+from supervisor.tools.simulate.scenario import Scenario
+from supervisor.tools.simulate.workload import Client, Request, make_clients
 
 OK = 200
 

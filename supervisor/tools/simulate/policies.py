@@ -11,8 +11,8 @@ from supervisor import config_policy
 from supervisor.config import Config, SchedulerConfig
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import Effect, EngineProfile, SchedulingPolicy
-from supervisor.simulate.baselines import CollatePolicy, FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
-from supervisor.simulate.scenario import Scenario
+from supervisor.tools.simulate.baselines import CollatePolicy, FifoPolicy, KeepAlivePolicy, LruCountPolicy, SwapPolicy
+from supervisor.tools.simulate.scenario import Scenario
 
 
 class Policy(Protocol):

@@ -16,7 +16,7 @@ loadtest says itself when it stops that steward, and names its warning and error
 in the report. The report has one row per client kind started, a kind that finished no
 request included, with the reason.
 
-``--chaos`` (supervisor/chaos.py) also stops, freezes and kills the engines and
+``--chaos`` (supervisor/tools/chaos.py) also stops, freezes and kills the engines and
 upstreams that steward supervises while the load runs, and checks afterwards that
 nothing was lost: every request answered, the ledger adding up, no process left, no
 fds gained; steward's memory and fds are sampled throughout.
@@ -44,8 +44,8 @@ import httpx
 import trio
 import yaml
 
-from supervisor import chaos
-from supervisor.demo import RealEnginesUnavailable, demo_config_dict, open_workdir, real_demo_config_dict
+from supervisor.tools import chaos
+from supervisor.tools.demo import RealEnginesUnavailable, demo_config_dict, open_workdir, real_demo_config_dict
 from supervisor.events import read_event_log
 from supervisor.process import become_subreaper, die_with_parent
 from supervisor.process_tree import rss_bytes
@@ -63,7 +63,7 @@ class ClientKind:
     api: str = "openai"  # openai (steward's own listener), ollama (/api/chat), comfyui (/prompt)
     # Set: its prompts are this many repeats of a short phrase (about 3 tokens each, more for
     # a chat template), after a fresh number, so no engine reuses the last prompt's cache
-    # (supervisor/loadtest_real.py's agents); unset: a short prompt, as always.
+    # (supervisor/tools/loadtest_real.py's agents); unset: a short prompt, as always.
     prompt_repeats: tuple[int, int] | None = None
 
     @property
@@ -95,7 +95,7 @@ class Outcome:
     latency: float
     status: int  # 0: no HTTP answer at all
     ttft: float | None = None
-    # How it ended (supervisor/chaos.py): answer, done, error_event, invalid (answered);
+    # How it ended (supervisor/tools/chaos.py): answer, done, error_event, invalid (answered);
     # no_answer, timeout, truncated (lost); disconnect (the client left on purpose).
     ending: str = "answer"
     note: str = ""  # image jobs: success, error, vanished, unfinished (as /history told)

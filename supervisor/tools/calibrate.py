@@ -23,7 +23,7 @@ short greedy requests to its native ``/completion`` whose answers carry llama-se
 
 Decoding is bound by memory, reading a prompt by compute, so the two share a host
 differently (a 2-core host: two slots decoding did 1.5x the work of one, reading prompts
-1x): supervisor/simulate/sharing.py takes both.
+1x): supervisor/tools/simulate/sharing.py takes both.
 
 The figures go to the config's ``state_file`` (supervisor/measurements.py: per engine
 under its measurement key, the host's under HOST_KEY), where the scheduler and ``steward
@@ -156,7 +156,7 @@ def context_cost(short: Sequence[Timing], deep: Timing) -> ContextCost | None:
 
 
 def batching_gain(alone_tps: float, two_slots_tps: float) -> float:
-    """Two busy slots do ``1 + gain`` times the work of one (supervisor/simulate/sharing.py), in [0, 1]."""
+    """Two busy slots do ``1 + gain`` times the work of one (supervisor/tools/simulate/sharing.py), in [0, 1]."""
     return min(max(two_slots_tps / alone_tps - 1, 0.0), 1.0)
 
 

@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 import attrs
 import cattrs
 
-from supervisor.simulate.metrics import Alone, ClassStats, PolicyResult, percentile
-from supervisor.simulate.policies import POLICIES, make_policy
-from supervisor.simulate.room import lower_room
-from supervisor.simulate.runner import replay
-from supervisor.simulate.scenario import Scenario, format_seeds
-from supervisor.simulate.targets import Target, Verdict, targets_for, worst_case
+from supervisor.tools.simulate.metrics import Alone, ClassStats, PolicyResult, percentile
+from supervisor.tools.simulate.policies import POLICIES, make_policy
+from supervisor.tools.simulate.room import lower_room
+from supervisor.tools.simulate.runner import replay
+from supervisor.tools.simulate.scenario import Scenario, format_seeds
+from supervisor.tools.simulate.targets import Target, Verdict, targets_for, worst_case
 from supervisor.units import format_size
 
 LABEL = 26  # width of the table's first column

@@ -31,7 +31,7 @@ from supervisor.config import (
 )
 from supervisor.measurements import HOST_KEY, EngineSpeed, MeasurementStore
 from supervisor.scheduler.types import CLASSES
-from supervisor.simulate.sharing import SharingModel
+from supervisor.tools.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
 
 Klass = Literal["interactive", "background", "batch"]
@@ -367,7 +367,7 @@ def builtin_scenario(name: str) -> Scenario:
     """One of BUILTIN_SCENARIOS, shipped with the package."""
     if name not in BUILTIN_SCENARIOS:
         raise ValueError(f"no built-in scenario {name!r}; there are {', '.join(BUILTIN_SCENARIOS)}")
-    text = importlib.resources.files("supervisor.simulate").joinpath(f"{name}.yaml").read_text()
+    text = importlib.resources.files("supervisor.tools.simulate").joinpath(f"{name}.yaml").read_text()
     return _parse_text(text, f"{name}.yaml", name)
 
 

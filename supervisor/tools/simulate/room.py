@@ -11,7 +11,7 @@ card with a chat (on ``alpha: 1``, each second of its card time is a second the 
 
 from __future__ import annotations
 
-from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
+from supervisor.tools.simulate.scenario import ClientSpec, EngineSpec, Scenario
 
 
 def mean_work(client: ClientSpec, engine: EngineSpec) -> float:

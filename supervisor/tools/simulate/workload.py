@@ -13,7 +13,7 @@ import random
 
 import attrs
 
-from supervisor.simulate.scenario import ClientSpec, EngineSpec, Scenario
+from supervisor.tools.simulate.scenario import ClientSpec, EngineSpec, Scenario
 
 
 @attrs.frozen

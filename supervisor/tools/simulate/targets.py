@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from supervisor.simulate.metrics import PolicyResult
-from supervisor.simulate.scenario import format_seeds
+from supervisor.tools.simulate.metrics import PolicyResult
+from supervisor.tools.simulate.scenario import format_seeds
 
 if TYPE_CHECKING:
-    from supervisor.simulate.report import Report
+    from supervisor.tools.simulate.report import Report
 
 INTERACTIVE_SLOWDOWN = 1.3  # steward's interactive p95 within this factor of the interactive clients alone
 THRASH_LOAD_SHARE = 0.5  # thrash: steward's loads per request at most this share of fifo's

@@ -70,9 +70,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fakes.webhook import read_request
 from supervisor.auth.keys import KeyCommandError, KeyFileError, add_key
-from supervisor.demo import open_workdir
+from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
-from supervisor.loadtest import stop_steward
+from supervisor.tools.loadtest import stop_steward
 from supervisor.process import die_with_parent
 from supervisor.scheduler.types import CLASSES
 from supervisor.usage.report import percentile

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import attrs
 
 from supervisor.scheduler.types import CLASSES
-from supervisor.simulate.runner import Outcome, Record, Wait
+from supervisor.tools.simulate.runner import Outcome, Record, Wait
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:

@@ -4,12 +4,12 @@ Four model names on the real llama-server with one real instruct model (SmolLM2-
 fakes/real_model.py), ``gpu: {probe: host, budget: 3GiB}`` and 1 GiB each, so three fit;
 every scheduler key at its default. On a CPU host the cores play the GPU's part: the
 engines compete for them as models compete for a card's compute. The clients
-(supervisor/loadtest.py's): two interactive chats streaming (think 2-6 s), three
+(supervisor/tools/loadtest.py's): two interactive chats streaming (think 2-6 s), three
 background agents (1-2k-token prompts, 64-128 tokens out), one batch client (the same
 sizes) and one embeddings client (64 inputs, on the name started with ``--embeddings``).
 
 It runs, each for ``--duration`` seconds on its own fresh steward: the chats alone, then
-the whole mix. Before them it calibrates this host (supervisor/calibrate.py) into the
+the whole mix. Before them it calibrates this host (supervisor/tools/calibrate.py) into the
 state file the stewards use, or takes a calibration it is given (``--calibration``).
 Then the same mix is replayed in the simulator with the calibration's figures (alpha,
 batching gain, speeds, load times), the real run's request sizes and measured stop times,
@@ -31,15 +31,15 @@ import attrs
 import trio
 
 from supervisor.config import ClassesConfig, SchedulerConfig, parse_config
-from supervisor.demo import open_workdir
+from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
-from supervisor.loadtest import EVENTS_FILE, ClientKind, LoadReport, format_report, run_on_own_steward
-from supervisor.loadtest_thrash import measured_engines
+from supervisor.tools.loadtest import EVENTS_FILE, ClientKind, LoadReport, format_report, run_on_own_steward
+from supervisor.tools.loadtest_thrash import measured_engines
 from supervisor.scheduler.types import CLASSES
-from supervisor.simulate.metrics import PolicyResult
-from supervisor.simulate.policies import make_policy
-from supervisor.simulate.runner import Outcome, replay
-from supervisor.simulate.scenario import (
+from supervisor.tools.simulate.metrics import PolicyResult
+from supervisor.tools.simulate.policies import make_policy
+from supervisor.tools.simulate.runner import Outcome, replay
+from supervisor.tools.simulate.scenario import (
     Calibration,
     ClientSpec,
     EngineSpec,
@@ -48,8 +48,8 @@ from supervisor.simulate.scenario import (
     Scenario,
     format_seeds,
 )
-from supervisor.simulate.sharing import SharingModel
-from supervisor.simulate.targets import Verdict
+from supervisor.tools.simulate.sharing import SharingModel
+from supervisor.tools.simulate.targets import Verdict
 
 DEFAULT_DURATION = 300.0
 SIMULATED_SEEDS = tuple(range(1, 9))
@@ -58,7 +58,7 @@ BUDGET = 3 * GIB
 MEMORY = GIB  # each model's, set by hand: three fit in the budget
 ALONE_BOUND = 1.3  # interactive p95 in the mix at most this x its alone run's
 TOLERANCE = 0.25  # simulated figures within this share of the real ones
-FIRST_ASK = Range(0.0, 0.5)  # supervisor/loadtest.py's clients start within the first half second
+FIRST_ASK = Range(0.0, 0.5)  # supervisor/tools/loadtest.py's clients start within the first half second
 GGUF_ENV = "STEWARD_SMOLLM2_GGUF"
 # Requests still in flight when a run's duration is over are abandoned at once: the run
 # stops by itself, and counts what the simulator counts (the requests answered within it).
@@ -251,7 +251,7 @@ def mix_scenario(duration: float, calibration: Calibration, sizes: Mapping[str, 
 
 def _assumed_prompt(kind: ClientKind) -> Range:
     if kind.inputs:
-        return Range(80.0, 80.0)  # supervisor/loadtest.py's embedding inputs
+        return Range(80.0, 80.0)  # supervisor/tools/loadtest.py's embedding inputs
     repeats = kind.prompt_repeats or (2, 20)
     return Range(30.0 + PROMPT_TOKENS_PER_REPEAT * repeats[0], 30.0 + PROMPT_TOKENS_PER_REPEAT * repeats[1])
 
@@ -446,7 +446,7 @@ def run_real_loadtest(duration: float = DEFAULT_DURATION, *, seed: int = 7, cali
             a steward that could not be started.
     """
     from fakes.llama_binary import llama_server_path
-    from supervisor.calibrate import CalibrationError, calibrate
+    from supervisor.tools.calibrate import CalibrationError, calibrate
 
     if not duration > 0:
         raise ValueError(f"the duration must be positive, got {duration:g}")

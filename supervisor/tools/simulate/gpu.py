@@ -12,7 +12,7 @@ import enum
 
 import attrs
 
-from supervisor.simulate.sharing import SharingModel
+from supervisor.tools.simulate.sharing import SharingModel
 
 DONE = 1e-9  # seconds of work left that count as none (float error of rate x time)
 

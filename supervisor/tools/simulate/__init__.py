@@ -7,8 +7,8 @@ requests), baselines and policies (who decides), runner (the event loop), metric
 targets and report (what comes out).
 """
 
-from supervisor.simulate.report import Report, Sweep, format_report, simulate, simulate_seeds
-from supervisor.simulate.scenario import (
+from supervisor.tools.simulate.report import Report, Sweep, format_report, simulate, simulate_seeds
+from supervisor.tools.simulate.scenario import (
     BUILTIN_SCENARIOS,
     Scenario,
     builtin_scenario,

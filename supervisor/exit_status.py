@@ -1,0 +1,5 @@
+"""The ``steward`` command's exit statuses beside 0 (done) and 1 (failed), for every command."""
+
+from __future__ import annotations
+
+EXIT_CONFIG = 2  # a config, a file it names or a command line that steward refuses
