@@ -72,7 +72,7 @@ from fakes.webhook import read_request
 from supervisor.auth.keys import KeyCommandError, KeyFileError, add_key
 from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
-from supervisor.tools.loadtest import stop_steward
+from supervisor.tools.loadtest_steward import stop_steward
 from supervisor.process import die_with_parent
 from supervisor.scheduler.types import CLASSES
 from supervisor.usage.report import percentile
