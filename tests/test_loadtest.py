@@ -17,17 +17,10 @@ import trio.testing
 
 from supervisor.tools import chaos, loadtest_thrash
 from supervisor.cli import main
-from supervisor.tools.loadtest import (
-    ChaosOptions,
-    LoadReport,
-    LoadTally,
-    Outcome,
-    default_kinds,
-    format_report,
-    run_loadtest,
-    serve_progress,
-    summarize_events,
-)
+from supervisor.tools.loadtest import run_loadtest
+from supervisor.tools.loadtest_chaos import ChaosOptions
+from supervisor.tools.loadtest_clients import LoadTally, Outcome, default_kinds, serve_progress
+from supervisor.tools.loadtest_report import LoadReport, format_report, summarize_events
 from supervisor.tools.simulate import builtin_scenario
 from supervisor.tools.simulate.targets import Verdict
 from tests.conftest import descendants

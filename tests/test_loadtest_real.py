@@ -14,7 +14,8 @@ import pytest
 
 from supervisor.tools import loadtest_real
 from supervisor.config import SchedulerConfig
-from supervisor.tools.loadtest import LoadReport, Outcome
+from supervisor.tools.loadtest_clients import Outcome
+from supervisor.tools.loadtest_report import LoadReport
 from supervisor.tools.loadtest_real import (
     MIX,
     ClassFigures,

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.tools.overload import (
+from supervisor.tools.overload import run_overload
+from supervisor.tools.overload_report import (
     CAPACITY_REASONS,
-    OverloadPlan,
     OverloadReport,
     UsageFigures,
     Waits,
     event_rejections,
     format_overload_report,
     parse_scrape,
-    run_overload,
     usage_figures,
 )
+from supervisor.tools.overload_scenario import OverloadPlan
 
 CLIENTS = 256
 

@@ -119,7 +119,7 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from supervisor.tools import loadtest
+    from supervisor.tools import chaos, loadtest, loadtest_chaos, loadtest_report
 
     if args.scenario == "overload":
         from supervisor.tools.overload import report_overload
@@ -145,11 +145,11 @@ def _loadtest(args: argparse.Namespace) -> int:
     options = None
     if args.chaos:
         actions = tuple(a.strip() for a in args.chaos_actions.split(",") if a.strip())
-        if not actions or set(actions) - set(loadtest.chaos.ACTIONS):
-            print(f"steward: loadtest: --chaos-actions: choose from {','.join(loadtest.chaos.ACTIONS)}, "
+        if not actions or set(actions) - set(chaos.ACTIONS):
+            print(f"steward: loadtest: --chaos-actions: choose from {','.join(chaos.ACTIONS)}, "
                   f"got {args.chaos_actions!r}", file=sys.stderr)
             return EXIT_CONFIG
-        options = loadtest.ChaosOptions(
+        options = loadtest_chaos.ChaosOptions(
             interval=args.chaos_interval, actions=actions, freeze=(min(1.0, args.freeze_max), args.freeze_max),
             warmup=args.warmup, client_timeout=args.client_timeout, idle_timeout=args.idle_timeout,
             fd_tolerance=args.fd_tolerance, sample_interval=args.sample_interval)
@@ -161,7 +161,7 @@ def _loadtest(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"steward: loadtest: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    print(json.dumps(report.to_json()) if args.json else loadtest.format_report(report))
+    print(json.dumps(report.to_json()) if args.json else loadtest_report.format_report(report))
     return 0 if report.passed else 1
 
 

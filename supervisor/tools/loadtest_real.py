@@ -4,7 +4,7 @@ Four model names on the real llama-server with one real instruct model (SmolLM2-
 fakes/real_model.py), ``gpu: {probe: host, budget: 3GiB}`` and 1 GiB each, so three fit;
 every scheduler key at its default. On a CPU host the cores play the GPU's part: the
 engines compete for them as models compete for a card's compute. The clients
-(supervisor/tools/loadtest.py's): two interactive chats streaming (think 2-6 s), three
+(supervisor/tools/loadtest_clients.py's): two interactive chats streaming (think 2-6 s), three
 background agents (1-2k-token prompts, 64-128 tokens out), one batch client (the same
 sizes) and one embeddings client (64 inputs, on the name started with ``--embeddings``).
 
@@ -33,7 +33,10 @@ import trio
 from supervisor.config import ClassesConfig, SchedulerConfig, parse_config
 from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
-from supervisor.tools.loadtest import EVENTS_FILE, ClientKind, LoadReport, format_report, run_on_own_steward
+from supervisor.tools.loadtest import run_on_own_steward
+from supervisor.tools.loadtest_clients import ClientKind
+from supervisor.tools.loadtest_report import LoadReport, format_report
+from supervisor.tools.loadtest_steward import EVENTS_FILE
 from supervisor.tools.loadtest_thrash import measured_engines
 from supervisor.scheduler.types import CLASSES
 from supervisor.tools.simulate.metrics import PolicyResult
@@ -58,7 +61,7 @@ BUDGET = 3 * GIB
 MEMORY = GIB  # each model's, set by hand: three fit in the budget
 ALONE_BOUND = 1.3  # interactive p95 in the mix at most this x its alone run's
 TOLERANCE = 0.25  # simulated figures within this share of the real ones
-FIRST_ASK = Range(0.0, 0.5)  # supervisor/tools/loadtest.py's clients start within the first half second
+FIRST_ASK = Range(0.0, 0.5)  # supervisor/tools/loadtest_clients.py's clients start within the first half second
 GGUF_ENV = "STEWARD_SMOLLM2_GGUF"
 # Requests still in flight when a run's duration is over are abandoned at once: the run
 # stops by itself, and counts what the simulator counts (the requests answered within it).
@@ -251,7 +254,7 @@ def mix_scenario(duration: float, calibration: Calibration, sizes: Mapping[str, 
 
 def _assumed_prompt(kind: ClientKind) -> Range:
     if kind.inputs:
-        return Range(80.0, 80.0)  # supervisor/tools/loadtest.py's embedding inputs
+        return Range(80.0, 80.0)  # supervisor/tools/loadtest_clients.py's embedding inputs
     repeats = kind.prompt_repeats or (2, 20)
     return Range(30.0 + PROMPT_TOKENS_PER_REPEAT * repeats[0], 30.0 + PROMPT_TOKENS_PER_REPEAT * repeats[1])
 

@@ -3,7 +3,7 @@
 The simulator's thrash scenario (supervisor/tools/simulate/thrash.yaml: three agents, each on
 its own 10 GiB model, room for two on a 24 GiB card) run by a real ``steward run`` on
 fake llama-servers that hold their memory on a simulated GPU, the agents real HTTP
-clients (supervisor/tools/loadtest.py's), for a fixed wall time; then the same workload
+clients (supervisor/tools/loadtest_clients.py's), for a fixed wall time; then the same workload
 replayed in the simulator, and the loads compared.
 
 Both sides run one *scaled* scenario, made here from thrash.yaml: every time in it (load
@@ -41,7 +41,10 @@ from fakes import simgpu
 from supervisor.config import Duration, SchedulerConfig
 from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
-from supervisor.tools.loadtest import EVENTS_FILE, ClientKind, LoadReport, format_report, run_on_own_steward
+from supervisor.tools.loadtest import run_on_own_steward
+from supervisor.tools.loadtest_clients import ClientKind
+from supervisor.tools.loadtest_report import LoadReport, format_report
+from supervisor.tools.loadtest_steward import EVENTS_FILE
 from supervisor.tools.simulate.metrics import PolicyResult
 from supervisor.tools.simulate.policies import make_policy
 from supervisor.tools.simulate.runner import replay
@@ -53,7 +56,7 @@ DEFAULT_SCALE = 0.25  # loads of 2-3 s, steps of 0.6-1.6 s, 0.25-1 s of tool wor
 DEFAULT_DURATION = 90.0
 TOLERANCE = 0.2  # real loads per 100 requests within this share of the simulator's
 SIMULATED_SEEDS = tuple(range(1, 9))
-FIRST_ASK = Range(0.0, 0.5)  # supervisor/tools/loadtest.py's clients start within the first half second
+FIRST_ASK = Range(0.0, 0.5)  # supervisor/tools/loadtest_clients.py's clients start within the first half second
 GPU_POLL_S = 0.1  # steward reads the simulated GPU this often: a stop's memory is seen free within it
 GPU_LINGER_S = 0.05  # how long the simulated driver still counts an exited process's memory
 
