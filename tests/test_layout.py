@@ -64,3 +64,13 @@ def test_the_checks_see_an_import_of_the_fakes(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import os\n\ndef f():\n    from fakes import simgpu\n    import fakes.webhook\n")
     assert [m for _, m in imported_modules(sample) if is_within(m, "fakes")] == ["fakes", "fakes.webhook"]
+
+
+MODULE_LINES = 700  # a module longer than this holds more than one role (issue 28)
+
+
+def test_no_module_holds_more_than_one_role_s_worth_of_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}: {lines} lines" for path in sorted([*SERVICE.rglob("*.py"),
+                                                                           *(ROOT / "adapters").rglob("*.py")])
+            if (lines := len(path.read_text().splitlines())) > MODULE_LINES]
+    assert long == [], f"split these by role (at most {MODULE_LINES} lines a module):\n" + "\n".join(long)
