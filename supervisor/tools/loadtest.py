@@ -49,7 +49,7 @@ from supervisor.tools.demo import RealEnginesUnavailable, demo_config_dict, open
 from supervisor.events import read_event_log
 from supervisor.process import become_subreaper, die_with_parent
 from supervisor.process_tree import rss_bytes
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 
 
 @attrs.frozen
@@ -288,7 +288,7 @@ class LoadReport:
 
     def by_class(self) -> dict[str, dict[str, Any]]:
         """One row per class of OpenAI clients, then one for Ollama and one for image clients if any ran."""
-        groups = list(CLASSES) + [g for g in ("ollama", "image") if any(o.klass == g for o in self.outcomes)]
+        groups = list(RequestClass) + [g for g in ("ollama", "image") if any(o.klass == g for o in self.outcomes)]
         table = {}
         for group in groups:
             rows = [o for o in self.outcomes if o.klass == group]

@@ -35,7 +35,7 @@ from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
 from supervisor.tools.loadtest import EVENTS_FILE, ClientKind, LoadReport, format_report, run_on_own_steward
 from supervisor.tools.loadtest_thrash import measured_engines
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools.simulate.metrics import PolicyResult
 from supervisor.tools.simulate.policies import make_policy
 from supervisor.tools.simulate.runner import Outcome, replay
@@ -395,7 +395,7 @@ def format_real_report(report: RealReport) -> str:
     row("chats alone p50 / p95 s", pair(report.real_alone), pair(report.simulated_alone))
     row("  tokens/s served", _cell(report.real_alone.tokens_per_s, ".1f"),
         _cell(report.simulated_alone.tokens_per_s, ".1f"))
-    for klass in CLASSES:
+    for klass in RequestClass:
         real, simulated = report.real.get(klass), report.simulated.get(klass)
         if real is None and simulated is None:
             continue

@@ -74,7 +74,7 @@ from supervisor.tools.demo import open_workdir
 from supervisor.events import read_event_log
 from supervisor.tools.loadtest import stop_steward
 from supervisor.process import die_with_parent
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.usage.report import percentile
 from supervisor.usage.row import TABLE
 
@@ -743,7 +743,7 @@ def usage_figures(rows: Sequence[tuple[Any, ...]]) -> UsageFigures:
     errors = collections.Counter(str(error) for _, status, error, _ in rows if status != 200 and error)
     waits = {klass: Waits.of(float(queued) for k, status, _, queued in rows
                              if k == klass and status == 200 and isinstance(queued, int | float))
-             for klass in CLASSES}
+             for klass in RequestClass}
     return UsageFigures(len(rows), _sorted_counts(statuses), _sorted_counts(errors), waits)
 
 
