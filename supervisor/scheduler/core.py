@@ -187,7 +187,8 @@ class Scheduler(CoreState):
     def submit(self, job_id: int, model: str | None, klass: RequestClass | str, now: float, *, seq: int | None = None,
                request: int | None = None, step: int = 1, steps: int = 1, exclusive_memory: int | None = None,
                timeout: float | None = None, handoff: tuple[int, int | None] | None = None) -> list[Effect]:
-        """Queue one step. *model* None asks for the GPU itself (an exclusive job).
+        """Queue one step of *klass* (a RequestClass, or its name). *model* None asks for the GPU
+        itself (an exclusive job).
 
         *handoff* is (job id, status) of the request's previous step, finished in the same
         decision, so its slot goes to this step and not to a newer request.
@@ -327,9 +328,9 @@ class Scheduler(CoreState):
         """The lower class whose guard turn holds the lane beside interactive work, if any."""
         return guard.lane_class(self)
 
-    def lower_engines_full(self, klass: RequestClass, model: str | None, now: float) -> bool:
+    def lower_engines_full(self, klass: RequestClass | str, model: str | None, now: float) -> bool:
         """Rule 3c: whether *model* is past ``lower_class_engines`` for *klass* (classes.py)."""
-        return classes.lower_engines_full(self, klass, model, now)
+        return classes.lower_engines_full(self, RequestClass(klass), model, now)
 
     def lower_class_busy(self) -> set[str]:
         """The engines background or batch steps compute on, or a guard turn's first step waits for."""
