@@ -419,10 +419,10 @@ class Scheduler(CoreState):
                 break
             if queue.size:
                 gate = guard.gate(self, klass, now, turn)
-                if gate == "open":
+                if gate is guard.Gate.OPEN:
                     classes.serve_class(self, klass, now, promised, wanted)
                 else:
-                    guard.serve_guard(self, klass, now, promised, wanted, may_start_new=gate == "guard")
+                    guard.serve_guard(self, klass, now, promised, wanted, may_start_new=gate is guard.Gate.GUARD)
             for head in queue.heads():
                 if head.model is not None:
                     wanted.setdefault(head.model, (rank, head.seq))

@@ -22,7 +22,7 @@ import attrs
 from supervisor.scheduler.classes import engines_bounded, lower_class_busy, lower_engines_full
 from supervisor.scheduler.eviction import place
 from supervisor.scheduler.exclusive import exclusive_rank
-from supervisor.scheduler.guard import gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
+from supervisor.scheduler.guard import Gate, gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
 from supervisor.scheduler.state import CoreState, Demand
 from supervisor.scheduler.swaps import swap_hold
 from supervisor.scheduler.types import EngineState, EngineStatus, Job, RequestClass
@@ -76,10 +76,10 @@ def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
         return WaitReason.EXCLUSIVE, f"an image job ({RequestClass.of_rank(blocked_from)}) is next: work drains for it"
     class_gate = gate(s, job.klass, now, guard_turn(s, now))
     mine = s.turns.step[job.klass] == job.id  # the guard's turn waits for this step's engine to load
-    if class_gate == "blocked" and not mine:
+    if class_gate is Gate.BLOCKED and not mine:
         return _held_by_higher(s, job)
     if not mine and lower_engines_full(s, job.klass, job.model, now):
-        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=class_gate == "guard")
+        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=class_gate is Gate.GUARD)
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])

@@ -17,6 +17,7 @@ class wants (4d). A turn that would evict waits for the window to close, for up 
 
 from __future__ import annotations
 
+import enum
 import math
 
 from supervisor.scheduler.classes import dispatch, lower_class_busy, lower_engines_full
@@ -28,18 +29,26 @@ from supervisor.scheduler.types import LOWER_CLASSES, EngineState, EngineStatus,
 # ---- when a class is held back, and when its turn is due ----------------------------
 
 
-def gate(s: CoreState, klass: RequestClass, now: float, turn: RequestClass | None) -> str:
-    """'open', or for a lower class held back by higher work: 'guard' or 'blocked'. *turn*:
-    the class whose turn beside interactive work is due (``guard_turn``)."""
+class Gate(enum.Enum):
+    """Whether a class's steps may start now."""
+
+    OPEN = "open"
+    GUARD = "guard"  # held back by higher work, but the guard lets one through
+    BLOCKED = "blocked"  # held back by higher work
+
+
+def gate(s: CoreState, klass: RequestClass, now: float, turn: RequestClass | None) -> Gate:
+    """OPEN, or for a lower class held back by higher work: GUARD or BLOCKED. *turn*: the
+    class whose turn beside interactive work is due (``guard_turn``)."""
     if klass is RequestClass.INTERACTIVE:
-        return "open"
+        return Gate.OPEN
     higher = klass.higher
     interactive_active = s.interactive_active(now)
     if not (interactive_active or any(s.running_by_class[h] or s.queues[h].size for h in higher)):
-        return "open"
+        return Gate.OPEN
     if interactive_active:
-        return "guard" if turn == klass else "blocked"
-    return "guard" if _guard_due(s, klass, now, beside_interactive=False) else "blocked"
+        return Gate.GUARD if turn is klass else Gate.BLOCKED
+    return Gate.GUARD if _guard_due(s, klass, now, beside_interactive=False) else Gate.BLOCKED
 
 
 def _guard_due(s: CoreState, klass: RequestClass, now: float, *, beside_interactive: bool) -> bool:
@@ -186,7 +195,7 @@ def _due_turn(s: CoreState, now: float, turn: RequestClass | None) -> RequestCla
     """The lower class whose guard turn is due now, if any."""
     if s.exclusive_holder is not None:
         return None
-    return next((k for k in LOWER_CLASSES if s.queues[k].size and gate(s, k, now, turn) == "guard"), None)
+    return next((k for k in LOWER_CLASSES if s.queues[k].size and gate(s, k, now, turn) is Gate.GUARD), None)
 
 
 def _held_by_lower_work(s: CoreState, klass: RequestClass, now: float) -> tuple[str, ...]:
