@@ -96,9 +96,9 @@ class ApiKey:
     created: datetime
 
     @property
-    def allowed_classes(self) -> tuple[RequestClass, ...]:
-        """The classes it may ask for, highest rank first."""
-        return tuple(klass for klass in RequestClass if self.classes is None or klass in self.classes)
+    def allowed_classes(self) -> tuple[str, ...]:
+        """The classes it may ask for, highest rank first (their names: the gateway's)."""
+        return tuple(klass.value for klass in RequestClass if self.classes is None or klass in self.classes)
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -352,7 +352,7 @@ def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[ClassName, 
         return None, [f"--classes: not a class: {', '.join(map(show, unknown))} (classes: {', '.join(RequestClass)})"]
     if not classes:
         return None, ["--classes: name at least one class, or leave it out for all classes"]
-    return tuple(klass for klass in RequestClass if klass in classes), []
+    return tuple(klass.value for klass in RequestClass if klass in classes), []
 
 
 # --- the one converter, and what it says about a bad file -------------------------------------------------
