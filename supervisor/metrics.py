@@ -24,7 +24,7 @@ from supervisor.scheduler.types import (
     DeviceSnapshot,
     EngineSnapshot,
     EngineStatus,
-    Mode,
+    GpuMode,
     RequestClass,
     SchedulerSnapshot,
 )
@@ -171,7 +171,7 @@ class _SchedulerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshot = self._scheduler.snapshot()
         llm = sum(e.in_flight for e in snapshot.engines)
-        current = "image" if snapshot.mode is Mode.EXCLUSIVE else ("llm" if llm else "idle")
+        current = "image" if snapshot.mode is GpuMode.EXCLUSIVE else ("llm" if llm else "idle")
         state = GaugeMetricFamily("gpu_turnstile_state", "The GPU's state: idle, llm or image", labels=["state"])
         for name in ("idle", "llm", "image"):
             state.add_metric([name], 1.0 if name == current else 0.0)

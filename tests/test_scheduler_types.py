@@ -9,7 +9,7 @@ from supervisor.scheduler.types import (
     LOWER_CLASSES,
     EngineProfile,
     EngineStatus,
-    Mode,
+    GpuMode,
     RequestClass,
     SchedulingPolicy,
 )
@@ -29,7 +29,7 @@ def test_a_request_class_is_its_name_ranked_highest_first_with_its_use_weight() 
 
 
 def test_typed_values_are_written_as_their_strings() -> None:
-    record = {"class": RequestClass.BATCH, "gpu": Mode.IDLE, "status": EngineStatus.READY,
+    record = {"class": RequestClass.BATCH, "gpu": GpuMode.IDLE, "status": EngineStatus.READY,
               "queued": {RequestClass.INTERACTIVE: 1}}
     assert json.dumps(record) == '{"class": "batch", "gpu": "idle", "status": "ready", "queued": {"interactive": 1}}'
     assert f"{RequestClass.BACKGROUND} request" == "background request"
@@ -42,6 +42,6 @@ def test_the_core_takes_a_class_by_its_name_and_keeps_it_typed() -> None:
     s.submit(1, "chat", "background", now=0.0)
     assert s.waiting[1].klass is RequestClass.BACKGROUND
     snapshot = s.snapshot()
-    assert snapshot.mode is Mode.IDLE  # nothing runs yet: its engine loads
+    assert snapshot.mode is GpuMode.IDLE  # nothing runs yet: its engine loads
     assert snapshot.engines[0].status is EngineStatus.STARTING
     assert snapshot.lines[0].klass is RequestClass.BACKGROUND

@@ -14,7 +14,7 @@ from __future__ import annotations
 from supervisor.scheduler.eviction import LoadReason
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
-from supervisor.scheduler.types import EngineState, Grant, Job, Mode, RequestClass
+from supervisor.scheduler.types import EngineState, GpuMode, Grant, Job, RequestClass
 
 
 def serve_class(s: CoreState, klass: RequestClass, now: float, promised: dict[int, int],
@@ -103,15 +103,15 @@ def update_mode(s: CoreState, now: float) -> None:
     """What the GPU does now, by the highest class at work: exclusive, interactive (its
     window open), background, batch or idle."""
     if s.exclusive_holder is not None:
-        mode = Mode.EXCLUSIVE
+        mode = GpuMode.EXCLUSIVE
     elif s.window_open(now) or s.queues[RequestClass.INTERACTIVE].size:
-        mode = Mode.INTERACTIVE
+        mode = GpuMode.INTERACTIVE
     elif s.running_by_class[RequestClass.BACKGROUND]:
-        mode = Mode.BACKGROUND
+        mode = GpuMode.BACKGROUND
     elif s.running_by_class[RequestClass.BATCH]:
-        mode = Mode.BATCH
+        mode = GpuMode.BATCH
     else:
-        mode = Mode.IDLE
+        mode = GpuMode.IDLE
     if mode != s.mode:
         s.emit("mode", "debug", gpu=mode, previous=s.mode)  # frequent: the terminal shows loads and requests
         s.mode = mode

@@ -27,9 +27,9 @@ from supervisor.scheduler.types import (
     EngineState,
     EngineStatus,
     Fail,
+    GpuMode,
     GuardClaim,
     Job,
-    Mode,
     RequestClass,
     SchedulingPolicy,
     StopEngine,
@@ -80,7 +80,7 @@ class CoreState:
     step_times: dict[str, collections.deque[float]] = attrs.Factory(dict)
     last_interactive_end: float = -math.inf
     turns: GuardTurns = attrs.Factory(GuardTurns)
-    mode: Mode = Mode.IDLE
+    mode: GpuMode = GpuMode.IDLE
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
     warm_cause: WarmCause | None = None  # what freed the GPU, while engines are loaded ahead of demand (rule 10)

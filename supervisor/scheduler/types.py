@@ -48,6 +48,7 @@ class RequestClass(enum.StrEnum):
 
     @classmethod
     def of_rank(cls, rank: int) -> RequestClass:
+        """The class whose place in the strict order is *rank*."""
         return tuple(cls)[rank]
 
     @functools.cached_property
@@ -65,7 +66,7 @@ class RequestClass(enum.StrEnum):
 LOWER_CLASSES = RequestClass.BACKGROUND.and_lower
 
 
-class Mode(enum.StrEnum):
+class GpuMode(enum.StrEnum):
     """What the GPU does now, by the highest class at work (the `mode` event, /healthz)."""
 
     EXCLUSIVE = "exclusive"
@@ -76,6 +77,8 @@ class Mode(enum.StrEnum):
 
 
 class EngineStatus(enum.StrEnum):
+    """Where an engine is in its life; its value is what snapshots and events say."""
+
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
@@ -565,7 +568,7 @@ class SchedulerSnapshot:
     budget: int
     reserved: int
     outside: int  # memory used by processes that are not engines (frozen while engines stop)
-    mode: Mode
+    mode: GpuMode
     queued: int
     queued_by_class: dict[RequestClass, int]
     running_by_class: dict[RequestClass, int]
