@@ -146,6 +146,7 @@ from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
 from supervisor.scheduler.types import (
+    ALL_CLASSES,
     LOWER_CLASSES,
     DeviceSnapshot,
     DeviceUse,
@@ -407,7 +408,7 @@ class Scheduler(CoreState):
                         carry_out(self, engine, option, now, promised, ADMIN)
         turn = guard.guard_turn(self, now)
         claimed, self.turns.claim = self.turns.claim, None  # decided afresh: only the turn due now claims
-        for klass in RequestClass:
+        for klass in ALL_CLASSES:
             queue, rank = self.queues[klass], klass.rank
             if klass is RequestClass.BACKGROUND:  # interactive work is served: the lower classes' moments
                 guard.serve_turn_first(self, now, turn, blocked_from, promised, wanted, claimed)

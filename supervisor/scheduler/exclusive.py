@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from supervisor.scheduler.eviction import cost_rank, evict
 from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
-from supervisor.scheduler.types import DEFAULT_DEVICE, EngineStatus, Grant, Job, RequestClass
+from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Grant, Job
 
 
 def exclusive_rank(s: CoreState) -> int | None:
     """The rank of the highest class whose head is an exclusive job (None: no such class):
     that class and those below it start nothing new."""
-    for klass in RequestClass:
+    for klass in ALL_CLASSES:
         head = s.queues[klass].head()
         if head is not None and head.exclusive:
             return klass.rank

@@ -25,7 +25,7 @@ from supervisor.scheduler.exclusive import exclusive_rank
 from supervisor.scheduler.guard import Gate, gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
 from supervisor.scheduler.state import CoreState, Demand
 from supervisor.scheduler.swaps import swap_hold
-from supervisor.scheduler.types import EngineState, EngineStatus, Job, RequestClass
+from supervisor.scheduler.types import ALL_CLASSES, EngineState, EngineStatus, Job, RequestClass
 from supervisor.units import format_elapsed, format_size
 
 
@@ -226,7 +226,7 @@ def _engine_wait(s: CoreState, job: Job, engine: EngineState) -> tuple[WaitReaso
 
 def _earlier_demand(s: CoreState) -> dict[str, Demand]:
     wanted: dict[str, Demand] = {}
-    for klass in RequestClass:
+    for klass in ALL_CLASSES:
         for head in s.queues[klass].heads():
             if head.model is not None:
                 demand = (klass.rank, head.seq)

@@ -18,7 +18,7 @@ from supervisor.scheduler.exclusive import exclusive_owner
 from supervisor.scheduler.guard import end_turn_step
 from supervisor.scheduler.placing import most_memory
 from supervisor.scheduler.state import STEP_SAMPLES, CoreState, rounded
-from supervisor.scheduler.types import DEFAULT_DEVICE, EngineStatus, Fail, Job, RequestClass, WarmCause
+from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Fail, Job, RequestClass, WarmCause
 
 SHUTTING_DOWN = "steward is shutting down; try again once it is back"
 SHUTDOWN_RETRY_AFTER = 5.0
@@ -123,7 +123,7 @@ def expire(s: CoreState, now: float) -> None:
     for engine in s.engines.values():
         if engine.status is not EngineStatus.FAILED:
             continue
-        for klass in RequestClass:
+        for klass in ALL_CLASSES:
             for job in [j for j in s.queues[klass].line(engine.name) if engine.retry_at > j.deadline]:
                 s.unqueue(job)
                 s.fail(job, 503, "engine_failed", f"engine {engine.name!r} failed and restarts in "

@@ -62,6 +62,9 @@ class RequestClass(enum.StrEnum):
         return tuple(RequestClass)[self.rank:]
 
 
+# Every class, highest first: what the core's loops go over (a tuple: iterating the enum
+# itself costs a decision several times as much).
+ALL_CLASSES = RequestClass.INTERACTIVE.and_lower
 # The classes the starvation guard serves beside interactive work.
 LOWER_CLASSES = RequestClass.BACKGROUND.and_lower
 

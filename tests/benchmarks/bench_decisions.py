@@ -45,8 +45,9 @@ BIG = 10**9
 
 def build(engines: int, slots: int = 2) -> Scheduler:
     profiles = [EngineProfile(f"m{i}", GIB, slots) for i in range(engines)]
-    policy = SchedulingPolicy(max_queue=dict.fromkeys(RequestClass, BIG), queue_timeout=dict.fromkeys(RequestClass, 1e9),
-                              interactive_window=0.0, starvation=dict.fromkeys(RequestClass, 0.0))
+    policy = SchedulingPolicy(max_queue=dict.fromkeys(RequestClass, BIG),
+                              queue_timeout=dict.fromkeys(RequestClass, 1e9), interactive_window=0.0,
+                              starvation=dict.fromkeys(RequestClass, 0.0))
     core = Scheduler.create((engines + 1) * GIB, profiles, policy)
     for name in core.engines:  # bring every engine up
         core.submit(len(core.waiting) + len(core.running) + 1 + BIG, name, "interactive", 0.0)
