@@ -23,7 +23,7 @@ from supervisor.health import DEFAULT_SLO_WAIT
 from supervisor.memory_plan import MemoryPlan
 from supervisor.nodes.directory import NodeSpec
 from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy
+from supervisor.scheduler.types import DEFAULT_DEVICE, BackoffPolicy, EngineProfile, RequestClass, SchedulingPolicy
 
 
 def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, EngineSpec]:
@@ -72,7 +72,7 @@ def _engine_spec(name: str, runtime: Runtime, where: Address, config: Config) ->
 
 def scheduling_policy(config: Config) -> SchedulingPolicy:
     defaults = SchedulingPolicy()
-    classes = {klass: getattr(config.classes, klass) for klass in CLASSES}
+    classes = {klass: getattr(config.classes, klass) for klass in RequestClass}
     return SchedulingPolicy(
         interactive_window=config.scheduler.interactive_window,
         starvation={"interactive": 0.0, "background": config.scheduler.background_max_starvation,
@@ -151,7 +151,7 @@ def exposure_problem(config: Config, has_keys: bool) -> str | None:
 
 def slo_waits(config: Config) -> dict[str, float]:
     """How long each class may wait before steward counts as overloaded."""
-    return {klass: getattr(config.classes, klass).slo_wait or DEFAULT_SLO_WAIT[klass] for klass in CLASSES}
+    return {klass: getattr(config.classes, klass).slo_wait or DEFAULT_SLO_WAIT[klass] for klass in RequestClass}
 
 
 def node_specs(config: Config, environ: Mapping[str, str]) -> list[NodeSpec]:

@@ -20,7 +20,6 @@ import math
 import socket
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Literal
 
 import attrs
 import httpx
@@ -87,15 +86,46 @@ class EngineSpec:
         return self.runtime.command(self.host, port)  # type: ignore[arg-type]
 
 
-Kind = Literal["start", "stop", "check", "ready", "exited", "too_slow"]
+# What arrives in an engine's mailbox: the scheduler's commands (Start, Stop, Check) and the
+# notices of the engine's helper tasks (Ready, Exited, TooSlow), each about one generation.
 
 
 @attrs.frozen
-class _Command:
-    kind: Kind
+class _Message:
     generation: int
-    detail: str = ""
-    placement: Placement | None = None  # a start's: where its process puts its memory
+
+
+@attrs.frozen
+class Start(_Message):
+    placement: Placement | None = None  # where its process puts its memory
+
+
+@attrs.frozen
+class Stop(_Message):
+    """Unload it: stop its process, or put a kept one to sleep."""
+
+
+@attrs.frozen
+class Check(_Message):
+    """Check its health now (a request on it stalled)."""
+
+
+@attrs.frozen
+class Ready(_Message):
+    """It answers (woken first, if it slept)."""
+
+
+@attrs.frozen
+class Exited(_Message):
+    detail: str = ""  # how its process ended
+
+
+@attrs.frozen
+class TooSlow(_Message):
+    """Not ready within its start_timeout."""
+
+
+Message = Start | Stop | Check | Ready | Exited | TooSlow
 
 
 class EndKind(enum.Enum):
@@ -120,26 +150,36 @@ class EngineHandle:
     """The scheduler's remote control for one engine, plus what it is running now."""
 
     name: str
-    _mailbox: trio.MemorySendChannel[_Command]
+    _mailbox: trio.MemorySendChannel[Message]
     pid: int | None = None  # the root of its process tree, when steward runs its process
     port: int | None = None
     output_tail: collections.deque[str] = attrs.Factory(collections.deque)
     generation: int = 0  # the one running now (or last)
 
     def start(self, generation: int, placement: Placement | None = None) -> None:
-        self._mailbox.send_nowait(_Command("start", generation, placement=placement))
+        self._mailbox.send_nowait(Start(generation, placement))
 
     def stop(self, generation: int) -> None:
-        self._mailbox.send_nowait(_Command("stop", generation))
+        self._mailbox.send_nowait(Stop(generation))
 
     def check(self, generation: int) -> None:
         """Check its health now (a request on it stalled)."""
-        self._mailbox.send_nowait(_Command("check", generation))
+        self._mailbox.send_nowait(Check(generation))
 
-    def notify(self, kind: Kind, detail: str = "") -> None:
-        """From the engine's own helpers: about the generation running now."""
+    # From the engine's own helpers: about the generation running now.
+
+    def ready(self) -> None:
+        self._notify(Ready(self.generation))
+
+    def exited(self, detail: str = "") -> None:
+        self._notify(Exited(self.generation, detail))
+
+    def too_slow(self) -> None:
+        self._notify(TooSlow(self.generation))
+
+    def _notify(self, notice: Ready | Exited | TooSlow) -> None:
         try:
-            self._mailbox.send_nowait(_Command(kind, self.generation, detail))
+            self._mailbox.send_nowait(notice)
         except trio.ClosedResourceError:
             pass  # retired by a reload: its task is ending, nothing is listening
 
@@ -162,7 +202,7 @@ class _Engine:
 
     spec: EngineSpec
     handle: EngineHandle
-    receive: trio.MemoryReceiveChannel[_Command]
+    receive: trio.MemoryReceiveChannel[Message]
     scheduler: SchedulerClient
     events: EventLog
     http: httpx.AsyncClient
@@ -177,13 +217,13 @@ class _Engine:
 
 async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: EventLog, http: httpx.AsyncClient,
                        *, task_status: trio.TaskStatus[EngineHandle] = trio.TASK_STATUS_IGNORED) -> None:
-    send, receive = trio.open_memory_channel[_Command](math.inf)
+    send, receive = trio.open_memory_channel[Message](math.inf)
     handle = EngineHandle(spec.name, send, output_tail=collections.deque(maxlen=spec.tail_lines))
     engine = _Engine(spec, handle, receive, scheduler, events, http)
     async with trio.open_nursery() as nursery:
         residence = spec.runtime.residence
         if residence is Residence.SERVICE and (argv := _service_argv(spec, handle)) is not None:
-            service = ServiceProcess(on_exit=functools.partial(handle.notify, "exited"),
+            service = ServiceProcess(on_exit=handle.exited,
                                      on_line=handle.output_tail.append)
             if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
                 service.on_spawn = functools.partial(setattr, handle, "pid")
@@ -191,31 +231,33 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
             engine.service = await nursery.start(serve_service_process, spec.name, argv, env, events,
                                                  spec.retry, service)
         task_status.started(handle)
-        async for command in receive:
-            if command.kind == "start":
-                handle.generation = command.generation
-                ended = await _run_contained(engine, command)
-                if ended.kind is EndKind.ASLEEP:
-                    scheduler.report_asleep(spec.name, command.generation, ended.detail)
-                else:
-                    scheduler.report_exited(spec.name, command.generation, ended.detail)
-            elif command.kind == "exited" and engine.asleep and command.generation == handle.generation:
-                # Its kept process went while it slept: it holds nothing now.
-                engine.asleep = False
-                scheduler.report_exited(spec.name, command.generation, f"its process ended while asleep "
-                                        f"({command.detail})")
-            # Anything else refers to a generation that is already over.
+        async for message in receive:
+            match message:
+                case Start():
+                    handle.generation = message.generation
+                    ended = await _run_contained(engine, message)
+                    if ended.kind is EndKind.ASLEEP:
+                        scheduler.report_asleep(spec.name, message.generation, ended.detail)
+                    else:
+                        scheduler.report_exited(spec.name, message.generation, ended.detail)
+                case Exited() if engine.asleep and message.generation == handle.generation:
+                    # Its kept process went while it slept: it holds nothing now.
+                    engine.asleep = False
+                    scheduler.report_exited(spec.name, message.generation, f"its process ended while asleep "
+                                            f"({message.detail})")
+                case _:
+                    pass  # anything else refers to a generation that is already over
         nursery.cancel_scope.cancel(reason="engine mailbox closed")
 
 
-async def _run_contained(engine: _Engine, command: _Command) -> Ended:
+async def _run_contained(engine: _Engine, start: Start) -> Ended:
     """One generation of the engine; a bug of steward's while driving it (its process is stopped
     on the way out, as on every path) ends that generation as a crash: an ``internal_error``
     event, then the scheduler's usual backoff and restart. The engine's task, and steward, go on."""
     try:
         if engine.spec.runtime.residence is Residence.SPAWNED:
-            return await _run_spawned(engine, command.generation, command.placement)
-        return await _run_kept(engine, command.generation)
+            return await _run_spawned(engine, start.generation, start.placement)
+        return await _run_kept(engine, start.generation)
     except Exception as exc:  # noqa: BLE001 - contained here, like any other way a generation ends
         error = f"{type(exc).__name__}: {exc}"
         engine.events.emit("internal_error", "error", source=f"engine {engine.name}", error=error,
@@ -366,27 +408,30 @@ async def _serve_generation(engine: _Engine, generation: int, address: Address, 
         nursery.start_soon(watch.run)
     nursery.start_soon(_watch_usage, engine, address, generation, watch.ready)
     ready = False
-    async for command in engine.receive:
-        if command.generation != generation:
+    async for message in engine.receive:
+        if message.generation != generation:
             continue
-        if command.kind == "ready" and not ready:
-            ready = True
-            engine.asleep = False
-            engine.scheduler.report_ready(spec.name, generation, address, pid())
-            watch.ready.set()
-            if log_reader is not None and (buffers := log_reader.summary()):
-                # The engine's own account of its memory, from its log: the measured breakdown.
-                engine.events.emit("buffers", "info", engine=spec.name, devices=buffers)
-        elif command.kind == "check":
-            watch.check_now()
-        elif command.kind == "too_slow" and not ready:
-            engine.events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
-            return Ended(EndKind.TOO_SLOW, f"did not become ready within {spec.start_timeout:g}s; last output: "
-                                           f"{_tail(handle)}")
-        elif command.kind == "stop":
-            return await unload()
-        elif command.kind == "exited":
-            return Ended(EndKind.EXITED, exited(command.detail))
+        match message:
+            case Ready() if not ready:
+                ready = True
+                engine.asleep = False
+                engine.scheduler.report_ready(spec.name, generation, address, pid())
+                watch.ready.set()
+                if log_reader is not None and (buffers := log_reader.summary()):
+                    # The engine's own account of its memory, from its log: the measured breakdown.
+                    engine.events.emit("buffers", "info", engine=spec.name, devices=buffers)
+            case Check():
+                watch.check_now()
+            case TooSlow() if not ready:
+                engine.events.emit("start_timeout", "error", engine=spec.name, timeout_s=spec.start_timeout)
+                return Ended(EndKind.TOO_SLOW, f"did not become ready within {spec.start_timeout:g}s; last output: "
+                                               f"{_tail(handle)}")
+            case Stop():
+                return await unload()
+            case Exited():
+                return Ended(EndKind.EXITED, exited(message.detail))
+            case _:
+                pass  # a second Ready, a TooSlow once ready: nothing to do
     raise AssertionError("the engine's mailbox closed while it ran")
 
 
@@ -445,7 +490,7 @@ async def _notify_exit(process: ChildProcess, output_done: trio.Event, handle: E
     # Let the last lines it printed (its reason for dying) reach the tail first.
     with trio.move_on_after(0.5):
         await output_done.wait()
-    handle.notify("exited")
+    handle.exited()
 
 
 async def _notify_ready(engine: _Engine, address: Address, handle: EngineHandle) -> None:
@@ -463,15 +508,15 @@ async def _notify_ready(engine: _Engine, address: Address, handle: EngineHandle)
     if engine.asleep:
         if (problem := await spec.runtime.wake(engine.http, address.url)) is not None:
             engine.events.emit("wake_failed", "error", engine=spec.name, detail=problem)
-            handle.notify("exited", f"could not be woken: {problem}")
+            handle.exited(f"could not be woken: {problem}")
             return
         engine.events.emit("woken", "info", engine=spec.name)
-    handle.notify("ready")
+    handle.ready()
 
 
 async def _notify_too_slow(timeout: float, handle: EngineHandle) -> None:
     await trio.sleep(timeout)
-    handle.notify("too_slow")
+    handle.too_slow()
 
 
 def _tail(handle: EngineHandle, lines: int = 2) -> str:

@@ -37,7 +37,7 @@ import trio
 
 from supervisor.events import Event, EventLog
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
+from supervisor.scheduler.types import RequestClass, SchedulerSnapshot
 from supervisor.slowdown import format_factor
 from supervisor.supervise import Supervision
 from supervisor.units import format_duration, format_elapsed
@@ -127,8 +127,8 @@ class ClassPace:
                 "beside": self.beside}
 
 
-def class_paces(answers: Iterable[Answer]) -> dict[str, ClassPace]:
-    by_class: dict[str, list[Answer]] = {klass: [] for klass in CLASSES}
+def class_paces(answers: Iterable[Answer]) -> dict[RequestClass, ClassPace]:
+    by_class: dict[RequestClass, list[Answer]] = {klass: [] for klass in RequestClass}
     for answer in answers:
         if answer.klass in by_class:
             by_class[answer.klass].append(answer)
@@ -239,11 +239,12 @@ class Health:
     status: HealthStatus
     reasons: tuple[str, ...]
     rejected: dict[str, int]  # by reason, within the window
-    waited_share: dict[str, float | None]  # per class: the share of steps that had to wait, within the window
-    waiting_s: dict[str, float]  # per class: how long its longest-waiting request has waited now
+    waited_share: dict[RequestClass, float | None]  # per class: the share of steps that had to wait, within the window
+    waiting_s: dict[RequestClass, float]  # per class: how long its longest-waiting request has waited now
     tasks: dict[str, dict[str, Any]] = attrs.Factory(dict)  # steward's own supervised tasks (supervise.py)
-    paces: dict[str, ClassPace] = attrs.Factory(dict)  # per class: its answers' ttft and slowdown in the window
-    slowed: dict[str, str] = attrs.Factory(dict)  # the classes answering too slowly, and why
+    # Per class: its answers' ttft and slowdown in the window.
+    paces: dict[RequestClass, ClassPace] = attrs.Factory(dict)
+    slowed: dict[RequestClass, str] = attrs.Factory(dict)  # the classes answering too slowly, and why
 
     def to_json(self) -> dict[str, object]:
         return {"status": self.status.value, "reasons": list(self.reasons), "rejected": self.rejected,
@@ -259,7 +260,7 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
     overloaded: list[str] = []
     degraded: list[str] = []
     waiting_s = {}
-    for klass in CLASSES:
+    for klass in RequestClass:
         since = snapshot.oldest_waiting(klass)
         waiting_s[klass] = round(now - since, 3) if since is not None else 0.0
         if since is not None and now - since > slo_wait[klass]:
@@ -290,10 +291,10 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
                   slowed=slowed)
 
 
-def _waited_share(recent: RecentActivity) -> dict[str, float | None]:
+def _waited_share(recent: RecentActivity) -> dict[RequestClass, float | None]:
     counts = recent.dispatches.totals
     share = {}
-    for klass in CLASSES:
+    for klass in RequestClass:
         waited, total = counts[klass, True], counts[klass, True] + counts[klass, False]
         share[klass] = round(waited / total, 4) if total else None
     return share
@@ -329,12 +330,12 @@ async def serve_health(watch: HealthWatch, events: EventLog, interval: float, *,
     slowed: dict[str, str] = {}
     while True:
         health = watch.assess()
-        for klass in [k for k in CLASSES if k in health.slowed and k not in slowed]:
+        for klass in [k for k in RequestClass if k in health.slowed and k not in slowed]:
             pace = health.paces[klass]
             events.emit("class_slowed", "warning", **{"class": klass}, slowdown_p50=pace.slowdown_p50,
                         slowdown_p95=pace.slowdown_p95, answers=pace.measured, beside=pace.beside,
                         limit=watch.slowdown_limit, reason=health.slowed[klass])
-        for klass in [k for k in CLASSES if k in slowed and k not in health.slowed]:
+        for klass in [k for k in RequestClass if k in slowed and k not in health.slowed]:
             pace = health.paces.get(klass)
             events.emit("class_recovered", "info", **{"class": klass},
                         slowdown_p50=pace.slowdown_p50 if pace is not None else None,

@@ -20,7 +20,14 @@ from prometheus_client.registry import Collector
 from supervisor.events import Event
 from supervisor.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import CLASSES, DeviceSnapshot, EngineSnapshot, SchedulerSnapshot
+from supervisor.scheduler.types import (
+    DeviceSnapshot,
+    EngineSnapshot,
+    EngineStatus,
+    GpuMode,
+    RequestClass,
+    SchedulerSnapshot,
+)
 from supervisor.usage.row import UsageRow
 
 if TYPE_CHECKING:
@@ -30,13 +37,14 @@ if TYPE_CHECKING:
 WAIT_BUCKETS = (0.005, 0.05, 0.25, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 SLOWDOWN_BUCKETS = (1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50)  # times slower than the engine alone
-ENGINE_STATES = ("stopped", "starting", "ready", "stopping", "sleeping", "failed")
+# A snapshot shows a draining engine as ready (with draining set).
+ENGINE_STATES = tuple(status for status in EngineStatus if status is not EngineStatus.DRAINING)
 RATE_WINDOW_S = 60.0  # tokens per second are averaged over this
 
 
 def ledger_tier(engine: EngineSnapshot) -> str:
     """Which tier an engine's reservation is in: what evicting it would cost."""
-    if engine.status == "sleeping":
+    if engine.status is EngineStatus.SLEEPING:
         return "asleep"
     if engine.pinned:
         return "pinned"
@@ -48,7 +56,7 @@ def device_tiers(snapshot: SchedulerSnapshot, device: DeviceSnapshot, *, freeing
     *freeing*: engines on their way out count as a tier of their own."""
     tiers = dict.fromkeys(("pinned", "hot", "cold", "asleep", *(("freeing",) if freeing else ())), 0)
     for engine in snapshot.engines:
-        leaving = freeing and (engine.draining or engine.status in ("stopped", "failed"))
+        leaving = freeing and (engine.draining or engine.status in (EngineStatus.STOPPED, EngineStatus.FAILED))
         tiers["freeing" if leaving else ledger_tier(engine)] += engine.held.get(device.index, 0)
     tiers["exclusive"] = max(0, device.reserved - sum(e.held.get(device.index, 0) for e in snapshot.engines))
     return tiers
@@ -71,12 +79,12 @@ class _FrontDoorCollector(Collector):
                                    "waited", labels=["class"])
         # Every queue, empty ones too: a gauge that is absent when zero cannot be told from a missing one.
         counts = {(engine, klass): 0 for engine in [e.name for e in snapshot.engines] + ["exclusive"]
-                  for klass in CLASSES}
+                  for klass in RequestClass}
         for line in snapshot.lines:
             counts[line.engine or "exclusive", line.klass] = line.waiting
         for (engine, klass), count in counts.items():
             waiting.add_metric([engine, klass], count)
-        for klass in CLASSES:
+        for klass in RequestClass:
             since = snapshot.oldest_waiting(klass)
             oldest.add_metric([klass], 0.0 if since is None else max(0.0, now - since))
         yield waiting
@@ -86,7 +94,7 @@ class _FrontDoorCollector(Collector):
         states = GaugeMetricFamily("steward_engine_state", "1 for the engine's current state", labels=["engine", "state"])
         for engine in snapshot.engines:
             for state in ENGINE_STATES:
-                states.add_metric([engine.name, state], 1.0 if engine.status == state else 0.0)
+                states.add_metric([engine.name, state], 1.0 if engine.status is state else 0.0)
         yield states
         if self._speeds is not None:
             alone = GaugeMetricFamily("steward_engine_alone_tokens_per_second", "How fast the engine decodes with "
@@ -163,7 +171,7 @@ class _SchedulerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshot = self._scheduler.snapshot()
         llm = sum(e.in_flight for e in snapshot.engines)
-        current = "image" if snapshot.mode == "exclusive" else ("llm" if llm else "idle")
+        current = "image" if snapshot.mode is GpuMode.EXCLUSIVE else ("llm" if llm else "idle")
         state = GaugeMetricFamily("gpu_turnstile_state", "The GPU's state: idle, llm or image", labels=["state"])
         for name in ("idle", "llm", "image"):
             state.add_metric([name], 1.0 if name == current else 0.0)
@@ -194,7 +202,7 @@ class _SchedulerCollector(Collector):
             families["slots"].add_metric([engine.name], engine.slots)
             families["queued"].add_metric([engine.name], engine.queued)
             families["reserved_bytes"].add_metric([engine.name], engine.reserved)
-            families["ready"].add_metric([engine.name], 1.0 if engine.status == "ready" else 0.0)
+            families["ready"].add_metric([engine.name], 1.0 if engine.status is EngineStatus.READY else 0.0)
             families["healthy"].add_metric([engine.name], 1.0 if engine.healthy else 0.0)
             families["measured_bytes"].add_metric([engine.name], engine.measured)
             # Only engines that say (vLLM's metrics): overload inside the engine shows here too.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from supervisor.auth.keys import ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
 from supervisor.config import COMFYUI_SCOPE, load_config_for_command
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -28,8 +28,8 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: igno
                      help=f"models or aliases it may use, and {COMFYUI_SCOPE} for the ComfyUI listener (any workflow) "
                           f"(default: all, the ComfyUI listener included)")
     add.add_argument("--classes", type=_names, metavar="A,B",
-                     help=f"classes it may ask for, of {','.join(CLASSES)} (default: all)")
-    add.add_argument("--default-class", choices=CLASSES, metavar="CLASS",
+                     help=f"classes it may ask for, of {','.join(RequestClass)} (default: all)")
+    add.add_argument("--default-class", choices=[klass.value for klass in RequestClass], metavar="CLASS",
                      help="class of its requests that name none (default: its highest class; with all classes, "
                           "the listener's default)")
     add.add_argument("--rpm", type=int, metavar="N", help="at most N requests in any minute (default: no limit)")

@@ -46,7 +46,7 @@ import attrs
 import cattrs
 
 from supervisor.config import COMFYUI_SCOPE, ClassName, PositiveInt, make_converter
-from supervisor.scheduler.types import CLASSES, RANK
+from supervisor.scheduler.types import RequestClass
 from supervisor.units import show
 
 KEY_PREFIX = "sk-steward-"
@@ -97,9 +97,8 @@ class ApiKey:
 
     @property
     def allowed_classes(self) -> tuple[str, ...]:
-        """The classes it may ask for, highest rank first."""
-        allowed = CLASSES if self.classes is None else self.classes
-        return tuple(sorted(set(allowed), key=RANK.__getitem__))
+        """The classes it may ask for, highest rank first (their names: the gateway's)."""
+        return tuple(klass.value for klass in RequestClass if self.classes is None or klass in self.classes)
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -274,9 +273,9 @@ def add_key(path: str | Path, name: str, *, models: Collection[str] | None = Non
     Raises KeyCommandError or KeyFileError."""
     allowed, problems = _allowed_classes(classes)
     problems = _name_problems(name) + _limit_problems(rpm, concurrency) + problems
-    if default_class is not None and default_class not in (allowed or CLASSES):
+    if default_class is not None and default_class not in (allowed or tuple(RequestClass)):
         problems.append(f"--default-class: {show(default_class)} is not one of the key's classes "
-                        f"({', '.join(allowed or CLASSES)})")
+                        f"({', '.join(allowed or RequestClass)})")
     if models is not None:
         models = tuple(dict.fromkeys(models))
         problems += _model_problems(models, known_models, ollama)
@@ -348,12 +347,12 @@ def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[ClassName, 
     """The classes in rank order (None: all), and what is wrong with them."""
     if classes is None:
         return None, []
-    unknown = [klass for klass in classes if klass not in CLASSES]
+    unknown = [klass for klass in classes if RequestClass.named(klass) is None]
     if unknown:
-        return None, [f"--classes: not a class: {', '.join(map(show, unknown))} (classes: {', '.join(CLASSES)})"]
+        return None, [f"--classes: not a class: {', '.join(map(show, unknown))} (classes: {', '.join(RequestClass)})"]
     if not classes:
         return None, ["--classes: name at least one class, or leave it out for all classes"]
-    return tuple(klass for klass in CLASSES if klass in classes), []
+    return tuple(klass.value for klass in RequestClass if klass in classes), []
 
 
 # --- the one converter, and what it says about a bad file -------------------------------------------------

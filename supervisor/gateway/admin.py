@@ -31,7 +31,7 @@ from supervisor.memory_plan import Device, device_label
 from supervisor.metrics import device_tiers
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import CLASSES, EngineAction, SchedulerSnapshot
+from supervisor.scheduler.types import EngineAction, RequestClass, SchedulerSnapshot
 
 STATE_VERSION = 1
 EVENTS_PATH = "/admin/events"
@@ -53,7 +53,7 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
     devices = [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
                 "outside": d.outside, "free": d.free, "tiers": device_tiers(snapshot, d, freeing=True)}
                for d in snapshot.devices]
-    oldest = {klass: snapshot.oldest_waiting(klass) for klass in CLASSES}
+    oldest = {klass: snapshot.oldest_waiting(klass) for klass in RequestClass}
     return {
         "version": STATE_VERSION, "time": round(wall, 3), "mode": snapshot.mode,
         "health": {"status": health.status.value, "reasons": list(health.reasons)},
@@ -67,14 +67,14 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
         "classes": {klass: {"queued": snapshot.queued_by_class[klass], "running": snapshot.running_by_class[klass],
                             "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3),
                             **_pace(health, klass)}
-                    for klass in CLASSES},
+                    for klass in RequestClass},
         "waiting": waiting_lines(snapshot, now),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
     }
 
 
-def _pace(health: Health, klass: str) -> dict[str, Any]:
+def _pace(health: Health, klass: RequestClass) -> dict[str, Any]:
     """A class's answers over the health window: how many times slower than alone, time to first token."""
     pace = health.paces.get(klass)
     if pace is None:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from supervisor.gateway.asgi import RequestError, Scope, header_value
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 
 CLASS_HEADER = b"x-steward-class"
 _PARAMS = {"header": "X-Steward-Class", "steward.class": "steward.class", "model": "model"}
@@ -43,7 +43,7 @@ def choose_class(scope: Scope, payload: dict[str, Any], default: str) -> ClassCh
         changed = True
     if klass is None:
         klass = default
-    if klass not in CLASSES:
-        raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(CLASSES)}.", param=_PARAMS[source],
-                           code="invalid_class")
+    if RequestClass.named(klass) is None:
+        raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(RequestClass)}.",
+                           param=_PARAMS[source], code="invalid_class")
     return ClassChoice(klass, changed)

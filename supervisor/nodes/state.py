@@ -21,7 +21,7 @@ import cattrs
 
 from supervisor.health import Health
 from supervisor.memory_plan import device_label
-from supervisor.scheduler.types import CLASSES, SchedulerSnapshot
+from supervisor.scheduler.types import RequestClass, SchedulerSnapshot
 
 STATE_PATH = "/steward/state"
 SCHEMA_VERSION = 1
@@ -98,7 +98,7 @@ def node_state(snapshot: SchedulerSnapshot, health: Health, aliases: Mapping[str
     devices = tuple(DeviceState(device_label(device, d.index), d.budget, d.reserved, d.outside)  # type: ignore[arg-type]
                     for d in snapshot.devices)
     return NodeState(SCHEMA_VERSION, node or socket.gethostname(), models, devices,
-                     {klass: snapshot.queued_by_class.get(klass, 0) for klass in CLASSES}, health.status.value,
+                     {klass: snapshot.queued_by_class.get(klass, 0) for klass in RequestClass}, health.status.value,
                      health.reasons)
 
 

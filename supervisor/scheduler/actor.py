@@ -31,6 +31,7 @@ from supervisor.scheduler.types import (
     Grant,
     Measured,
     Placement,
+    RequestClass,
     RetireEngine,
     Revoke,
     SchedulerSnapshot,
@@ -93,7 +94,7 @@ class Request:
 class Submit:
     ticket: Ticket
     model: str | None
-    klass: str
+    klass: RequestClass
     request: Request
     step: int
     steps: int | None  # None: not known until the request ends (a generation cut into chunks)
@@ -239,8 +240,8 @@ class SchedulerClient:
                 request.handoff = None
 
     @asynccontextmanager
-    async def open_grant(self, model: str | None, klass: str, *, request: Request | None = None, step: int = 1,
-                         steps: int | None = 1, exclusive_memory: int | None = None,
+    async def open_grant(self, model: str | None, klass: RequestClass | str, *, request: Request | None = None,
+                         step: int = 1, steps: int | None = 1, exclusive_memory: int | None = None,
                          on_waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
         hold it for the ``async with`` body.
@@ -249,15 +250,16 @@ class SchedulerClient:
         after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
         how long the step waited, however the wait ended (the usage log's seconds queued).
         A step of a *request* hands its slot to the next (one that is not its last; any, with
-        *steps* None: the last one's slot is freed when the request ends).
+        *steps* None: the last one's slot is freed when the request ends). *klass* may be the
+        class's name, as the gateway has it (checked there): it is made a RequestClass here.
         """
         ticket = Ticket(next(self._ids))
         lease = None
         handoff = None
         if request is not None:
             handoff, request.handoff = request.handoff, None
-        self._post(Submit(ticket, model, klass, request or Request(ticket.job_id, ticket.job_id), step, steps,
-                          exclusive_memory, handoff))
+        self._post(Submit(ticket, model, RequestClass(klass), request or Request(ticket.job_id, ticket.job_id), step,
+                          steps, exclusive_memory, handoff))
         finished_cleanly = False
         submitted = trio.current_time()
         try:

@@ -14,13 +14,14 @@ from __future__ import annotations
 from supervisor.scheduler.eviction import LoadReason
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
-from supervisor.scheduler.types import RANK, EngineState, Grant, Job
+from supervisor.scheduler.types import EngineState, GpuMode, Grant, Job, RequestClass
 
 
-def serve_class(s: CoreState, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand]) -> None:
+def serve_class(s: CoreState, klass: RequestClass, now: float, promised: dict[int, int],
+                wanted: dict[str, Demand]) -> None:
     """An open class: fill free slots oldest first, then load engines for the rest."""
     queue = s.queues[klass]
-    rank = RANK[klass]
+    rank = klass.rank
     heads = sorted((h for h in queue.heads() if h.model is not None), key=lambda h: h.seq)
     for model in [h.model for h in heads]:  # the oldest request's first (rule 3c may stop the rest)
         engine = s.engines[model]  # type: ignore[index]
@@ -38,11 +39,11 @@ def serve_class(s: CoreState, klass: str, now: float, promised: dict[int, int], 
         wanted.setdefault(engine.name, (rank, head.seq))
 
 
-def lower_engines_full(s: CoreState, klass: str, model: str | None, now: float) -> bool:
+def lower_engines_full(s: CoreState, klass: RequestClass, model: str | None, now: float) -> bool:
     """Rule 3c: while a chat's engine is hot, background and batch steps compute on at most
     ``lower_class_engines`` engines at once; whether *model* is past that. The engines a due
     guard turn of another class claims (rule 4b) are, too."""
-    if klass == "interactive":
+    if klass is RequestClass.INTERACTIVE:
         return False
     claim = s.turns.claim
     if claim is not None and claim.klass != klass and model in claim.engines:
@@ -61,7 +62,8 @@ def engines_bounded(s: CoreState, now: float) -> bool:
 def lower_class_busy(s: CoreState) -> set[str]:
     """The engines background or batch steps compute on, and the engine a guard turn's
     first step waits for (loading for it): that turn will compute there next."""
-    busy = {job.model for job in s.running.values() if job.klass != "interactive" and job.model is not None}
+    busy = {job.model for job in s.running.values()
+            if job.klass is not RequestClass.INTERACTIVE and job.model is not None}
     pending = (s.waiting.get(job_id) for job_id in s.turns.step.values() if job_id is not None)
     return busy | {job.model for job in pending if job is not None and job.model is not None}
 
@@ -89,7 +91,7 @@ def dispatch(s: CoreState, job: Job, engine: EngineState, now: float, *, by_guar
     engine.in_flight += 1
     engine.last_used = now
     engine.record_use(now, job.klass, s.policy.hot_window)
-    if job.klass == "interactive":
+    if job.klass is RequestClass.INTERACTIVE:
         engine.last_interactive = now
     s.emit("dispatch", "debug", job=job.id, request=job.request, model=job.model, **{"class": job.klass},
            step=f"{job.step}/{job.steps}", waited_s=rounded(now - job.submitted),
@@ -101,15 +103,15 @@ def update_mode(s: CoreState, now: float) -> None:
     """What the GPU does now, by the highest class at work: exclusive, interactive (its
     window open), background, batch or idle."""
     if s.exclusive_holder is not None:
-        mode = "exclusive"
-    elif s.window_open(now) or s.queues["interactive"].size:
-        mode = "interactive"
-    elif s.running_by_class["background"]:
-        mode = "background"
-    elif s.running_by_class["batch"]:
-        mode = "batch"
+        mode = GpuMode.EXCLUSIVE
+    elif s.window_open(now) or s.queues[RequestClass.INTERACTIVE].size:
+        mode = GpuMode.INTERACTIVE
+    elif s.running_by_class[RequestClass.BACKGROUND]:
+        mode = GpuMode.BACKGROUND
+    elif s.running_by_class[RequestClass.BATCH]:
+        mode = GpuMode.BATCH
     else:
-        mode = "idle"
+        mode = GpuMode.IDLE
     if mode != s.mode:
         s.emit("mode", "debug", gpu=mode, previous=s.mode)  # frequent: the terminal shows loads and requests
         s.mode = mode

@@ -146,8 +146,8 @@ from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
 from supervisor.scheduler.types import (
-    CLASSES,
-    RANK,
+    ALL_CLASSES,
+    LOWER_CLASSES,
     DeviceSnapshot,
     DeviceUse,
     Effect,
@@ -159,6 +159,7 @@ from supervisor.scheduler.types import (
     Job,
     LineSnapshot,
     ReloadCost,
+    RequestClass,
     SchedulerSnapshot,
     SchedulingPolicy,
 )
@@ -184,18 +185,19 @@ class Scheduler(CoreState):
         """Called once: loads the pinned engines."""
         return self._decide(now)
 
-    def submit(self, job_id: int, model: str | None, klass: str, now: float, *, seq: int | None = None,
+    def submit(self, job_id: int, model: str | None, klass: RequestClass | str, now: float, *, seq: int | None = None,
                request: int | None = None, step: int = 1, steps: int = 1, exclusive_memory: int | None = None,
                timeout: float | None = None, handoff: tuple[int, int | None] | None = None) -> list[Effect]:
-        """Queue one step. *model* None asks for the GPU itself (an exclusive job).
+        """Queue one step of *klass* (a RequestClass, or its name). *model* None asks for the GPU
+        itself (an exclusive job).
 
         *handoff* is (job id, status) of the request's previous step, finished in the same
         decision, so its slot goes to this step and not to a newer request.
         """
         if handoff is not None:
             jobs.finish(self, *handoff, now)
-        queued = jobs.submit(self, job_id, model, klass, now, seq=seq, request=request, step=step, steps=steps,
-                             exclusive_memory=exclusive_memory, timeout=timeout)
+        queued = jobs.submit(self, job_id, model, RequestClass(klass), now, seq=seq, request=request, step=step,
+                             steps=steps, exclusive_memory=exclusive_memory, timeout=timeout)
         return self._decide(now) if queued else self.flush()
 
     def close(self, now: float) -> list[Effect]:
@@ -302,16 +304,16 @@ class Scheduler(CoreState):
                 times.append(engine.unhealthy_since + self.policy.recover_timeout)
             if lifecycle.may_idle_unload(self, engine):
                 times.append(engine.last_used + engine.profile.idle_unload)  # type: ignore[operator]
-        if self.running_by_class["interactive"] == 0:
+        if self.running_by_class[RequestClass.INTERACTIVE] == 0:
             times.append(self.last_interactive_end + self.policy.interactive_window)
-        if self.policy.lower_class_engines > 0 and any(self.queues[k].size for k in CLASSES[1:]):
+        if self.policy.lower_class_engines > 0 and any(self.queues[k].size for k in LOWER_CLASSES):
             times.append(self.hot_until())  # rule 3c ends then
         for queue in self.queues.values():
             for head in queue.heads():
                 times.append(head.next_report)
                 if head.held_until is not None:
                     times.append(head.held_until)  # the hold ends: the load is decided then
-        for klass in CLASSES[1:]:
+        for klass in LOWER_CLASSES:
             if self.policy.gap_step > 0:  # when a short line the guard passes over is left to the gaps no more
                 left_for = self.policy.starvation[klass] + self.policy.guard_gap_wait
                 times += [h.submitted + left_for for h in self.queues[klass].heads()
@@ -323,13 +325,13 @@ class Scheduler(CoreState):
         future = [t for t in times if t > self.now]
         return min(future, default=None)
 
-    def lane_class(self) -> str | None:
+    def lane_class(self) -> RequestClass | None:
         """The lower class whose guard turn holds the lane beside interactive work, if any."""
         return guard.lane_class(self)
 
-    def lower_engines_full(self, klass: str, model: str | None, now: float) -> bool:
+    def lower_engines_full(self, klass: RequestClass | str, model: str | None, now: float) -> bool:
         """Rule 3c: whether *model* is past ``lower_class_engines`` for *klass* (classes.py)."""
-        return classes.lower_engines_full(self, klass, model, now)
+        return classes.lower_engines_full(self, RequestClass(klass), model, now)
 
     def lower_class_busy(self) -> set[str]:
         """The engines background or batch steps compute on, or a guard turn's first step waits for."""
@@ -359,7 +361,7 @@ class Scheduler(CoreState):
         hot = e.hot(self.now, self.policy.hot_window)
         return EngineSnapshot(
             # A draining engine still serves its steps: shown as ready, with draining set.
-            name=e.name, status="ready" if e.status is EngineStatus.DRAINING else e.status.value,
+            name=e.name, status=EngineStatus.READY if e.status is EngineStatus.DRAINING else e.status,
             in_flight=e.in_flight, slots=e.profile.slots, memory=e.profile.memory, reserved=self.ledger.held(e.name),
             draining=e.draining, pinned=e.profile.pinned, hot=hot,
             queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
@@ -406,9 +408,9 @@ class Scheduler(CoreState):
                         carry_out(self, engine, option, now, promised, ADMIN)
         turn = guard.guard_turn(self, now)
         claimed, self.turns.claim = self.turns.claim, None  # decided afresh: only the turn due now claims
-        for rank, klass in enumerate(CLASSES):
-            queue = self.queues[klass]
-            if rank == RANK["background"]:  # interactive work is served: the lower classes' moments
+        for klass in ALL_CLASSES:
+            queue, rank = self.queues[klass], klass.rank
+            if klass is RequestClass.BACKGROUND:  # interactive work is served: the lower classes' moments
                 guard.serve_turn_first(self, now, turn, blocked_from, promised, wanted, claimed)
                 if blocked_from is None and self.exclusive_holder is None:
                     serve_gap(self, now)
@@ -418,10 +420,10 @@ class Scheduler(CoreState):
                 break
             if queue.size:
                 gate = guard.gate(self, klass, now, turn)
-                if gate == "open":
+                if gate is guard.Gate.OPEN:
                     classes.serve_class(self, klass, now, promised, wanted)
                 else:
-                    guard.serve_guard(self, klass, now, promised, wanted, may_start_new=gate == "guard")
+                    guard.serve_guard(self, klass, now, promised, wanted, may_start_new=gate is guard.Gate.GUARD)
             for head in queue.heads():
                 if head.model is not None:
                     wanted.setdefault(head.model, (rank, head.seq))

@@ -20,12 +20,12 @@ import attrs
 from supervisor.scheduler.placing import candidate_placements
 from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
 from supervisor.scheduler.types import (
-    RANK,
     EngineState,
     EngineStatus,
     Job,
     Placement,
     ReloadCost,
+    RequestClass,
     StartEngine,
 )
 from supervisor.units import format_size
@@ -117,7 +117,7 @@ def _option(s: CoreState, engine: EngineState, placement: Placement, now: float,
 
 def admin_option(s: CoreState, engine: EngineState, now: float, promised: dict[int, int]) -> Option | None:
     """How an admin's load goes: into free memory, or over idle cold engines only."""
-    option = place(s, engine, now, promised, {}, (RANK["background"], -1), idle_only=True)
+    option = place(s, engine, now, promised, {}, (RequestClass.BACKGROUND.rank, -1), idle_only=True)
     if option is None or (option.victims is None and not option.fits):
         return None
     return option

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from supervisor.scheduler.eviction import cost_rank, evict
 from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
-from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, RANK, EngineStatus, Grant, Job
+from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Grant, Job
 
 
 def exclusive_rank(s: CoreState) -> int | None:
     """The rank of the highest class whose head is an exclusive job (None: no such class):
     that class and those below it start nothing new."""
-    for rank, klass in enumerate(CLASSES):
+    for klass in ALL_CLASSES:
         head = s.queues[klass].head()
         if head is not None and head.exclusive:
-            return rank
+            return klass.rank
     return None
 
 
@@ -31,7 +31,7 @@ def exclusive_owner(job_id: int) -> str:
 
 def advance_exclusive(s: CoreState, job: Job, now: float, wanted: dict[str, Demand]) -> None:
     """Drain and unload what the job needs, then grant it the GPU."""
-    rank = RANK[job.klass]
+    rank = job.klass.rank
     need = job.exclusive_memory
     # Outside use is not held against the job: the service that runs it (ComfyUI keeps
     # its models cached between jobs) is itself "outside" steward's engines. Only the
@@ -49,7 +49,7 @@ def advance_exclusive(s: CoreState, job: Job, now: float, wanted: dict[str, Dema
                 break
             gain += s.ledger.held_on(candidate.name, device)
             evict(s, candidate, now, for_what="exclusive", need=need, free=unreserved, for_job=job.id)
-    still_running = sum(s.running_by_class[k] for k in CLASSES[rank:])
+    still_running = sum(s.running_by_class[k] for k in job.klass.and_lower)
     if s.exclusive_holder is None and still_running == 0 and need <= unreserved:
         s.unqueue(job)
         s.ledger.reserve(exclusive_owner(job.id), {device: need}, count_outside=False)

@@ -22,10 +22,10 @@ import attrs
 from supervisor.scheduler.classes import engines_bounded, lower_class_busy, lower_engines_full
 from supervisor.scheduler.eviction import place
 from supervisor.scheduler.exclusive import exclusive_rank
-from supervisor.scheduler.guard import gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
+from supervisor.scheduler.guard import Gate, gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
 from supervisor.scheduler.state import CoreState, Demand
 from supervisor.scheduler.swaps import swap_hold
-from supervisor.scheduler.types import CLASSES, RANK, EngineState, EngineStatus, Job
+from supervisor.scheduler.types import ALL_CLASSES, EngineState, EngineStatus, Job, RequestClass
 from supervisor.units import format_elapsed, format_size
 
 
@@ -66,20 +66,20 @@ def explain(s: CoreState, job: Job) -> Wait:
 
 def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
     now = s.now
-    rank = RANK[job.klass]
+    rank = job.klass.rank
     blocked_from = exclusive_rank(s)
     if job.exclusive:
         return WaitReason.DRAINING_FOR_EXCLUSIVE, _exclusive_detail(s, job)
     if s.exclusive_holder is not None:
         return WaitReason.EXCLUSIVE, "an image job holds the GPU"
     if blocked_from is not None and rank >= blocked_from:
-        return WaitReason.EXCLUSIVE, f"an image job ({CLASSES[blocked_from]}) is next: work drains for it"
+        return WaitReason.EXCLUSIVE, f"an image job ({RequestClass.of_rank(blocked_from)}) is next: work drains for it"
     class_gate = gate(s, job.klass, now, guard_turn(s, now))
     mine = s.turns.step[job.klass] == job.id  # the guard's turn waits for this step's engine to load
-    if class_gate == "blocked" and not mine:
+    if class_gate is Gate.BLOCKED and not mine:
         return _held_by_higher(s, job)
     if not mine and lower_engines_full(s, job.klass, job.model, now):
-        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=class_gate == "guard")
+        return WaitReason.LOWER_CLASS_ENGINES, _engines_bound(s, job, turn_due=class_gate is Gate.GUARD)
     line = s.queues[job.klass].line(job.model)
     if line and line[0] is not job:
         _, head = _why(s, line[0])
@@ -89,7 +89,7 @@ def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
 
 
 def _exclusive_detail(s: CoreState, job: Job) -> str:
-    running = sum(s.running_by_class[k] for k in CLASSES[RANK[job.klass]:])
+    running = sum(s.running_by_class[k] for k in job.klass.and_lower)
     unloading = [e.name for e in s.engines.values() if e.draining or s.ledger.releasing(e.name)]
     parts = [f"needs {format_size(job.exclusive_memory)} of the GPU"]
     if s.exclusive_holder is not None:
@@ -148,22 +148,22 @@ def _held_by_higher(s: CoreState, job: Job) -> tuple[WaitReason, str]:
                 return WaitReason.GUARD_SHARE, f"a {first} turn of the starvation guard was due first; its own is next"
             return WaitReason.GUARD_SHARE, (f"its starvation guard turn is due and waits for a moment no interactive "
                                             f"step computes (for up to {format_elapsed(s.policy.guard_gap_wait)})")
-        them = "it" if not beside else "them" if s.running_by_class["interactive"] else "chats"
+        them = "it" if not beside else "them" if s.running_by_class[RequestClass.INTERACTIVE] else "chats"
         guard = f"; the starvation guard lets one step through beside {them}, not before {_clock(s, due)}"
     if beside:
-        if s.running_by_class["interactive"]:
-            cause = f"{s.running_by_class['interactive']} interactive step(s) running"
-        elif s.queues["interactive"].size:
-            cause = f"{s.queues['interactive'].size} interactive step(s) waiting"
+        if s.running_by_class[RequestClass.INTERACTIVE]:
+            cause = f"{s.running_by_class[RequestClass.INTERACTIVE]} interactive step(s) running"
+        elif s.queues[RequestClass.INTERACTIVE].size:
+            cause = f"{s.queues[RequestClass.INTERACTIVE].size} interactive step(s) waiting"
         else:
             until = s.last_interactive_end + s.policy.interactive_window
             cause = f"the interactive window is open until {_clock(s, until)}"
         return WaitReason.INTERACTIVE_WINDOW, cause + guard
-    higher = [k for k in CLASSES[: RANK[job.klass]] if s.running_by_class[k] or s.queues[k].size]
+    higher = [k for k in job.klass.higher if s.running_by_class[k] or s.queues[k].size]
     return WaitReason.HIGHER_CLASS, f"{' and '.join(higher)} work goes first{guard}"
 
 
-def _next_turn_not_before(s: CoreState, lane: str, klass: str) -> float:
+def _next_turn_not_before(s: CoreState, lane: RequestClass, klass: RequestClass) -> float:
     """A lower bound for the next guard turn of *klass* while a turn of *lane* runs: the turn
     ends no sooner than now, and the lane then rests guard_share's part of it; a turn of
     *klass* itself is progress, so its clock starts again when it ends."""
@@ -198,7 +198,7 @@ def _engine_wait(s: CoreState, job: Job, engine: EngineState) -> tuple[WaitReaso
     if s.ledger.releasing(name):
         return WaitReason.FREEING, f"the memory of {name}'s last process is not yet seen free"
     wanted = _earlier_demand(s)
-    option = place(s, engine, now, {}, wanted, (RANK[job.klass], job.seq), idle_only=False)
+    option = place(s, engine, now, {}, wanted, (job.klass.rank, job.seq), idle_only=False)
     if option is None:
         return WaitReason.NO_ROOM, f"needs {format_size(engine.profile.memory)}, more than its devices hold"
     placement = option.placement
@@ -226,10 +226,10 @@ def _engine_wait(s: CoreState, job: Job, engine: EngineState) -> tuple[WaitReaso
 
 def _earlier_demand(s: CoreState) -> dict[str, Demand]:
     wanted: dict[str, Demand] = {}
-    for rank, klass in enumerate(CLASSES):
+    for klass in ALL_CLASSES:
         for head in s.queues[klass].heads():
             if head.model is not None:
-                demand = (rank, head.seq)
+                demand = (klass.rank, head.seq)
                 wanted[head.model] = min(wanted.get(head.model, demand), demand)
     return wanted
 
@@ -237,7 +237,7 @@ def _earlier_demand(s: CoreState) -> dict[str, Demand]:
 def _blockers(s: CoreState, engine: EngineState, job: Job, needs: dict[int, int], wanted: dict[str, Demand]) -> str:
     """The engines holding the memory it needs, and why none may be evicted for it now."""
     now = s.now
-    interactive = job.klass == "interactive"
+    interactive = job.klass is RequestClass.INTERACTIVE
     reasons = []
     for other in s.engines.values():
         if other is engine or not any(s.ledger.held_on(other.name, d) for d in needs):
@@ -248,7 +248,7 @@ def _blockers(s: CoreState, engine: EngineState, job: Job, needs: dict[int, int]
             why = "loading"
         elif not interactive and other.hot(now, s.policy.hot_window):
             why = f"hot until {_clock(s, other.last_interactive + s.policy.hot_window)}"
-        elif other.name in wanted and wanted[other.name] < (RANK[job.klass], job.seq):
+        elif other.name in wanted and wanted[other.name] < (job.klass.rank, job.seq):
             why = "wanted by earlier requests"
         elif other.status is EngineStatus.SLEEPING:
             why = "asleep, holding its sleeping memory"

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from supervisor.scheduler.classes import dispatch
 from supervisor.scheduler.state import CoreState, rounded
-from supervisor.scheduler.types import CLASSES, Job
+from supervisor.scheduler.types import LOWER_CLASSES, Job, RequestClass
 
 
 def in_gap(s: CoreState, now: float) -> bool:
     """Between interactive steps: none computes or waits, while the window is still open."""
-    return (s.policy.gap_step > 0 and s.running_by_class["interactive"] == 0
-            and not s.queues["interactive"].size and s.window_open(now))
+    return (s.policy.gap_step > 0 and s.running_by_class[RequestClass.INTERACTIVE] == 0
+            and not s.queues[RequestClass.INTERACTIVE].size and s.window_open(now))
 
 
 def short(s: CoreState, engine: str) -> bool:
@@ -40,9 +40,9 @@ def serve_gap(s: CoreState, now: float) -> None:
     """In a gap, one short lower-class step starts at once, when no lower-class step computes
     (background's first, oldest first); the next when it ends, if the gap lasts. Decided
     before the guard's turn, which may start beside it: neither waits for the other."""
-    if not in_gap(s, now) or any(s.running_by_class[k] for k in CLASSES[1:]) or s.turns.claim is not None:
+    if not in_gap(s, now) or any(s.running_by_class[k] for k in LOWER_CLASSES) or s.turns.claim is not None:
         return
-    for klass in CLASSES[1:]:
+    for klass in LOWER_CLASSES:
         heads = sorted((h for h in s.queues[klass].heads() if h.model is not None), key=lambda h: h.seq)
         for head in heads:
             engine = s.engines[head.model]  # type: ignore[index]

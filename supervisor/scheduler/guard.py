@@ -17,32 +17,41 @@ class wants (4d). A turn that would evict waits for the window to close, for up 
 
 from __future__ import annotations
 
+import enum
 import math
 
 from supervisor.scheduler.classes import dispatch, lower_class_busy, lower_engines_full
 from supervisor.scheduler.eviction import LoadReason, carry_out, place
 from supervisor.scheduler.gaps import left_to_gaps
 from supervisor.scheduler.state import TURN_DEMAND, CoreState, Demand, rounded
-from supervisor.scheduler.types import CLASSES, RANK, EngineState, EngineStatus, GuardClaim, Job
+from supervisor.scheduler.types import LOWER_CLASSES, EngineState, EngineStatus, GuardClaim, Job, RequestClass
 
 # ---- when a class is held back, and when its turn is due ----------------------------
 
 
-def gate(s: CoreState, klass: str, now: float, turn: str | None) -> str:
-    """'open', or for a lower class held back by higher work: 'guard' or 'blocked'. *turn*:
-    the class whose turn beside interactive work is due (``guard_turn``)."""
-    if klass == "interactive":
-        return "open"
-    higher = CLASSES[: RANK[klass]]
+class Gate(enum.Enum):
+    """Whether a class's steps may start now."""
+
+    OPEN = "open"
+    GUARD = "guard"  # held back by higher work, but the guard lets one through
+    BLOCKED = "blocked"  # held back by higher work
+
+
+def gate(s: CoreState, klass: RequestClass, now: float, turn: RequestClass | None) -> Gate:
+    """OPEN, or for a lower class held back by higher work: GUARD or BLOCKED. *turn*: the
+    class whose turn beside interactive work is due (``guard_turn``)."""
+    if klass is RequestClass.INTERACTIVE:
+        return Gate.OPEN
+    higher = klass.higher
     interactive_active = s.interactive_active(now)
     if not (interactive_active or any(s.running_by_class[h] or s.queues[h].size for h in higher)):
-        return "open"
+        return Gate.OPEN
     if interactive_active:
-        return "guard" if turn == klass else "blocked"
-    return "guard" if _guard_due(s, klass, now, beside_interactive=False) else "blocked"
+        return Gate.GUARD if turn is klass else Gate.BLOCKED
+    return Gate.GUARD if _guard_due(s, klass, now, beside_interactive=False) else Gate.BLOCKED
 
 
-def _guard_due(s: CoreState, klass: str, now: float, *, beside_interactive: bool) -> bool:
+def _guard_due(s: CoreState, klass: RequestClass, now: float, *, beside_interactive: bool) -> bool:
     """The class's head has made no progress for its starvation time. Beside interactive work
     the lower classes share one lane, within ``guard_share`` of the time."""
     limit = s.policy.starvation[klass]
@@ -53,34 +62,34 @@ def _guard_due(s: CoreState, klass: str, now: float, *, beside_interactive: bool
         # Prefer a moment when no interactive step computes, so none is slowed from its
         # start; after waiting guard_gap_wait for such a gap, go anyway.
         due = lane_due_at(s, since, klass)
-        gap = s.running_by_class["interactive"] == 0 or now >= due + s.policy.guard_gap_wait
+        gap = s.running_by_class[RequestClass.INTERACTIVE] == 0 or now >= due + s.policy.guard_gap_wait
         return gap and now >= due and lane_class(s) is None
     return True
 
 
-def guard_turn(s: CoreState, now: float) -> str | None:
+def guard_turn(s: CoreState, now: float) -> RequestClass | None:
     """Which lower class may use the lane beside interactive work now: the one due first
     (starved since, plus its starvation time; background on a tie). First due, first
     served: a class waits for at most one turn of the other (and the lane's rest after it)."""
     if not s.interactive_active(now):
         return None
-    due = [k for k in CLASSES[1:] if _guard_due(s, k, now, beside_interactive=True)]
-    return min(due, key=lambda k: (_own_due_at(s, k), RANK[k]), default=None)
+    due = [k for k in LOWER_CLASSES if _guard_due(s, k, now, beside_interactive=True)]
+    return min(due, key=lambda k: (_own_due_at(s, k), k.rank), default=None)
 
 
-def _own_due_at(s: CoreState, klass: str) -> float:
+def _own_due_at(s: CoreState, klass: RequestClass) -> float:
     """When *klass*'s head will have made no progress for its starvation time (inf: nothing starves)."""
     since = starved_since(s, klass)
     return math.inf if since is None else since + s.policy.starvation[klass]
 
 
-def lane_due_at(s: CoreState, since: float, klass: str) -> float:
+def lane_due_at(s: CoreState, since: float, klass: RequestClass) -> float:
     """When a turn of *klass* beside interactive work is due: starved its starvation time,
     and the lane rested (guard_share)."""
     return max(since + s.policy.starvation[klass], s.turns.resume_at)
 
 
-def starved_since(s: CoreState, klass: str) -> float | None:
+def starved_since(s: CoreState, klass: RequestClass) -> float | None:
     """Since when *klass*'s head has made no progress (None: nothing of it starves)."""
     head = _clock_head(s, klass)
     if head is None or head.exclusive:
@@ -88,7 +97,7 @@ def starved_since(s: CoreState, klass: str) -> float | None:
     return max(s.progress[klass], head.submitted)
 
 
-def _clock_head(s: CoreState, klass: str) -> Job | None:
+def _clock_head(s: CoreState, klass: RequestClass) -> Job | None:
     """The head the starvation clock reads: the class's oldest, passing over the short lines
     left to the gaps while a longer one waits (rule 3b)."""
     queue = s.queues[klass]
@@ -98,7 +107,7 @@ def _clock_head(s: CoreState, klass: str) -> Job | None:
         h.model is not None and left_to_gaps(s, h, s.now), h.seq, h.id))
 
 
-def _swap_waits_for_window(s: CoreState, klass: str, now: float) -> bool:
+def _swap_waits_for_window(s: CoreState, klass: RequestClass, now: float) -> bool:
     """Beside interactive work, a guard turn that would evict another engine waits for the
     window to close, for up to guard_gap_wait after it was due. A load slows the chats
     computing for all its length (weights copied in, the KV cache built), longer than a step,
@@ -112,15 +121,15 @@ def _swap_waits_for_window(s: CoreState, klass: str, now: float) -> bool:
 # ---- the turns under way --------------------------------------------------------------
 
 
-def in_turn(s: CoreState, klass: str) -> bool:
+def in_turn(s: CoreState, klass: RequestClass) -> bool:
     """A guard turn of *klass* is under way: its first step waits for its load or runs, or
     steps that joined it run."""
     return s.turns.step[klass] is not None or bool(s.turns.fill[klass])
 
 
-def lane_class(s: CoreState) -> str | None:
+def lane_class(s: CoreState) -> RequestClass | None:
     """The lower class whose guard turn holds the lane beside interactive work, if any."""
-    return next((k for k in CLASSES[1:] if in_turn(s, k)), None)
+    return next((k for k in LOWER_CLASSES if in_turn(s, k)), None)
 
 
 def end_turn_step(s: CoreState, job: Job, now: float) -> None:
@@ -160,18 +169,18 @@ def drop_stale_guards(s: CoreState) -> None:
 # ---- serving a turn ---------------------------------------------------------------------
 
 
-def serve_turn_first(s: CoreState, now: float, turn: str | None, blocked_from: int | None,
+def serve_turn_first(s: CoreState, now: float, turn: RequestClass | None, blocked_from: int | None,
                      promised: dict[int, int], wanted: dict[str, Demand], claimed: GuardClaim | None) -> None:
     """Rule 4b: a due guard turn is served before the lower classes' other steps, and when
     the lower classes' own work holds what it needs, it claims those engines (*claimed*:
     the claim of the last decision, said once)."""
     klass = _due_turn(s, now, turn)
-    if klass is None or (blocked_from is not None and RANK[klass] >= blocked_from):
+    if klass is None or (blocked_from is not None and klass.rank >= blocked_from):
         return
-    for higher in CLASSES[1: RANK[klass]]:  # interactive's are in *wanted* already
+    for higher in klass.higher[1:]:  # interactive's are in *wanted* already
         for head in s.queues[higher].heads():
             if head.model is not None:
-                wanted.setdefault(head.model, (RANK[higher], head.seq))
+                wanted.setdefault(head.model, (higher.rank, head.seq))
     serve_guard(s, klass, now, promised, wanted, may_start_new=True)
     held = () if in_turn(s, klass) else _held_by_lower_work(s, klass, now)
     if not held:
@@ -182,14 +191,14 @@ def serve_turn_first(s: CoreState, now: float, turn: str | None, blocked_from: i
                starved_s=rounded(now - (starved_since(s, klass) or now)), step_s=s.measured_step(held))
 
 
-def _due_turn(s: CoreState, now: float, turn: str | None) -> str | None:
+def _due_turn(s: CoreState, now: float, turn: RequestClass | None) -> RequestClass | None:
     """The lower class whose guard turn is due now, if any."""
     if s.exclusive_holder is not None:
         return None
-    return next((k for k in CLASSES[1:] if s.queues[k].size and gate(s, k, now, turn) == "guard"), None)
+    return next((k for k in LOWER_CLASSES if s.queues[k].size and gate(s, k, now, turn) is Gate.GUARD), None)
 
 
-def _held_by_lower_work(s: CoreState, klass: str, now: float) -> tuple[str, ...]:
+def _held_by_lower_work(s: CoreState, klass: RequestClass, now: float) -> tuple[str, ...]:
     """The engines whose lower-class steps hold every line of *klass*: its engine is past
     rule 3c's bound (all the engines they compute on hold it), or all its slots are busy
     while lower-class steps compute on it. (): some line waits for something else."""
@@ -207,7 +216,7 @@ def _held_by_lower_work(s: CoreState, klass: str, now: float) -> tuple[str, ...]
     return tuple(sorted(held))
 
 
-def serve_guard(s: CoreState, klass: str, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
+def serve_guard(s: CoreState, klass: RequestClass, now: float, promised: dict[int, int], wanted: dict[str, Demand], *,
                 may_start_new: bool) -> None:
     """A class held back by higher work: one guard turn at a time runs beside it, one step,
     or with guard_fill its engine's free slots; within rule 3c's bound."""
@@ -219,7 +228,7 @@ def serve_guard(s: CoreState, klass: str, now: float, promised: dict[int, int], 
         return
     if not may_start_new:
         return
-    rank = RANK[klass]
+    rank = klass.rank
     # Oldest first, and the first that can actually run now: resident with a free
     # slot, or loadable at once into free memory or over idle cold engines. With gap
     # steps, the lines whose steps are short are left to the gaps while there are any.
@@ -251,10 +260,10 @@ def serve_guard(s: CoreState, klass: str, now: float, promised: dict[int, int], 
         return
 
 
-def _guard_wanted(klass: str, wanted: dict[str, Demand]) -> dict[str, Demand]:
+def _guard_wanted(klass: RequestClass, wanted: dict[str, Demand]) -> dict[str, Demand]:
     """Rule 4d: the demand a due turn of *klass* leaves standing when memory holds it: the
     interactive class's and its own class's, not that of the lower classes above it."""
-    return {name: demand for name, demand in wanted.items() if demand[0] in (0, RANK[klass])}
+    return {name: demand for name, demand in wanted.items() if demand[0] in (0, klass.rank)}
 
 
 def _start_turn(s: CoreState, head: Job, engine: EngineState, now: float) -> None:
@@ -268,7 +277,7 @@ def _turn_fill(s: CoreState, head: Job, engine: EngineState) -> list[Job]:
     class's next ones for the same model. Only while no interactive step computes: one engine
     more costs a chat the same whether one of its slots decodes or all (they batch), but
     beside a chat already computing the turn stays one step."""
-    if not s.policy.guard_fill or s.running_by_class["interactive"]:
+    if not s.policy.guard_fill or s.running_by_class[RequestClass.INTERACTIVE]:
         return []
     free = engine.profile.slots - engine.in_flight - (0 if head.id in s.running else 1)
     return [job for job in s.queues[head.klass].line(engine.name) if job is not head][:max(free, 0)]

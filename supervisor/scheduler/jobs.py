@@ -18,13 +18,13 @@ from supervisor.scheduler.exclusive import exclusive_owner
 from supervisor.scheduler.guard import end_turn_step
 from supervisor.scheduler.placing import most_memory
 from supervisor.scheduler.state import STEP_SAMPLES, CoreState, rounded
-from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, EngineStatus, Fail, Job, WarmCause
+from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Fail, Job, RequestClass, WarmCause
 
 SHUTTING_DOWN = "steward is shutting down; try again once it is back"
 SHUTDOWN_RETRY_AFTER = 5.0
 
 
-def submit(s: CoreState, job_id: int, model: str | None, klass: str, now: float, *, seq: int | None,
+def submit(s: CoreState, job_id: int, model: str | None, klass: RequestClass, now: float, *, seq: int | None,
            request: int | None, step: int, steps: int, exclusive_memory: int | None,
            timeout: float | None) -> bool:
     """Queue one step (*model* None: an exclusive job); False: it was refused."""
@@ -88,7 +88,7 @@ def finish(s: CoreState, job_id: int, status: int | None, now: float) -> None:
         end_turn_step(s, job, now)
     if job.model is not None and job.dispatched is not None and (status is None or status < 400):
         s.step_times.setdefault(job.model, collections.deque(maxlen=STEP_SAMPLES)).append(now - job.dispatched)
-    if klass == "interactive" and s.running_by_class[klass] == 0:
+    if klass is RequestClass.INTERACTIVE and s.running_by_class[klass] == 0:
         s.last_interactive_end = now
     if job.exclusive:
         s.ledger.release(exclusive_owner(job_id))
@@ -99,7 +99,7 @@ def finish(s: CoreState, job_id: int, status: int | None, now: float) -> None:
         if job.engine_generation == engine.generation and engine.serving:
             engine.in_flight -= 1
             engine.last_used = now
-            if klass == "interactive":
+            if klass is RequestClass.INTERACTIVE:
                 engine.last_interactive = now
             if engine.status is EngineStatus.DRAINING and engine.in_flight == 0:
                 s.stop(engine)
@@ -123,7 +123,7 @@ def expire(s: CoreState, now: float) -> None:
     for engine in s.engines.values():
         if engine.status is not EngineStatus.FAILED:
             continue
-        for klass in CLASSES:
+        for klass in ALL_CLASSES:
             for job in [j for j in s.queues[klass].line(engine.name) if engine.retry_at > j.deadline]:
                 s.unqueue(job)
                 s.fail(job, 503, "engine_failed", f"engine {engine.name!r} failed and restarts in "

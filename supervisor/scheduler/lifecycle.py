@@ -18,7 +18,7 @@ import attrs
 from supervisor.address import Address
 from supervisor.scheduler.eviction import admin_option, evict
 from supervisor.scheduler.state import CoreState, rounded
-from supervisor.scheduler.types import CLASSES, CheckEngine, EngineAction, EngineState, EngineStatus, Revoke, WarmCause
+from supervisor.scheduler.types import ALL_CLASSES, CheckEngine, EngineAction, EngineState, EngineStatus, Revoke, WarmCause
 from supervisor.units import format_size
 
 
@@ -82,7 +82,7 @@ def engine_exited(s: CoreState, name: str, generation: int, now: float, detail: 
            released=released, failures=engine.failures, restart_in_s=delay)
     if was_starting:
         # Steps waiting for this start get a clean error now rather than a hang.
-        for klass in CLASSES:
+        for klass in ALL_CLASSES:
             for job in list(s.queues[klass].line(name)):
                 s.unqueue(job)
                 s.fail(job, 503, "engine_start_failed", f"engine {name!r} failed to start: {detail}",
@@ -202,7 +202,7 @@ def undo_stale_drains(s: CoreState) -> None:
         else:
             target = s.engines.get(cause)
             stale = target is None or (target.status is not EngineStatus.STARTING and not target.requested
-                                       and not any(s.queues[klass].count(cause) for klass in CLASSES))
+                                       and not any(s.queues[klass].count(cause) for klass in ALL_CLASSES))
             gone = f"nobody waits for {cause!r} any more"
         if stale:
             engine.status, engine.drained_for = EngineStatus.READY, None

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from supervisor.scheduler.types import Job
+from supervisor.scheduler.types import Job, RequestClass
 
 
 def _order(job: Job) -> tuple[int, int]:
@@ -20,7 +20,7 @@ def _order(job: Job) -> tuple[int, int]:
 
 @attrs.define
 class ClassQueue:
-    klass: str
+    klass: RequestClass
     # engine name (None: exclusive jobs) -> its waiting jobs, oldest request first
     lines: dict[str | None, list[Job]] = attrs.Factory(dict)
     size: int = 0

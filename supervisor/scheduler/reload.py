@@ -13,7 +13,7 @@ import attrs
 
 from supervisor.scheduler.eviction import evict
 from supervisor.scheduler.state import CoreState
-from supervisor.scheduler.types import CLASSES, EngineProfile, EngineState, EngineStatus, RetireEngine, Retirement
+from supervisor.scheduler.types import ALL_CLASSES, EngineProfile, EngineState, EngineStatus, RetireEngine, Retirement
 
 
 def add_engine(s: CoreState, profile: EngineProfile, load_s: float | None) -> None:
@@ -26,7 +26,7 @@ def retire_engine(s: CoreState, name: str, replacement: EngineProfile | None) ->
     engine.retiring = Retirement(replacement)
     engine.requested = False
     if replacement is None:
-        for klass in CLASSES:
+        for klass in ALL_CLASSES:
             for job in list(s.queues[klass].line(name)):
                 s.unqueue(job)
                 s.fail(job, 404, "model_not_found", f"the model '{name}' was removed from steward's config",

@@ -22,23 +22,23 @@ import attrs
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.queues import ClassQueue
 from supervisor.scheduler.types import (
-    CLASSES,
-    RANK,
     Effect,
     Emit,
     EngineState,
     EngineStatus,
     Fail,
+    GpuMode,
     GuardClaim,
     Job,
+    RequestClass,
     SchedulingPolicy,
     StopEngine,
     WarmCause,
 )
 
 Demand = tuple[int, int]  # (class rank, seq) of the earliest job that wants an engine
-NO_DEMAND: Demand = (len(CLASSES), math.inf)  # type: ignore[assignment]
-TURN_DEMAND: Demand = (RANK["background"], -1)  # a guard turn's engine: before any lower class's request
+NO_DEMAND: Demand = (len(RequestClass), math.inf)  # type: ignore[assignment]
+TURN_DEMAND: Demand = (RequestClass.BACKGROUND.rank, -1)  # a guard turn's engine: before any lower class's request
 # Whether an engine's steps are short (rule 3b) is judged by the mean of its last this many.
 STEP_SAMPLES = 8
 
@@ -49,11 +49,11 @@ class GuardTurns:
 
     # The step the starvation guard let through, per class, until it ends (its engine may
     # still be loading for it: then it waits, and holds the lane).
-    step: dict[str, int | None] = attrs.Factory(lambda: dict.fromkeys(CLASSES))
+    step: dict[RequestClass, int | None] = attrs.Factory(lambda: dict.fromkeys(RequestClass))
     # The steps that joined a guard turn on its engine (guard_fill), per class, until they end,
     # and when each class's turn began: guard_share counts the whole turn.
-    fill: dict[str, set[int]] = attrs.Factory(lambda: {k: set() for k in CLASSES})
-    started: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
+    fill: dict[RequestClass, set[int]] = attrs.Factory(lambda: {k: set() for k in RequestClass})
+    started: dict[RequestClass, float] = attrs.Factory(lambda: dict.fromkeys(RequestClass, -math.inf))
     resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
     # A due guard turn that waits for the lower classes' own steps, and on which engines (rule
     # 4b): no other lower-class step starts there until it has.
@@ -69,18 +69,18 @@ class CoreState:
     policy: SchedulingPolicy = attrs.Factory(SchedulingPolicy)
     # With a GPU probe, a reservation waits for the memory to be observed free.
     observe_memory: bool = False
-    queues: dict[str, ClassQueue] = attrs.Factory(lambda: {k: ClassQueue(k) for k in CLASSES})
+    queues: dict[RequestClass, ClassQueue] = attrs.Factory(lambda: {k: ClassQueue(k) for k in RequestClass})
     waiting: dict[int, Job] = attrs.Factory(dict)
     running: dict[int, Job] = attrs.Factory(dict)
-    running_by_class: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(CLASSES, 0))
+    running_by_class: dict[RequestClass, int] = attrs.Factory(lambda: dict.fromkeys(RequestClass, 0))
     # When a class last made progress (a step of it started or ended): the starvation clock.
-    progress: dict[str, float] = attrs.Factory(lambda: dict.fromkeys(CLASSES, -math.inf))
+    progress: dict[RequestClass, float] = attrs.Factory(lambda: dict.fromkeys(RequestClass, -math.inf))
     gap_job: int | None = None  # the gap step running (rule 3b), until it ends
     # Each engine's last steps, dispatch to end, newest last: which engines' steps are short.
     step_times: dict[str, collections.deque[float]] = attrs.Factory(dict)
     last_interactive_end: float = -math.inf
     turns: GuardTurns = attrs.Factory(GuardTurns)
-    mode: str = "idle"
+    mode: GpuMode = GpuMode.IDLE
     closing: bool = False  # steward is shutting down: no new requests start
     exclusive_holder: int | None = None
     warm_cause: WarmCause | None = None  # what freed the GPU, while engines are loaded ahead of demand (rule 10)
@@ -137,12 +137,12 @@ class CoreState:
 
     def window_open(self, now: float) -> bool:
         """Rule 3: an interactive step runs, or one ended within ``interactive_window``."""
-        return (self.running_by_class["interactive"] > 0
+        return (self.running_by_class[RequestClass.INTERACTIVE] > 0
                 or now < self.last_interactive_end + self.policy.interactive_window)
 
     def interactive_active(self, now: float) -> bool:
         """The window is open or an interactive step waits: the lower classes are held back."""
-        return self.window_open(now) or self.queues["interactive"].size > 0
+        return self.window_open(now) or self.queues[RequestClass.INTERACTIVE].size > 0
 
     def hot_until(self) -> float:
         """When the last engine used interactively stops being hot (EngineState.hot)."""

@@ -14,7 +14,7 @@ import attrs
 
 from supervisor.scheduler.eviction import LoadReason, Option, carry_out, place, promise, reload_cost
 from supervisor.scheduler.state import CoreState, Demand, rounded
-from supervisor.scheduler.types import EngineState, EngineStatus, Job
+from supervisor.scheduler.types import EngineState, EngineStatus, Job, RequestClass
 
 
 @attrs.frozen
@@ -54,7 +54,7 @@ def swap_hold(s: CoreState, job: Job, option: Option, now: float) -> SwapHold | 
     return SwapHold(until, behind, tuple(v.name for v in option.victims))
 
 
-def _class_work(s: CoreState, klass: str, *, besides: str | None) -> tuple[str, ...]:
+def _class_work(s: CoreState, klass: RequestClass, *, besides: str | None) -> tuple[str, ...]:
     """The loaded (or loading) engines that steps of *klass* run on or wait for."""
     names = {job.model for job in s.running.values() if job.klass == klass} | set(s.queues[klass].lines)
     return tuple(sorted(name for name in names if name is not None and name != besides

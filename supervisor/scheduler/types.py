@@ -4,24 +4,84 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import math
 
 import attrs
 
 from supervisor.address import Address
 
-CLASSES = ("interactive", "background", "batch")
-RANK = {klass: rank for rank, klass in enumerate(CLASSES)}
-# What one step started on an engine counts for in its recent use: by whom a reload of it
-# would delay, a person first, then an agent, then a batch queue.
-USE_WEIGHT = {"interactive": 1.0, "background": 0.5, "batch": 0.25}
 GIB = 1024**3
 # Where a process steward does not place runs (CUDA's first device): an exclusive job
 # (ComfyUI's image job), a service's kept process unless models.NAME.devices says.
 DEFAULT_DEVICE = 0
 
 
-class EngineStatus(enum.Enum):
+class RequestClass(enum.StrEnum):
+    """A request's class, highest first: a person, then an agent, then a batch queue. Its
+    value is its name in the config, the API and the events."""
+
+    INTERACTIVE = "interactive", 1.0
+    BACKGROUND = "background", 0.5
+    BATCH = "batch", 0.25
+
+    # Its place in the strict order (0: first).
+    rank: int
+    # What one step started on an engine counts for in its recent use: by whom a reload of it
+    # would delay.
+    use_weight: float
+
+    def __new__(cls, value: str, use_weight: float) -> RequestClass:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.rank = len(cls.__members__)
+        member.use_weight = use_weight
+        return member
+
+    @classmethod
+    def named(cls, name: str) -> RequestClass | None:
+        """The class called *name* (a header's, a key's), or None: there is none."""
+        try:
+            return cls(name)
+        except ValueError:
+            return None
+
+    @classmethod
+    def of_rank(cls, rank: int) -> RequestClass:
+        """The class whose place in the strict order is *rank*."""
+        return tuple(cls)[rank]
+
+    @functools.cached_property
+    def higher(self) -> tuple[RequestClass, ...]:
+        """The classes ranked before it."""
+        return tuple(RequestClass)[: self.rank]
+
+    @functools.cached_property
+    def and_lower(self) -> tuple[RequestClass, ...]:
+        """It and the classes ranked after it."""
+        return tuple(RequestClass)[self.rank:]
+
+
+# Every class, highest first: what the core's loops go over (a tuple: iterating the enum
+# itself costs a decision several times as much).
+ALL_CLASSES = RequestClass.INTERACTIVE.and_lower
+# The classes the starvation guard serves beside interactive work.
+LOWER_CLASSES = RequestClass.BACKGROUND.and_lower
+
+
+class GpuMode(enum.StrEnum):
+    """What the GPU does now, by the highest class at work (the `mode` event, /healthz)."""
+
+    EXCLUSIVE = "exclusive"
+    INTERACTIVE = "interactive"
+    BACKGROUND = "background"
+    BATCH = "batch"
+    IDLE = "idle"
+
+
+class EngineStatus(enum.StrEnum):
+    """Where an engine is in its life; its value is what snapshots and events say."""
+
     STOPPED = "stopped"
     STARTING = "starting"
     READY = "ready"
@@ -212,9 +272,10 @@ class EngineState:
     def hot(self, now: float, window: float) -> bool:
         return now - self.last_interactive < window
 
-    def record_use(self, now: float, klass: str, window: float) -> None:
-        self.uses.append((now, USE_WEIGHT[klass]))
-        self.used_weight += USE_WEIGHT[klass]
+    def record_use(self, now: float, klass: RequestClass | str, window: float) -> None:
+        weight = RequestClass(klass).use_weight
+        self.uses.append((now, weight))
+        self.used_weight += weight
         self.recent_uses(now, window)
 
     def recent_uses(self, now: float, window: float) -> float:
@@ -244,7 +305,7 @@ class ReloadCost:
 
     load_s: float
     measured: bool  # load_s was measured (else estimated from its size)
-    recent_uses: float  # steps started within hot_window, by class weight (USE_WEIGHT)
+    recent_uses: float  # steps started within hot_window, by class weight (RequestClass.use_weight)
     queued: bool  # requests for it wait (of later demand: earlier demand may not evict it)
     # Loaded ahead of demand and unused since: evicting it costs what not warming it would
     # have, nothing (else a warm load could hold a request that its memory would have served).
@@ -279,7 +340,7 @@ class Job:
 
     id: int
     model: str | None  # None: an exclusive job, which needs the GPU rather than an engine
-    klass: str
+    klass: RequestClass
     seq: int  # the request's place in line; every step of a request keeps it (FIFO by arrival)
     submitted: float
     deadline: float
@@ -304,7 +365,7 @@ class GuardClaim:
     """A due guard turn that waits for the lower classes' own steps (core.py, rule 4b): no
     other background or batch step starts on these engines until it has started."""
 
-    klass: str
+    klass: RequestClass
     engines: tuple[str, ...]
 
 
@@ -317,8 +378,8 @@ class BackoffPolicy:
         return min(self.initial * 2 ** max(failures - 1, 0), self.maximum)
 
 
-def _per_class(values: dict[str, float]) -> dict[str, float]:
-    return {klass: values[klass] for klass in CLASSES}
+def _per_class(values: dict[str, float]) -> dict[RequestClass, float]:
+    return {klass: values[klass] for klass in RequestClass}
 
 
 @attrs.frozen
@@ -328,7 +389,7 @@ class SchedulingPolicy:
     interactive_window: float = 2.0
     # How long the head of a lower class may go without progress before one of its steps
     # runs beside higher-class work; 0 turns the guard off (full exclusivity).
-    starvation: dict[str, float] = attrs.field(
+    starvation: dict[RequestClass, float] = attrs.field(
         factory=lambda: {"interactive": 0.0, "background": 3.0, "batch": 10.0}, converter=_per_class)
     # Beside interactive work, lower classes share one lane (one step at a time), used at
     # most this fraction of the time: after a guard step of d seconds, the next may start
@@ -355,9 +416,9 @@ class SchedulingPolicy:
     # Engines to load ahead of demand after an exclusive job or an idle unload, first first,
     # before those used lately (config's scheduler.warm; core.py, rule 10).
     warm: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    max_queue: dict[str, float] = attrs.field(
+    max_queue: dict[RequestClass, float] = attrs.field(
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
-    queue_timeout: dict[str, float] = attrs.field(
+    queue_timeout: dict[RequestClass, float] = attrs.field(
         factory=lambda: {"interactive": 60.0, "background": 600.0, "batch": 3600.0}, converter=_per_class)
     # After an engine exits, how long to wait for its memory to be observed free.
     release_timeout: float = 10.0
@@ -460,7 +521,7 @@ class DeviceUse:
 @attrs.frozen
 class EngineSnapshot:
     name: str
-    status: str
+    status: EngineStatus
     in_flight: int
     slots: int
     memory: int
@@ -498,7 +559,7 @@ class LineSnapshot:
     """The steps of one class waiting for one engine (engine None: exclusive jobs)."""
 
     engine: str | None
-    klass: str
+    klass: RequestClass
     waiting: int
     head_submitted: float  # when the step at its head was queued (trio's clock)
     reason: str = ""  # why its head waits (supervisor.scheduler.explain.WaitReason)
@@ -510,16 +571,16 @@ class SchedulerSnapshot:
     budget: int
     reserved: int
     outside: int  # memory used by processes that are not engines (frozen while engines stop)
-    mode: str
+    mode: GpuMode
     queued: int
-    queued_by_class: dict[str, int]
-    running_by_class: dict[str, int]
+    queued_by_class: dict[RequestClass, int]
+    running_by_class: dict[RequestClass, int]
     engines: tuple[EngineSnapshot, ...]
     releasing: int  # engines whose memory is awaited free
     exclusive_waiting: int = 0  # exclusive jobs (whole-GPU, e.g. images) waiting
     lines: tuple[LineSnapshot, ...] = ()  # every queue: per class and engine, exclusive jobs included
     devices: tuple[DeviceSnapshot, ...] = ()
 
-    def oldest_waiting(self, klass: str) -> float | None:
+    def oldest_waiting(self, klass: RequestClass) -> float | None:
         """When the longest-waiting head of *klass* was queued, or None if none waits."""
         return min((line.head_submitted for line in self.lines if line.klass == klass), default=None)

@@ -26,7 +26,7 @@ import attrs
 from supervisor.scheduler.eviction import LoadReason, load, place
 from supervisor.scheduler.exclusive import exclusive_rank
 from supervisor.scheduler.state import NO_DEMAND, CoreState
-from supervisor.scheduler.types import CLASSES, DEFAULT_DEVICE, EngineState, EngineStatus, ReloadCost, WarmCause
+from supervisor.scheduler.types import DEFAULT_DEVICE, EngineState, EngineStatus, ReloadCost, RequestClass, WarmCause
 
 
 @attrs.frozen
@@ -107,7 +107,7 @@ def _warm_in_the_way(s: CoreState, warm_load: EngineState, now: float) -> str | 
     'exclusive' (a waiting exclusive job); None: nothing."""
     devices = set(s.devices_of(warm_load))
     if (rank := exclusive_rank(s)) is not None and DEFAULT_DEVICE in devices:
-        job = s.queues[CLASSES[rank]].head()
+        job = s.queues[RequestClass.of_rank(rank)].head()
         unreserved = s.ledger.budgets[DEFAULT_DEVICE] - s.ledger.reserved_on(DEFAULT_DEVICE)
         if job is not None and job.exclusive_memory > unreserved + s.freeing_on(DEFAULT_DEVICE):
             return "exclusive"

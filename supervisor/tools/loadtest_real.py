@@ -38,7 +38,7 @@ from supervisor.tools.loadtest_clients import ClientKind
 from supervisor.tools.loadtest_report import LoadReport, format_report
 from supervisor.tools.loadtest_steward import EVENTS_FILE
 from supervisor.tools.loadtest_thrash import measured_engines
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools.simulate.metrics import PolicyResult
 from supervisor.tools.simulate.policies import make_policy
 from supervisor.tools.simulate.runner import Outcome, replay
@@ -398,7 +398,7 @@ def format_real_report(report: RealReport) -> str:
     row("chats alone p50 / p95 s", pair(report.real_alone), pair(report.simulated_alone))
     row("  tokens/s served", _cell(report.real_alone.tokens_per_s, ".1f"),
         _cell(report.simulated_alone.tokens_per_s, ".1f"))
-    for klass in CLASSES:
+    for klass in RequestClass:
         real, simulated = report.real.get(klass), report.simulated.get(klass)
         if real is None and simulated is None:
             continue

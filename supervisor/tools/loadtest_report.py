@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from supervisor.events import read_event_log
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools import chaos
 from supervisor.tools.loadtest_clients import KindCount, LoadTally, Outcome
 
@@ -77,7 +77,7 @@ class LoadReport:
 
     def by_class(self) -> dict[str, dict[str, Any]]:
         """One row per class of OpenAI clients, then one for Ollama and one for image clients if any ran."""
-        groups = list(CLASSES) + [g for g in ("ollama", "image") if any(o.klass == g for o in self.outcomes)]
+        groups = list(RequestClass) + [g for g in ("ollama", "image") if any(o.klass == g for o in self.outcomes)]
         table = {}
         for group in groups:
             rows = [o for o in self.outcomes if o.klass == group]

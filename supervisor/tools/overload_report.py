@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools.overload_scenario import SLOTS, OverloadPlan
 from supervisor.usage.report import percentile
 
@@ -320,7 +320,7 @@ def usage_figures(rows: Sequence[tuple[Any, ...]]) -> UsageFigures:
     errors = collections.Counter(str(error) for _, status, error, _ in rows if status != 200 and error)
     waits = {klass: Waits.of(float(queued) for k, status, _, queued in rows
                              if k == klass and status == 200 and isinstance(queued, int | float))
-             for klass in CLASSES}
+             for klass in RequestClass}
     return UsageFigures(len(rows), _sorted_counts(statuses), _sorted_counts(errors), waits)
 
 

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.events import Event
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.slowdown import format_factor
 from supervisor.units import format_elapsed, format_size
 
@@ -246,7 +246,8 @@ def _hot_until(engine: Mapping[str, Any], now: float | None, wide: bool) -> Text
 def _queues(state: Mapping[str, Any], width: int, room: int) -> list[RenderableType]:
     """A line per class, and under it the head of each of its lines and why it waits."""
     classes = _get(state, "classes")
-    order = [*(klass for klass in CLASSES if klass in classes), *(klass for klass in classes if klass not in CLASSES)]
+    order = [*(klass for klass in RequestClass if klass in classes),
+             *(klass for klass in classes if RequestClass.named(klass) is None)]
     waiting = [line for line in _list(state, "waiting") if isinstance(line, Mapping)]
     for why_lines in (_WHY_LINES, 1):
         lines: list[RenderableType] = []

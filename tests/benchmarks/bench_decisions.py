@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from supervisor.events import EventLog  # noqa: E402
 from supervisor.scheduler.actor import open_scheduler_mailbox, serve_scheduler  # noqa: E402
 from supervisor.scheduler.core import Scheduler  # noqa: E402
-from supervisor.scheduler.types import CLASSES, EngineProfile, Grant, SchedulingPolicy  # noqa: E402
+from supervisor.scheduler.types import EngineProfile, Grant, RequestClass, SchedulingPolicy  # noqa: E402
 
 GIB = 1024**3
 BIG = 10**9
@@ -45,8 +45,9 @@ BIG = 10**9
 
 def build(engines: int, slots: int = 2) -> Scheduler:
     profiles = [EngineProfile(f"m{i}", GIB, slots) for i in range(engines)]
-    policy = SchedulingPolicy(max_queue=dict.fromkeys(CLASSES, BIG), queue_timeout=dict.fromkeys(CLASSES, 1e9),
-                              interactive_window=0.0, starvation=dict.fromkeys(CLASSES, 0.0))
+    policy = SchedulingPolicy(max_queue=dict.fromkeys(RequestClass, BIG),
+                              queue_timeout=dict.fromkeys(RequestClass, 1e9), interactive_window=0.0,
+                              starvation=dict.fromkeys(RequestClass, 0.0))
     core = Scheduler.create((engines + 1) * GIB, profiles, policy)
     for name in core.engines:  # bring every engine up
         core.submit(len(core.waiting) + len(core.running) + 1 + BIG, name, "interactive", 0.0)
@@ -61,7 +62,7 @@ def measure_decisions(jobs: int, engines: int, ops: int, seed: int = 1) -> dict[
     names = list(core.engines)
     next_id = 1
     for _ in range(jobs):
-        core.submit(next_id, rng.choice(names), rng.choice(CLASSES), 2.0)
+        core.submit(next_id, rng.choice(names), rng.choice(tuple(RequestClass)), 2.0)
         next_id += 1
     samples = []
     now = 3.0
@@ -96,7 +97,7 @@ def measure_core_memory(jobs: int, engines: int) -> float:
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for i in range(jobs):
-        core.submit(i + 1, names[i % len(names)], CLASSES[i % 3], 2.0)
+        core.submit(i + 1, names[i % len(names)], RequestClass.of_rank(i % 3), 2.0)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return (after - before) / jobs
@@ -119,7 +120,7 @@ def measure_actor_memory(jobs: int, engines: int) -> float:
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
             for i in range(jobs):
-                nursery.start_soon(_wait_for_grant, client, names[i % len(names)], CLASSES[i % 3])
+                nursery.start_soon(_wait_for_grant, client, names[i % len(names)], RequestClass.of_rank(i % 3))
             await trio.testing.wait_all_tasks_blocked()
             after = tracemalloc.get_traced_memory()[0]
             tracemalloc.stop()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools.simulate.runner import Outcome, Record, Wait
 
 
@@ -82,7 +82,7 @@ class PolicyResult:
     @classmethod
     def of(cls, outcome: Outcome) -> PolicyResult:
         classes = {k: ClassStats.of([r for r in outcome.records if r.klass == k],
-                                    [w for w in outcome.waits if w.klass == k]) for k in CLASSES}
+                                    [w for w in outcome.waits if w.klass == k]) for k in RequestClass}
         completed = sum(c.completed for c in classes.values())
         return cls(classes, outcome.loads, outcome.unnecessary_loads, outcome.peak_memory,
                    _round(loads_per_100(outcome.loads, completed)), round(outcome.busy_share, 4))

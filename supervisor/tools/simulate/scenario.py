@@ -30,7 +30,7 @@ from supervisor.config import (
     make_converter,
 )
 from supervisor.measurements import HOST_KEY, EngineSpeed, MeasurementStore
-from supervisor.scheduler.types import CLASSES
+from supervisor.scheduler.types import RequestClass
 from supervisor.tools.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
 
@@ -256,7 +256,7 @@ class Scenario:
 
     def present_classes(self) -> list[str]:
         """The classes some client asks in, highest first."""
-        return [k for k in CLASSES if any(c.klass == k for c in self.clients.values())]
+        return [k for k in RequestClass if any(c.klass == k for c in self.clients.values())]
 
     def only(self, klass: str) -> Scenario:
         """The same scenario with only the clients of one class."""
