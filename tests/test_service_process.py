@@ -6,11 +6,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
 from supervisor.services.process import serve_service_process
+
+pytestmark = pytest.mark.slow  # the test here starts a service as a real process
 
 
 async def test_the_restart_backoff_starts_over_after_a_service_ran_for_a_while(tmp_path: Path) -> None:
