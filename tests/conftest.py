@@ -202,8 +202,11 @@ StewardFactory = Callable[..., RunningSteward]
 
 
 @pytest.fixture
-def start_steward(tmp_path: Path) -> Iterator[StewardFactory]:
+def start_steward(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StewardFactory]:
     """Start ``steward run`` on a config built from keyword sections; stopped after the test."""
+    if request.node.get_closest_marker("slow") is None:
+        pytest.fail("this test starts steward: mark it slow (the fast tier, -m 'not slow', starts no process)",
+                    pytrace=False)
     started: list[RunningSteward] = []
 
     def start(models: dict[str, Any], **sections: Any) -> RunningSteward:
