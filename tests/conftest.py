@@ -7,6 +7,7 @@ its test.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -25,7 +26,6 @@ import yaml
 from fakes import simgpu
 from supervisor.tools import chaos
 from supervisor.process import become_subreaper
-from supervisor.events import read_event_log
 from tests.vllm_server import long_lived_pids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,27 +100,78 @@ def fake_model(memory: str = "1GiB", *, parallel: int = 2, load_time: str = "0.2
             "args": args, **config}
 
 
+class EventTail:
+    """The records of a running steward's event log, read as they are appended.
+
+    Each look reads only the bytes written since the last one (whole lines; a line steward is
+    still writing waits for the next look), so a test that waits for an event pays for the new
+    lines, not for the whole log every 20 ms. The tail holds the file open (its inode cannot be
+    reused while held) and starts over from the first line when the path names another file (a
+    rotation, a log deleted and created again) or the file shrank, so it always answers what
+    ``read_event_log`` would: the records of the current file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._records: list[dict[str, Any]] = []
+        self._partial = b""
+        self._read = 0  # bytes of the file read so far (whole lines and the partial one)
+        self.generation = 0  # counts the starts over: a reader's index into records() is void after one
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every whole record of the current file, in order (the same list, grown, between starts over)."""
+        now = os.stat(self.path)  # FileNotFoundError, as read_event_log, when there is no log
+        if self._fd is None or not os.path.samestat(os.fstat(self._fd), now) or now.st_size < self._read:
+            self.close()
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._records, self._partial, self._read = [], b"", 0
+            self.generation += 1
+        while chunk := os.read(self._fd, 1 << 20):
+            self._read += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()
+            self._records.extend(json.loads(line) for line in lines if line.strip())
+        return self._records
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 @attrs.define
 class RunningSteward:
     process: subprocess.Popen[bytes]
     url: str
     events_path: Path
     stderr_path: Path
+    tail: EventTail = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.tail = EventTail(self.events_path)
 
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        records = read_event_log(self.events_path)
-        return [r for r in records if name is None or r["event"] == name]
+        """The current log file's records (named *name*): copies, which a test may change freely."""
+        return [dict(r) for r in self.tail.records() if name is None or r["event"] == name]
 
     def wait_event(self, name: str, timeout: float = 10.0, **match: Any) -> dict[str, Any]:
+        """The first record of the current log named *name* whose fields equal *match*, waiting
+        up to *timeout* seconds for it; each look checks only the records new since the last."""
         deadline = time.monotonic() + timeout
+        checked, generation = 0, self.tail.generation
         while time.monotonic() < deadline:
-            for record in self.events(name):
-                if all(record.get(k) == v for k, v in match.items()):
-                    return record
+            records = self.tail.records()
+            if self.tail.generation != generation:
+                checked, generation = 0, self.tail.generation
+            for record in records[checked:]:
+                if record["event"] == name and all(record.get(k) == v for k, v in match.items()):
+                    return dict(record)
+            checked = len(records)
             time.sleep(0.02)
         raise AssertionError(f"no {name!r} event matching {match} within {timeout}s; "
                              f"log tail: {[e['event'] for e in self.events()[-15:]]}")
@@ -143,14 +194,19 @@ class RunningSteward:
             self.process.kill()
             self.process.wait()
             raise
+        finally:
+            self.tail.close()  # a later look opens the finished log again
 
 
 StewardFactory = Callable[..., RunningSteward]
 
 
 @pytest.fixture
-def start_steward(tmp_path: Path) -> Iterator[StewardFactory]:
+def start_steward(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StewardFactory]:
     """Start ``steward run`` on a config built from keyword sections; stopped after the test."""
+    if request.node.get_closest_marker("slow") is None:
+        pytest.fail("this test starts steward: mark it slow (the fast tier, -m 'not slow', starts no process)",
+                    pytrace=False)
     started: list[RunningSteward] = []
 
     def start(models: dict[str, Any], **sections: Any) -> RunningSteward:

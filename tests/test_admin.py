@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from supervisor.events import Event
 from supervisor.gateway.admin import admin_state
@@ -78,6 +79,7 @@ def read_events(url: str, into: list[dict[str, Any]], ready: threading.Event) ->
                 into.append(json.loads(line[6:]))
 
 
+@pytest.mark.slow
 def test_the_admin_api_of_a_running_steward(start_steward: StewardFactory) -> None:
     steward = start_steward({"chat": fake_model("4GiB"), "embed": fake_model("2GiB")},
                             gpu={"probe": "none", "budget": "16GiB"})

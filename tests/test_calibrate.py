@@ -182,6 +182,7 @@ def _write_config(tmp_path: Path, models: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     path = _write_config(tmp_path, {"fast": fake_model(tps=200, load_time="0.3s"),
@@ -227,6 +228,7 @@ def test_calibrate_measures_fake_engines_into_the_state_file(tmp_path: Path,
     assert len(event["pair"]["alone_prompt_tps"]) == len(event["pair"]["together_prompt_tps"]) == 2
 
 
+@pytest.mark.slow
 def test_one_engine_is_paired_with_a_copy_of_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write_config(tmp_path, {"one": fake_model(tps=200), "other": fake_model(tps=200)})
     assert main(["calibrate", str(path), "--engine", "one", "--json"]) == 0
@@ -238,6 +240,7 @@ def test_one_engine_is_paired_with_a_copy_of_itself(tmp_path: Path, capsys: pyte
     assert HOST_KEY in state
 
 
+@pytest.mark.slow
 def test_an_unknown_engine_or_one_that_fails_to_start_is_said(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     path = _write_config(tmp_path, {"one": fake_model()})
@@ -250,6 +253,7 @@ def test_an_unknown_engine_or_one_that_fails_to_start_is_said(tmp_path: Path,
     assert "state_file" not in out
 
 
+@pytest.mark.slow
 def test_calibrate_cut_short_leaves_no_process_behind(tmp_path: Path) -> None:
     import functools
 

@@ -214,6 +214,7 @@ def request_after(steward: RunningSteward, before: int) -> dict[str, Any]:
     raise AssertionError("no request event")
 
 
+@pytest.mark.slow
 def test_a_streamed_generation_is_one_stream_of_its_steps(client: openai.OpenAI, steward: RunningSteward) -> None:
     before, rows = len(steward.events("generation_steps")), len(steward.events("request"))
     stream = client.chat.completions.create(model="agent@background", messages=[{"role": "user", "content": "go"}],
@@ -237,6 +238,7 @@ def test_a_streamed_generation_is_one_stream_of_its_steps(client: openai.OpenAI,
     assert (row["status"], row["class"], row["prompt_tokens"], row["completion_tokens"]) == (200, "background", 5, 10)
 
 
+@pytest.mark.slow
 def test_a_stream_that_did_not_ask_for_usage_gets_none_and_the_row_still_counts(steward: RunningSteward) -> None:
     rows = len(steward.events("request"))
     events = sse(steward, {"model": "agent@batch", "stream": True, "max_tokens": 9,
@@ -247,6 +249,7 @@ def test_a_stream_that_did_not_ask_for_usage_gets_none_and_the_row_still_counts(
     assert (row["status"], row["completion_tokens"]) == (200, 9)
 
 
+@pytest.mark.slow
 def test_a_whole_answer_joins_its_steps(client: openai.OpenAI, steward: RunningSteward) -> None:
     before = len(steward.events("generation_steps"))
     reply = client.chat.completions.create(model="agent@background", messages=[{"role": "user", "content": "go"}],
@@ -258,6 +261,7 @@ def test_a_whole_answer_joins_its_steps(client: openai.OpenAI, steward: RunningS
     assert steps_event(steward, before)["steps"] == 3
 
 
+@pytest.mark.slow
 def test_a_step_that_stops_ends_the_request(client: openai.OpenAI, steward: RunningSteward) -> None:
     # The fake model ends its answer after 6 tokens (and an end-of-generation token, counted).
     before = len(steward.events("generation_steps"))
@@ -273,6 +277,7 @@ def test_a_step_that_stops_ends_the_request(client: openai.OpenAI, steward: Runn
     assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (fake_words(0, 6), "stop")
 
 
+@pytest.mark.slow
 def test_until_it_stops_runs_to_the_context_s_end(client: openai.OpenAI, steward: RunningSteward) -> None:
     """No max_tokens: steps go on until the context is full, where the uncut one ends (length)."""
     before = len(steward.events("generation_steps"))
@@ -285,6 +290,7 @@ def test_until_it_stops_runs_to_the_context_s_end(client: openai.OpenAI, steward
     assert event["steps"] >= 3 and event["ended"] is True  # the last step's prompt no longer fit
 
 
+@pytest.mark.slow
 def test_an_engine_error_in_a_later_step_ends_the_stream_with_it(steward: RunningSteward) -> None:
     rows = len(steward.events("request"))
     events = sse(steward, {"model": "agent@background", "stream": True, "max_tokens": 20,
@@ -297,12 +303,14 @@ def test_an_engine_error_in_a_later_step_ends_the_stream_with_it(steward: Runnin
     assert (row["status"], row["error"]) == (500, "server_error")
 
 
+@pytest.mark.slow
 def test_an_engine_error_in_a_later_step_of_a_whole_answer_is_the_answer(steward: RunningSteward) -> None:
     answer = httpx.post(f"{steward.base_url}/chat/completions", timeout=30, json={
         "model": "agent@background", "max_tokens": 20, "messages": [{"role": "user", "content": "FAKE_ERROR_CONTINUING"}]})
     assert answer.status_code == 500 and answer.json()["error"]["message"] == "fake mid-stream failure"
 
 
+@pytest.mark.slow
 def test_a_client_leaving_mid_way_cancels_the_step_and_starts_no_other(client: openai.OpenAI,
                                                                        steward: RunningSteward) -> None:
     client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "up"}], max_tokens=1)
@@ -329,6 +337,7 @@ def test_a_client_leaving_mid_way_cancels_the_step_and_starts_no_other(client: o
     assert steward.health()["engines"]["slow"]["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_interactive_and_tool_requests_go_whole(client: openai.OpenAI, steward: RunningSteward) -> None:
     dispatched = len(steward.events("dispatch"))
     reply = client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "go"}], max_tokens=10)
@@ -339,6 +348,7 @@ def test_interactive_and_tool_requests_go_whole(client: openai.OpenAI, steward: 
     assert [d["step"] for d in steward.events("dispatch")[dispatched:]] == ["1/1", "1/1"]
 
 
+@pytest.mark.slow
 def test_the_fake_continues_a_prefill_as_llama_server_does(steward: RunningSteward) -> None:
     """Its quirk, seen on llama-server 0.3.36: the answer echoes the prefill (the first content
     delta is the prefill and the first new token); the tokens go on where the prefill stopped."""
@@ -354,6 +364,7 @@ def test_the_fake_continues_a_prefill_as_llama_server_does(steward: RunningStewa
     assert events[2]["choices"][0]["delta"]["content"] == fake_words(4, 1)
 
 
+@pytest.mark.slow
 def test_a_chat_is_served_between_two_steps(client: openai.OpenAI, steward: RunningSteward) -> None:
     """The engine has one slot: a chat arriving while a long generation runs on it gets the slot
     when the current step ends, not when the generation ends."""

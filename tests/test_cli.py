@@ -13,6 +13,8 @@ import yaml
 from supervisor.accounting.cpu_share import usable_cpus
 from tests.conftest import ROOT, descendants
 
+pytestmark = pytest.mark.slow  # every test here runs steward's command line as a real process
+
 
 def steward(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], capture_output=True, text=True,

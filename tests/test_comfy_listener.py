@@ -23,6 +23,8 @@ from supervisor.units import parse_size
 from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
 from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
+pytestmark = pytest.mark.slow  # every test here starts steward (and fake ComfyUI or Ollama) as real processes
+
 
 def workflow(seconds: float, *, invalid: bool = False) -> dict[str, Any]:
     sampler = "FAKE_INVALID" if invalid else "KSampler"

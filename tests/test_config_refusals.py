@@ -26,6 +26,8 @@ from fakes import simgpu
 from supervisor.units import parse_size
 from tests.conftest import ROOT, descendants, free_port
 
+pytestmark = pytest.mark.slow  # every test here runs `steward check` and `steward run` as real processes
+
 MODEL = {"command": [sys.executable, "-m", "fakes.llama_server"], "memory": "1GiB"}
 
 

@@ -172,6 +172,7 @@ def test_llama_server_gets_its_share_once_and_other_runtimes_none() -> None:
     assert compute_shares(config, HostCpus.of(range(2))).shares["v"].source is ShareSource.RUNTIME
 
 
+@pytest.mark.slow
 def test_an_engine_process_runs_on_its_cpu_set_only() -> None:
     cpu = min(usable_cpus().cpus.cpus)
 
@@ -190,6 +191,7 @@ def test_an_engine_process_runs_on_its_cpu_set_only() -> None:
 
 # --- steward check -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_check_prints_each_engines_share(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"gpu": {"probe": "host", "budget": "3GiB"}, "state_file": None,

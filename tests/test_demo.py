@@ -87,6 +87,7 @@ def running_demo(*flags: str) -> Iterator[Demo]:
     assert status == 0
 
 
+@pytest.mark.slow
 def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
     with running_demo() as demo:
         client = demo.client()

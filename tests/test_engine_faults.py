@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import RunningSteward, StewardFactory, fake_model
 from tests.fake_processes import wait_until
 
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
+
 # Quick checks, but far from what a busy machine makes of a healthy fake's /health.
 CHECKS = {"stop_grace": "3s", "restart_backoff": "0.2s", "health_check_interval": "0.3s",
           "health_check_timeout": "2s", "unhealthy_after": 2}

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from fakes import simgpu
@@ -18,6 +19,8 @@ from fakes.tiny_gguf import write_tiny_model
 from supervisor.units import parse_size
 from tests.conftest import ROOT, StewardFactory, fake_model, free_port, stop_process
 from tests.fake_processes import wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -663,6 +663,7 @@ def fuzz_settings(examples: int = EXAMPLES) -> settings:
 # ---- the properties
 
 
+@pytest.mark.slow
 @fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(OPENAI_ROUTES, BODY_LIMIT))
 def test_the_openai_listener_answers_anything_in_openai_error_shape_and_stays_up(
@@ -671,6 +672,7 @@ def test_the_openai_listener_answers_anything_in_openai_error_shape_and_stays_up
     check(fuzz, "openai", request)
 
 
+@pytest.mark.slow
 @fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(OLLAMA_ROUTES, BODY_LIMIT))
 def test_the_ollama_listener_answers_anything_in_ollamas_error_shapes_and_stays_up(
@@ -679,6 +681,7 @@ def test_the_ollama_listener_answers_anything_in_ollamas_error_shapes_and_stays_
     check(fuzz, "ollama", request)
 
 
+@pytest.mark.slow
 @fuzz_settings(max(1, EXAMPLES - KEYED_EXAMPLES))
 @given(request=requests(COMFY_ROUTES, BODY_LIMIT))
 def test_the_comfyui_listener_answers_anything_with_an_error_object_and_stays_up(
@@ -687,6 +690,7 @@ def test_the_comfyui_listener_answers_anything_with_an_error_object_and_stays_up
     check(fuzz, "comfyui", request)
 
 
+@pytest.mark.slow
 @fuzz_settings(KEYED_EXAMPLES)
 @given(request=keyed_requests(OPENAI_ROUTES, BODY_LIMIT))
 def test_with_keys_in_force_the_openai_listener_lets_nothing_through_without_one_and_stays_up(
@@ -695,6 +699,7 @@ def test_with_keys_in_force_the_openai_listener_lets_nothing_through_without_one
     check(fuzz, "openai", request)
 
 
+@pytest.mark.slow
 @fuzz_settings(KEYED_EXAMPLES)
 @given(request=keyed_requests(OLLAMA_ROUTES, BODY_LIMIT))
 def test_with_keys_in_force_the_ollama_listener_lets_nothing_through_without_one_and_stays_up(
@@ -703,6 +708,7 @@ def test_with_keys_in_force_the_ollama_listener_lets_nothing_through_without_one
     check(fuzz, "ollama", request)
 
 
+@pytest.mark.slow
 @fuzz_settings(KEYED_EXAMPLES)
 @given(request=keyed_requests(COMFY_ROUTES, BODY_LIMIT))
 def test_with_keys_in_force_the_comfyui_listener_lets_nothing_through_without_one_and_stays_up(
@@ -724,6 +730,7 @@ def _regression_id(name: str, keys: bool, request: FuzzRequest) -> str:
     return f"{name}:{request.method} {request.target[:40].decode()} {body}{credential}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("listener", "keys", "request_"), REGRESSIONS,
                          ids=[_regression_id(*case) for case in REGRESSIONS])
 def test_requests_that_broke_a_listener_before_hold_the_same_properties(
@@ -732,6 +739,7 @@ def test_requests_that_broke_a_listener_before_hold_the_same_properties(
     check(fuzz, listener, request_)
 
 
+@pytest.mark.slow
 def test_after_the_fuzz_every_listener_still_does_real_work(fuzz: FuzzSteward) -> None:
     fuzz.use_keys(False)
     openai, ollama, comfy = (fuzz.listeners[name].url for name in ("openai", "ollama", "comfyui"))

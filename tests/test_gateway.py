@@ -43,6 +43,7 @@ def client(steward: RunningSteward) -> openai.OpenAI:
     return openai.OpenAI(base_url=steward.base_url, api_key="unused", max_retries=0, timeout=30)
 
 
+@pytest.mark.slow
 def test_chat_completion(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hello there"}],
                                            max_tokens=5)
@@ -52,6 +53,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert reply.usage.completion_tokens == 5
 
 
+@pytest.mark.slow
 def test_streaming_chunks_arrive_while_the_engine_is_still_generating(client: openai.OpenAI,
                                                                         steward: RunningSteward) -> None:
     stats_url = steward.engine_endpoint("chat") + "/fake/stats"
@@ -69,6 +71,7 @@ def test_streaming_chunks_arrive_while_the_engine_is_still_generating(client: op
     assert len(pieces) == 25
 
 
+@pytest.mark.slow
 def test_a_stream_without_a_role_chunk_passes_through_as_it_is(client: openai.OpenAI,
                                                                 steward: RunningSteward) -> None:
     """llama-server skips the role chunk when its first token is half a character (found on the
@@ -84,6 +87,7 @@ def test_a_stream_without_a_role_chunk_passes_through_as_it_is(client: openai.Op
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "é brown"
 
 
+@pytest.mark.slow
 def test_embeddings(client: openai.OpenAI) -> None:
     result = client.embeddings.create(model="embed", input=["first text", "second text", "third"])
     assert [d.index for d in result.data] == [0, 1, 2]
@@ -91,6 +95,7 @@ def test_embeddings(client: openai.OpenAI) -> None:
     assert result.usage.prompt_tokens > 0
 
 
+@pytest.mark.slow
 def test_a_long_embeddings_input_runs_in_steps_and_comes_back_whole(client: openai.OpenAI,
                                                                      steward: RunningSteward) -> None:
     texts = [f"text number {i}" for i in range(10)]  # three steps of at most 4
@@ -109,12 +114,14 @@ def test_a_long_embeddings_input_runs_in_steps_and_comes_back_whole(client: open
         assert ours.embedding == pytest.approx(theirs["embedding"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_model_list_has_models_and_aliases(client: openai.OpenAI) -> None:
     ids = {m.id for m in client.models.list()}
     assert ids == {"chat", "gpt-4o", "embed"}
     assert client.models.retrieve("gpt-4o").id == "gpt-4o"
 
 
+@pytest.mark.slow
 def test_alias_reaches_its_model(client: openai.OpenAI, steward: RunningSteward) -> None:
     reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=2)
@@ -122,6 +129,7 @@ def test_alias_reaches_its_model(client: openai.OpenAI, steward: RunningSteward)
     assert steward.health()["engines"]["chat"]["status"] == "ready"
 
 
+@pytest.mark.slow
 def test_unknown_model_is_404_in_openai_shape(client: openai.OpenAI, steward: RunningSteward) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
@@ -131,6 +139,7 @@ def test_unknown_model_is_404_in_openai_shape(client: openai.OpenAI, steward: Ru
     assert set(raw["error"]) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "param"), [
     (b"{not json", None),
     (b'{"messages": []}', "model"),
@@ -145,6 +154,7 @@ def test_malformed_requests_are_400_in_openai_shape(steward: RunningSteward, bod
     assert set(error) == {"message", "type", "param", "code"}
 
 
+@pytest.mark.slow
 def test_body_over_the_limit_is_413(steward: RunningSteward, client: openai.OpenAI) -> None:
     big = "word " * 20_000  # ~100 KB, over the 64 KiB limit
     with pytest.raises(openai.APIStatusError) as caught:
@@ -153,6 +163,7 @@ def test_body_over_the_limit_is_413(steward: RunningSteward, client: openai.Open
     assert caught.value.body["code"] == "request_too_large"
 
 
+@pytest.mark.slow
 def test_unknown_route_and_wrong_method_are_openai_errors(steward: RunningSteward) -> None:
     response = httpx.get(f"{steward.base_url}/nothing-here")
     assert response.status_code == 404 and set(response.json()["error"]) == {"message", "type", "param", "code"}
@@ -160,6 +171,7 @@ def test_unknown_route_and_wrong_method_are_openai_errors(steward: RunningStewar
     assert response.status_code == 405 and response.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.slow
 def test_context_overflow_comes_back_from_the_engine_unchanged(client: openai.OpenAI) -> None:
     long_prompt = "token " * 400  # the fake's slot context is 512 / 2 = 256 tokens
     for stream in (False, True):
@@ -173,6 +185,7 @@ def test_context_overflow_comes_back_from_the_engine_unchanged(client: openai.Op
         assert error["n_ctx"] == 256 and error["n_prompt_tokens"] > 256
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["header", "body", "suffix"])
 def test_class_given_three_ways(client: openai.OpenAI, steward: RunningSteward, how: str) -> None:
     marker = f"class test {how}"
@@ -189,18 +202,21 @@ def test_class_given_three_ways(client: openai.OpenAI, steward: RunningSteward, 
     assert [d["class"] for d in dispatched] == ["batch" if how == "body" else "background"]
 
 
+@pytest.mark.slow
 def test_unknown_class_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="chat@urgent", messages=[{"role": "user", "content": "hi"}])
     assert caught.value.body["code"] == "invalid_class"
 
 
+@pytest.mark.slow
 def test_requests_without_a_class_are_interactive(client: openai.OpenAI, steward: RunningSteward) -> None:
     before = len(steward.events("dispatch"))
     client.completions.create(model="chat", prompt="once upon", max_tokens=2)
     assert [d["class"] for d in steward.events("dispatch")[before:]] == ["interactive"]
 
 
+@pytest.mark.slow
 def test_more_concurrent_requests_than_slots_wait_in_steward(client: openai.OpenAI,
                                                             steward: RunningSteward) -> None:
     stats_url = steward.engine_endpoint("chat") + "/fake/stats"
@@ -224,6 +240,7 @@ def test_more_concurrent_requests_than_slots_wait_in_steward(client: openai.Open
     assert peak_deferred == 0  # everything beyond the slots waited in steward, not in the engine
 
 
+@pytest.mark.slow
 def test_client_disconnect_mid_stream_cancels_the_upstream_request(steward: RunningSteward) -> None:
     stats_url = steward.engine_endpoint("chat") + "/fake/stats"
     cancelled_before = httpx.get(stats_url).json()["cancelled"]
@@ -240,6 +257,7 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_request(steward: Runn
     assert steward.health()["engines"]["chat"]["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_event_log_records_are_json_with_the_common_fields(steward: RunningSteward) -> None:
     records = steward.events()
     assert records, "the event log is empty"
@@ -261,10 +279,12 @@ def test_metadata_fields_are_stripped_before_forwarding() -> None:
     assert route_request({"headers": []}, untouched, {"chat": "chat"}).body is untouched
 
 
+@pytest.mark.slow
 def test_module_steward_wrote_its_log(steward: RunningSteward) -> None:
     assert Path(steward.events_path).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_prometheus_metrics_follow_the_events_and_the_scheduler(steward: RunningSteward, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "m"}], max_tokens=1)
     text = httpx.get(f"{steward.url}/metrics").text

@@ -27,6 +27,8 @@ from supervisor.units import parse_size
 from tests.conftest import RunningSteward, fake_model, free_port, launch_steward
 from tests.fake_processes import wait_until
 
+pytestmark = pytest.mark.slow  # every test here talks to the module's steward, a real process
+
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 OLLAMA_MODEL = "gemma3:4b,size=2GiB,load=0.1s,tps=200"
 WORKFLOW = {"prompt": {"3": {"class_type": "KSampler", "inputs": {"steps": 1, "fake_seconds": 0.1}},

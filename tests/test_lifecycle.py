@@ -17,6 +17,8 @@ import pytest
 from fakes.simgpu import SimulatedDevice
 from tests.conftest import RunningSteward, StewardFactory, descendants, fake_model
 
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
+
 GIB = 1024**3
 
 

@@ -29,6 +29,7 @@ MODELS = {"chat": "gemma4-12b", "background": "gemma4-e4b", "batch": "gemma4-e2b
 INVARIANTS = ["alive", "answers", "idle", "ledger", "processes", "fds"]
 
 
+@pytest.mark.slow
 def test_a_short_mixed_load_completes_work_in_every_class_without_errors(capfd: pytest.CaptureFixture[str]) -> None:
     said: list[str] = []
     report = run_loadtest(None, {"chat": 2, "background": 2, "batch": 1, "embedding": 1}, 6.0, MODELS, say=said.append)
@@ -55,6 +56,7 @@ def test_a_short_mixed_load_completes_work_in_every_class_without_errors(capfd: 
     json.dumps(report.to_json())  # machine-readable as it is
 
 
+@pytest.mark.slow
 def test_a_short_chaos_run_reports_every_invariant_with_its_figures() -> None:
     announced: list[chaos.ChaosRecord] = []
     options = ChaosOptions(interval=1.0, freeze=(1.0, 1.5), warmup=1.5, sample_interval=1.0)
@@ -240,6 +242,7 @@ def _sleeper() -> tuple[subprocess.Popen[bytes], chaos.Incarnation]:
     return process, chaos.Incarnation("x", process.pid, chaos.process_start_time(process.pid))
 
 
+@pytest.mark.slow
 def test_a_signal_goes_only_to_the_named_child() -> None:
     process, incarnation = _sleeper()
     try:
@@ -257,6 +260,7 @@ def test_a_signal_goes_only_to_the_named_child() -> None:
         process.wait()
 
 
+@pytest.mark.slow
 async def test_chaos_freezes_continues_and_kills_children_of_the_given_parent(tmp_path: Path) -> None:
     process, _ = _sleeper()
     try:
@@ -275,6 +279,7 @@ async def test_chaos_freezes_continues_and_kills_children_of_the_given_parent(tm
         process.wait()
 
 
+@pytest.mark.slow
 def test_own_fds_leave_out_pipes_shared_with_live_children() -> None:
     process = subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE)
     try:

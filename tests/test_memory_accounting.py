@@ -2,6 +2,7 @@
 measurements replacing estimates."""
 
 from __future__ import annotations
+import pytest
 
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile, Measured, SchedulingPolicy, StartEngine, StopEngine
@@ -88,6 +89,7 @@ def test_settle_polls_are_configurable() -> None:
     assert s.ledger.outside == GIB
 
 
+@pytest.mark.slow
 def test_regression_phantom_memory_with_real_processes_on_the_simulated_gpu(start_steward: StewardFactory,
                                                                            sim_gpu) -> None:  # type: ignore[no-untyped-def]
     # The simulated driver keeps an exited process's memory for 1 s while the process list

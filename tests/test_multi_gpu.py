@@ -18,6 +18,8 @@ from supervisor.probes import SimulatedGpuProbe
 from tests.conftest import StewardFactory, fake_model
 from tests.fake_processes import wait_until
 
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
+
 GiB = 1 << 30
 
 

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import httpx
 import ollama
+import pytest
 
 
 from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
+
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
 
 CHAT = "gemma3:4b,size=4GiB,load=0.3s,tps=40"
 EMBED = "nomic-embed-text,size=0.5GiB,load=0.1s,embed"

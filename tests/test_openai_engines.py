@@ -17,6 +17,8 @@ import pytest
 from fakes import simgpu
 from tests.conftest import StewardFactory, fake_model, free_port, stop_process
 
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
+
 GIB = 1024**3
 
 

@@ -12,11 +12,14 @@ import textwrap
 import time
 from collections.abc import Callable
 
+import pytest
 import trio
 
 from supervisor.process import describe_exit, open_child, pump_lines, stop_child
 from supervisor.reaper import Reaper, reaper_argv
 from tests.conftest import ROOT, descendants
+
+pytestmark = pytest.mark.slow  # every test here starts child processes
 
 STUBBORN = textwrap.dedent("""
     import os, signal, subprocess, sys, time

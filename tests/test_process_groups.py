@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import RunningSteward, StewardFactory, descendants, fake_model
+
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
 
 
 def wrapped_fake_model(**config: Any) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from fakes.llama_binary import llama_server_path
 from fakes.tiny_gguf import write_tiny_model
 from tests.conftest import StewardFactory
 
+pytestmark = pytest.mark.slow  # every test here starts steward and llama-server as real processes
+
 
 @pytest.fixture(scope="module")
 def binary() -> str:

@@ -20,6 +20,8 @@ from fakes.llama_binary import llama_server_path
 from fakes.tiny_gguf import write_tiny_model
 from tests.conftest import RunningSteward, StewardFactory, descendants, free_port, launch_steward
 
+pytestmark = pytest.mark.slow  # every test here starts steward and llama-server as real processes
+
 
 @pytest.fixture(scope="module")
 def binary() -> str:

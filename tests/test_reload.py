@@ -13,11 +13,14 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 import yaml
 
 from supervisor.events import read_event_log
 from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
 from tests.fake_processes import wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts steward as a real process
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
 

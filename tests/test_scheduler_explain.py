@@ -7,6 +7,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.explain import WaitReason, explain
@@ -89,6 +90,7 @@ def test_each_reason_the_core_can_give() -> None:
                                             "work drains for it")
 
 
+@pytest.mark.slow
 def test_healthz_says_why_each_line_waits(start_steward: StewardFactory) -> None:
     steward = start_steward({"chat": fake_model("8GiB"), "gemma": fake_model("4GiB")},
                             gpu={"probe": "none", "budget": "10GiB"})

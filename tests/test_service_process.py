@@ -6,11 +6,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from supervisor.backoff import Backoff
 from supervisor.events import EventLog
 from supervisor.services.process import serve_service_process
+
+pytestmark = pytest.mark.slow  # the test here starts a service as a real process
 
 
 async def test_the_restart_backoff_starts_over_after_a_service_ran_for_a_while(tmp_path: Path) -> None:
@@ -18,9 +21,9 @@ async def test_the_restart_backoff_starts_over_after_a_service_ran_for_a_while(t
     longest delay, as if it had been failing all along."""
     counter = tmp_path / "starts"
     counter.write_text("0")
-    # Exits at once three times, then runs 5 s (longer than the 2 s cap) and exits again.
+    # Exits at once three times, then runs 3 s (longer than the 2 s cap) and exits again.
     script = (f'n=$(cat {counter}); echo $((n + 1)) > {counter}; '
-              f'if [ "$n" -eq 3 ]; then sleep 5; fi; exit 1')
+              f'if [ "$n" -eq 3 ]; then sleep 3; fi; exit 1')
     send, _receive = trio.open_memory_channel[Any](math.inf)
     events = EventLog(send, recent_max=1000)
     delays: list[float] = []

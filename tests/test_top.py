@@ -263,6 +263,7 @@ def ask(url: str, model: str, key: str | None = None) -> httpx.Response:
                       json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 
 
+@pytest.mark.slow
 def test_once_prints_one_frame_of_a_running_steward(start_steward: StewardFactory, tmp_path: Path) -> None:
     steward = start_steward({"chat": fake_model("4GiB"), "embed": fake_model("2GiB")},
                             gpu={"probe": "none", "budget": "16GiB"})
@@ -286,6 +287,7 @@ def test_once_prints_one_frame_of_a_running_steward(start_steward: StewardFactor
     assert top_here("--once", "ftp://x")[2].startswith("steward top: 'ftp://x' is not steward's address")
 
 
+@pytest.mark.slow
 def test_once_needs_an_admin_key_once_keys_are_configured(start_steward: StewardFactory, tmp_path: Path) -> None:
     keys = tmp_path / "keys.json"
     admin, user = add_key(keys, "ops", admin=True), add_key(keys, "app")
@@ -334,6 +336,7 @@ def wait_pane(tmux: Callable[..., str], seen: Callable[[str], bool], what: str, 
     raise AssertionError(f"the pane never showed {what}:\n{pane}")
 
 
+@pytest.mark.slow
 def test_the_live_view_in_tmux_follows_steward_and_answers_its_keys(start_steward: StewardFactory,
                                                                     tmux: Callable[..., str]) -> None:
     steward = start_steward({"chat": fake_model("4GiB"), "embed": fake_model("2GiB")},
