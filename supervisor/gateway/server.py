@@ -314,7 +314,7 @@ async def _accept_forever(listener: trio.SocketListener, handler: _ConnectionHan
             await trio.sleep(0.1)
             continue
         # Taken here, in the order the connections came, before the handler's task runs.
-        nursery.start_soon(handler, stream, handler.budget.take(handler.listener.name))
+        nursery.start_soon(handler, stream, handler.budget.take(handler.listener.name), name=handler.task_name)
 
 
 @attrs.define(eq=False)
@@ -325,6 +325,12 @@ class _ConnectionHandler:
     context: WorkerContext
     budget: ConnectionBudget
     events: EventLog
+
+    @property
+    def task_name(self) -> str:
+        # Short: trio writes the current task's name into every cancel's reason, and would
+        # otherwise name the task by this handler's whole repr (its apps, settings, budget).
+        return f"steward {self.listener.name} connection"
 
     async def __call__(self, stream: trio.SocketStream, seat: Seat | None) -> None:
         name = self.listener.name
