@@ -140,13 +140,13 @@ class _Answer:
     error_shape: ErrorShape
     stream_error: StreamError
     on_status: Callable[[int], None]
-    framing: bytes | None = None  # the content type, once the response started
+    headers: list[tuple[bytes, bytes]] | None = None  # the answer's, once it started
     length_declared: bool = False  # by the upstream: the body must then go through whole
     complete: bool = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
         self.on_status(status)
-        self.framing = next((v for k, v in headers if k == b"content-type"), b"")
+        self.headers = headers  # read only if the answer fails
         self.length_declared = length is not None
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
@@ -161,14 +161,14 @@ class _Answer:
         if self.complete:
             return
         self.on_status(status)
-        if self.framing is None:
+        if self.headers is None:
             body = self.error_shape(status, message, code=code)
-            self.framing = b"application/json"
-            await self.send({"type": "http.response.start", "status": status,
-                             "headers": error_headers(body, shape=self.error_shape)})
+            self.headers = error_headers(body, shape=self.error_shape)
+            await self.send({"type": "http.response.start", "status": status, "headers": self.headers})
             await self.body(body, more=False)
         elif not self.length_declared:
-            await self.body(self.stream_error(self.framing, message, code=code), more=False)
+            framing = next((v for k, v in self.headers if k == b"content-type"), b"")
+            await self.body(self.stream_error(framing, message, code=code), more=False)
         else:
             # A body of announced length cannot take an error; ending here without its last
             # bytes closes the connection, so the client sees the answer is incomplete.
