@@ -82,12 +82,12 @@ class _Response:
 
     send: Callable[[Message], Awaitable[None]]
     stream_error: StreamError = error_in_stream  # the route's (Anthropic's event on /v1/messages)
-    content_type: bytes | None = None  # set once the response started
+    headers: list[tuple[bytes, bytes]] | None = None  # the answer's, once it started
     complete: bool = False
 
     async def forward(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            self.content_type = next((v for k, v in message.get("headers", ()) if k.lower() == b"content-type"), b"")
+            self.headers = message.get("headers", [])  # read only if the answer is cut
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.complete = True
         await self.send(message)
@@ -97,12 +97,13 @@ class _Response:
             return
         with trio.move_on_after(CUT_GRACE_S), trio.CancelScope(shield=True):
             try:
-                if self.content_type is None:
+                if self.headers is None:
                     body = error_body(503, CUT_MESSAGE, code="shutting_down")
                     await self.send({"type": "http.response.start", "status": 503,
                                      "headers": [*error_headers(body, 5), (b"connection", b"close")]})
                 else:
-                    body = self.stream_error(self.content_type, CUT_MESSAGE, code="shutting_down")
+                    content_type = next((v for k, v in self.headers if k.lower() == b"content-type"), b"")
+                    body = self.stream_error(content_type, CUT_MESSAGE, code="shutting_down")
                 await self.send({"type": "http.response.body", "body": body, "more_body": False})
             except Exception:  # noqa: BLE001 - the connection is already gone: nothing to tell
                 pass

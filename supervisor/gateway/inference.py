@@ -39,7 +39,8 @@ from supervisor.gateway.asgi import (
 from supervisor.gateway.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.embeddings import EmbeddingsAssembly, split_inputs
-from supervisor.gateway.relay import HOP_BY_HOP, UpstreamRequest, relay
+from supervisor.gateway.granted import answer_job_failed, serve_granted
+from supervisor.gateway.relay import HOP_BY_HOP, UpstreamFailure, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.reshaped import reading_answer
 from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
@@ -142,21 +143,18 @@ class InferenceHandler:
             if generation is not None:
                 await self._serve_generation_steps(scope, routed, generation, send, disconnect, exchange)
                 return
-            async with self.scheduler.open_grant(routed.model, routed.klass, on_waited=exchange.waited) as lease:
-                exchange.engine = lease.grant.engine
-                tracked = TrackedSend(send)
-                try:
-                    await self._proxy(scope, routed, reading_answer(
-                        tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                        stream=routed.stream, model=routed.model), lease)
-                finally:
-                    if disconnect.happened and not tracked.complete:
-                        lease.status = 499  # the client left before the answer ended
         except JobFailed as exc:
-            failure = exc.failure
-            exchange.error = failure.code
-            await send_error(send, failure.status, failure.message, shape=routed.route.error_shape, code=failure.code,
-                             retry_after=failure.retry_after)
+            await answer_job_failed(send, exchange, exc, routed.route.error_shape)
+            return
+
+        async def answering(lease: Lease, tracked: Send) -> None:
+            exchange.engine = lease.grant.engine
+            await self._proxy(scope, routed, reading_answer(
+                tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
+                stream=routed.stream, model=routed.model), lease)
+
+        await serve_granted(self.scheduler, exchange, send, disconnect, model=routed.model, klass=routed.klass,
+                            shape=routed.route.error_shape, answering=answering)
 
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send, exchange: Exchange) -> None:
@@ -172,24 +170,22 @@ class InferenceHandler:
                                                  steps=len(chunks), on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
                 host, port = self._endpoint(lease.grant.endpoint)
-                where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request"
+                where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request:"
                 with lease.abort.scope:
                     try:
                         status, headers, body = await fetch_upstream(
                             host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
                             self._request_headers(scope, routed), chunk, self.timeouts)
-                    except UpstreamStalled as exc:
-                        self._report_stall(lease, str(exc))
-                        lease.status = 504
-                        await send_error(send, 504, f"{where}: {exc}", code="engine_timeout")
-                        return
                     except UpstreamError as exc:
-                        lease.status = 502
-                        await send_error(send, 502, f"{where}: {exc}", code="engine_error")
+                        if isinstance(exc, UpstreamStalled):
+                            self._report_stall(lease, str(exc))
+                        # A step's failure names the step, whatever happened (the table's words left out).
+                        await self._fail_step(send, lease, attrs.evolve(UpstreamFailure.of(exc), happened=""),
+                                              where, exc)
                         return
                 if lease.abort.scope.cancelled_caught:
-                    lease.status = 502
-                    await send_error(send, 502, f"{where}: it {lease.abort.reason}", code=lease.abort.code)
+                    await self._fail_step(send, lease, UpstreamFailure.aborted(lease.abort.code), where,
+                                          f"it {lease.abort.reason}")
                     return
                 lease.status = status
                 if status != 200:
@@ -205,6 +201,11 @@ class InferenceHandler:
                     return
         body = assembly.response()
         await send_whole(send, 200, [(b"content-type", b"application/json")], body)
+
+    async def _fail_step(self, send: Send, lease: Lease, failure: UpstreamFailure, where: str,
+                         detail: object) -> None:
+        lease.status = failure.status
+        await send_error(send, failure.status, failure.message(where, detail), code=failure.code)
 
     async def _serve_generation_steps(self, scope: Scope, routed: RoutedRequest, generation: Generation, send: Send,
                                       disconnect: Disconnect, exchange: Exchange) -> None:
@@ -232,13 +233,11 @@ class InferenceHandler:
                         break
             await answer.end()  # the last step's slot is free: the rest is steward's own bytes
         except JobFailed as exc:  # a later step's: refused, or steward is closing
-            failure = exc.failure
-            exchange.error = failure.code
             if isinstance(answer, StreamedSteps) and answer.started:
-                await answer.fail(failure.message, failure.code)
+                exchange.error = exc.failure.code
+                await answer.fail(exc.failure.message, exc.failure.code)
             else:
-                await send_error(send, failure.status, failure.message, shape=routed.route.error_shape,
-                                 code=failure.code, retry_after=failure.retry_after)
+                await answer_job_failed(send, exchange, exc, routed.route.error_shape)
         finally:
             self.events.emit("generation_steps", "debug", request_id=exchange.request_id, model=routed.model,
                              **{"class": routed.klass}, steps=generation.steps, step_tokens=generation.step_tokens,

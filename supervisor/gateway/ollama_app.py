@@ -26,18 +26,17 @@ from supervisor.gateway.asgi import (
     RequestError,
     Scope,
     Send,
-    TrackedSend,
     dump_json,
     open_disconnect_watch,
     read_body,
     refuse_lone_surrogates,
-    send_error,
     send_refusal,
 )
 from supervisor.gateway.classes import CLASS_HEADER, choose_class
 from supervisor.gateway.door import MONITORING_PATHS, FrontDoor, exchange_of
 from supervisor.gateway.errors import ErrorShape, ollama_error_body
 from supervisor.gateway.gate import RequestGate, gated
+from supervisor.gateway.granted import serve_granted
 from supervisor.gateway.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.reshaped import reading_answer
@@ -45,7 +44,7 @@ from supervisor.gateway.stream_usage import ask_for_usage
 from supervisor.gateway.upstream import Timeouts
 from supervisor.health import HealthWatch
 from supervisor.metrics import StewardMetrics
-from supervisor.scheduler.actor import JobFailed, SchedulerClient
+from supervisor.scheduler.actor import Lease, SchedulerClient
 
 INFERENCE_PATHS = frozenset({
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
@@ -133,28 +132,21 @@ class OllamaListener:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, route: OllamaRoute, shape: ErrorShape) -> None:
         exchange = exchange_of(scope)
+
+        async def answering(lease: Lease, tracked: Send) -> None:
+            exchange.engine = OLLAMA_ENGINE
+
+            def on_status(status: int) -> None:
+                lease.status = status
+
+            await relay(self._reading(scope, tracked, route), self._request(scope, route.body),
+                        what="Ollama", on_status=on_status, retry=self.backoff, on_retry=self._log_retry,
+                        error_shape=shape, stream_error=stream_error_for(scope), timeouts=self.timeouts,
+                        abort=lease.abort)
+
         async with open_disconnect_watch(receive) as disconnect:
-            try:
-                async with self.scheduler.open_grant(OLLAMA_ENGINE, route.klass, on_waited=exchange.waited) as lease:
-                    exchange.engine = OLLAMA_ENGINE
-
-                    def on_status(status: int) -> None:
-                        lease.status = status
-
-                    tracked = TrackedSend(send)
-                    try:
-                        await relay(self._reading(scope, tracked, route), self._request(scope, route.body),
-                                    what="Ollama", on_status=on_status, retry=self.backoff, on_retry=self._log_retry,
-                                    error_shape=shape, stream_error=stream_error_for(scope), timeouts=self.timeouts,
-                                    abort=lease.abort)
-                    finally:
-                        if disconnect.happened and not tracked.complete:
-                            lease.status = 499
-            except JobFailed as exc:
-                failure = exc.failure
-                exchange.error = failure.code  # Ollama's own error shape has no field for it
-                await send_error(send, failure.status, failure.message, shape=shape, code=failure.code,
-                                 retry_after=failure.retry_after)
+            await serve_granted(self.scheduler, exchange, send, disconnect, model=OLLAMA_ENGINE, klass=route.klass,
+                                shape=shape, answering=answering)
 
     def _reading(self, scope: Scope, send: Send, route: OllamaRoute) -> Send:
         """Its /v1 routes' answers are read as on the OpenAI listener; the native ones go as they come."""

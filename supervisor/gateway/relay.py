@@ -49,6 +49,32 @@ class UpstreamRequest:
     body: bytes | StreamedBody
 
 
+@attrs.frozen
+class UpstreamFailure:
+    """How an upstream's failure is answered: the status, the error's code, and the words that
+    say what happened (before the detail); one table for every caller (relay, embedding steps)."""
+
+    status: int
+    code: str
+    happened: str
+
+    @classmethod
+    def of(cls, exc: UpstreamError) -> UpstreamFailure:
+        if isinstance(exc, UpstreamUnreachable):
+            return cls(502, "engine_error", "cannot be reached")
+        if isinstance(exc, UpstreamStalled):
+            return cls(504, "engine_timeout", "stalled")
+        return cls(502, "engine_error", "failed during the request")
+
+    @classmethod
+    def aborted(cls, code: str) -> UpstreamFailure:
+        """The scheduler ended the request (its engine is unhealthy): *code* says why."""
+        return cls(502, code, "")
+
+    def message(self, what: str, detail: object) -> str:
+        return f"{what} {self.happened}: {detail}" if self.happened else f"{what} {detail}"
+
+
 # Told why the upstream cannot be reached; the request to send elsewhere and what to call it, or None.
 Reroute = Callable[[str], Awaitable[tuple[UpstreamRequest, str] | None]]
 
@@ -71,7 +97,8 @@ async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: C
     with abort.scope if abort is not None else contextlib.nullcontext():
         await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall, reroute)
     if abort is not None and abort.scope.cancelled_caught:
-        await answer.fail(502, f"{what} {abort.reason}", abort.code)
+        failure = UpstreamFailure.aborted(abort.code)
+        await answer.fail(failure.status, failure.message(what, abort.reason), failure.code)
 
 
 async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: str, retry: Backoff | None,
@@ -89,7 +116,7 @@ async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: s
                     request, what = elsewhere
                     continue
             if delays is None:
-                await answer.fail(502, f"{what} cannot be reached: {exc}", "engine_error")
+                await answer.fail_with(UpstreamFailure.of(exc), what, exc)
                 return
             delay = next(delays)
             if on_retry is not None:
@@ -98,13 +125,10 @@ async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: s
                 await answer.fail(503, f"steward is shutting down and {what} cannot be reached: {exc}",
                                   "shutting_down")
                 return
-        except UpstreamStalled as exc:
-            if on_stall is not None:
-                on_stall(str(exc))
-            await answer.fail(504, f"{what} stalled: {exc}", "engine_timeout")
-            return
         except UpstreamError as exc:
-            await answer.fail(502, f"{what} failed during the request: {exc}", "engine_error")
+            if isinstance(exc, UpstreamStalled) and on_stall is not None:
+                on_stall(str(exc))
+            await answer.fail_with(UpstreamFailure.of(exc), what, exc)
             return
 
 
@@ -116,13 +140,13 @@ class _Answer:
     error_shape: ErrorShape
     stream_error: StreamError
     on_status: Callable[[int], None]
-    framing: bytes | None = None  # the content type, once the response started
+    headers: list[tuple[bytes, bytes]] | None = None  # the answer's, once it started
     length_declared: bool = False  # by the upstream: the body must then go through whole
     complete: bool = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
         self.on_status(status)
-        self.framing = next((v for k, v in headers if k == b"content-type"), b"")
+        self.headers = headers  # read only if the answer fails
         self.length_declared = length is not None
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
@@ -130,18 +154,21 @@ class _Answer:
         self.complete = not more
         await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
 
+    async def fail_with(self, failure: UpstreamFailure, what: str, detail: object) -> None:
+        await self.fail(failure.status, failure.message(what, detail), failure.code)
+
     async def fail(self, status: int, message: str, code: str) -> None:
         if self.complete:
             return
         self.on_status(status)
-        if self.framing is None:
+        if self.headers is None:
             body = self.error_shape(status, message, code=code)
-            self.framing = b"application/json"
-            await self.send({"type": "http.response.start", "status": status,
-                             "headers": error_headers(body, shape=self.error_shape)})
+            self.headers = error_headers(body, shape=self.error_shape)
+            await self.send({"type": "http.response.start", "status": status, "headers": self.headers})
             await self.body(body, more=False)
         elif not self.length_declared:
-            await self.body(self.stream_error(self.framing, message, code=code), more=False)
+            framing = next((v for k, v in self.headers if k == b"content-type"), b"")
+            await self.body(self.stream_error(framing, message, code=code), more=False)
         else:
             # A body of announced length cannot take an error; ending here without its last
             # bytes closes the connection, so the client sees the answer is incomplete.

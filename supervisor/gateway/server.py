@@ -33,7 +33,8 @@ import os
 import resource
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -46,7 +47,7 @@ from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.task_group import TaskGroup
-from hypercorn.trio.worker_context import TrioSingleTask, WorkerContext
+from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, wrap_app
 
@@ -314,7 +315,7 @@ async def _accept_forever(listener: trio.SocketListener, handler: _ConnectionHan
             await trio.sleep(0.1)
             continue
         # Taken here, in the order the connections came, before the handler's task runs.
-        nursery.start_soon(handler, stream, handler.budget.take(handler.listener.name))
+        nursery.start_soon(handler, stream, handler.budget.take(handler.listener.name), name=handler.task_name)
 
 
 @attrs.define(eq=False)
@@ -325,6 +326,12 @@ class _ConnectionHandler:
     context: WorkerContext
     budget: ConnectionBudget
     events: EventLog
+
+    @property
+    def task_name(self) -> str:
+        # Short: trio writes the current task's name into every cancel's reason, and would
+        # otherwise name the task by this handler's whole repr (its apps, settings, budget).
+        return f"steward {self.listener.name} connection"
 
     async def __call__(self, stream: trio.SocketStream, seat: Seat | None) -> None:
         name = self.listener.name
@@ -368,6 +375,33 @@ async def _refuse(stream: trio.SocketStream, status: int, reason: str, shape: Er
 
 
 @attrs.define(eq=False)
+class _IdleTimer:
+    """A connection's idle close: one timer task at a time, a restart cancelling the last one.
+
+    Hypercorn's TrioSingleTask does this with a lock and ``nursery.start``; here restarting and
+    stopping are synchronous (nothing to lock, no checkpoint), as they run once per request.
+    A timer stopped before its task began never runs: its scope is cancelled already."""
+
+    _running: trio.CancelScope | None = None
+
+    def restart(self, task_group: TaskGroup, close_when_idle: Callable[[], Awaitable[None]]) -> None:
+        self.stop()
+        self._running = trio.CancelScope()
+        assert task_group._nursery is not None
+        task_group._nursery.start_soon(_run_within, self._running, close_when_idle, name="steward idle timer")
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+            self._running = None
+
+
+async def _run_within(scope: trio.CancelScope, action: Callable[[], Awaitable[None]]) -> None:
+    with scope:
+        await action()
+
+
+@attrs.define(eq=False)
 class _Connection:
     """One client connection: read, hand bytes to the protocol, write what it sends."""
 
@@ -379,7 +413,7 @@ class _Connection:
     protocol: Http11Protocol | None = None
     client: str | None = None
     _send_lock: trio.Lock = attrs.Factory(trio.Lock)
-    _idle: TrioSingleTask = attrs.Factory(TrioSingleTask)
+    _idle: _IdleTimer = attrs.Factory(lambda: _IdleTimer())
     _task_group: TaskGroup | None = None
 
     async def serve(self) -> None:
@@ -395,7 +429,7 @@ class _Connection:
             self.protocol = Http11Protocol(self.app, self.settings, self.context, task_group, ConnectionState({}),
                                            False, client, server, self._protocol_send, error_shape=self.error_shape)
             await self.protocol.initiate()
-            await self._idle.restart(task_group, self._close_when_idle)
+            self._idle.restart(task_group, self._close_when_idle)
             await self._read()
 
     async def _read(self) -> None:
@@ -416,21 +450,24 @@ class _Connection:
             if not data:
                 break
         await self.protocol.handle(Closed())
-        await self._idle.stop()  # the client went: its seat is free now, not when the idle timer ends
+        self._idle.stop()  # the client went: its seat is free now, not when the idle timer ends
 
     async def _protocol_send(self, event: Event) -> None:
         assert self.protocol is not None and self._task_group is not None
         if isinstance(event, RawData):
             gone = False
-            async with self._send_lock:
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(SEND_TIMEOUT_S) as sending:
-                        try:
-                            await self.stream.send_all(event.data)
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            gone = True
-                    if gone or sending.cancelled_caught:  # gone, or not reading: give up on it
+            async with self._sending():
+                # Shielded, within its own deadline (one scope: this runs for every chunk of every answer).
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as sending:
+                    try:
+                        taken = self._write_at_once(event.data)
+                        if taken < len(event.data):
+                            await self.stream.send_all(memoryview(event.data)[taken:])
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
                         gone = True
+                if gone or sending.cancelled_caught:  # gone, or not reading: give up on it
+                    gone = True
+                    with trio.CancelScope(shield=True):
                         await self._close()
             if gone:
                 await self.protocol.handle(Closed())
@@ -442,11 +479,40 @@ class _Connection:
             # Shielded: the answer's last send comes from the app's task, which may be cancelled
             # as it ends (the client's disconnect is watched); the timer must start all the same,
             # or an idle keep-alive connection would never close.
-            with trio.CancelScope(shield=True):
-                if event.idle:
-                    await self._idle.restart(self._task_group, self._close_when_idle)
-                else:
-                    await self._idle.stop()
+            if event.idle:
+                self._idle.restart(self._task_group, self._close_when_idle)
+            else:
+                self._idle.stop()
+
+    @asynccontextmanager
+    async def _sending(self) -> AsyncIterator[None]:
+        """The send lock; taken without a trip through trio's scheduler when it is free (each
+        chunk of every answer takes it), and, as ``Lock.acquire``, not by a cancelled task."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
+            yield
+        finally:
+            self._send_lock.release()
+
+    def _write_at_once(self, data: bytes) -> int:
+        """How much of *data* the socket took without waiting (the rest goes by ``send_all``),
+        written as ``_read`` reads: no checkpoint when the socket has room, as it almost always
+        has. A closed or broken connection raises as ``send_all`` would."""
+        sock = self.stream.socket
+        if sock.did_shutdown_SHUT_WR or sock.fileno() == -1:
+            raise trio.ClosedResourceError("the connection was closed")
+        if not data:
+            return 0
+        try:
+            return os.write(sock.fileno(), data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"the connection broke: {exc}") from None
 
     def _request_begun(self) -> bool:
         """Whether a request is here: unread in the socket, read and not yet a whole head, or
