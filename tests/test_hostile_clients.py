@@ -497,8 +497,8 @@ def test_every_answer_steward_writes_has_a_content_length_or_a_stream_type(door:
 
 
 def test_slow_clients_do_not_delay_others(steward: RunningSteward) -> None:
-    """A connection that sent half a request head is closed after keep_alive_timeout (5 s)
-    by hypercorn; meanwhile the listener serves others."""
+    """A connection that sent half a request head is closed after the keep-alive time and
+    its grace (7.5 s + 2.5 s); meanwhile the listener serves others."""
     port = _port(steward.url)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 12")

@@ -181,3 +181,16 @@ async def test_an_idle_kept_alive_connection_closes_after_the_keep_alive_timeout
             assert [await _read_to_end(stream) for stream in streams] == [b""] * 5  # closed by the server
             while running.connections.open:
                 await trio.sleep(0.01)
+
+
+def test_the_clients_give_up_an_idle_connection_before_steward_closes_it() -> None:
+    """httpx, and with it the openai and anthropic SDKs, drops an idle pooled connection after
+    5 s; steward keeps one longer, so no client sends a request on a connection steward is
+    closing (at 5 s against 5 s a client under load did, and read "server disconnected")."""
+    from anthropic._constants import DEFAULT_CONNECTION_LIMITS as ANTHROPIC
+    from openai._constants import DEFAULT_CONNECTION_LIMITS as OPENAI
+
+    send, _receive = trio.open_memory_channel[Any](math.inf)
+    kept = server.hypercorn_settings(EventLog(send)).keep_alive_timeout
+    for limits in (httpx.Limits(), OPENAI, ANTHROPIC):
+        assert limits.keepalive_expiry is not None and kept >= limits.keepalive_expiry + 2

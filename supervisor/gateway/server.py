@@ -153,8 +153,19 @@ def connection_capacity(configured: int) -> int:
     return max(1, min(configured, soft - _FD_RESERVE))
 
 
+# An idle keep-alive connection closes after this. Longer than the 5 s after which httpx (and
+# so the openai and anthropic SDKs, LangChain, aider) drops an idle pooled connection: the
+# client gives it up first, and never sends a request on one steward is closing. At 5 s
+# against 5 s a client under load did ("server disconnected", the request never seen).
+KEEP_ALIVE_S = 7.5
+# A request whose bytes had come when the idle time ended: at most this long more for the
+# reader to take it (a head that never completes still closes).
+REQUEST_GRACE_S = 2.5
+
+
 def hypercorn_settings(events: EventLog) -> hypercorn.config.Config:
     settings = hypercorn.config.Config()
+    settings.keep_alive_timeout = KEEP_ALIVE_S
     settings.accesslog = None
     # Hypercorn reports a failing ASGI app through its error log: make that an event.
     settings.errorlog = event_logger("steward.http", events)
@@ -539,15 +550,15 @@ class _Connection:
 
     async def _close_when_idle(self) -> None:
         """An idle keep-alive connection, or one whose request head never completed, closes
-        after keep_alive_timeout (5 s), or at once when steward stops accepting. A request the
-        client had already sent when that moment came is read and answered first (while
-        stopping, with 503 and ``Connection: close``): closing on it would lose it, and the client
-        would read only "server disconnected". That grace is one more keep_alive_timeout at most,
-        so a head that never completes still closes."""
+        after keep_alive_timeout (KEEP_ALIVE_S), or at once when steward stops accepting. A
+        request the client had already sent when that moment came is read and answered first
+        (while stopping, with 503 and ``Connection: close``): closing on it would lose it, and
+        the client would read only "server disconnected". That grace is REQUEST_GRACE_S at most
+        (or keep_alive_timeout where that is shorter), so a head that never completes still closes."""
         with trio.move_on_after(self.settings.keep_alive_timeout):
             await self.context.terminated.wait()
         if self._request_begun():
-            with trio.move_on_after(self.settings.keep_alive_timeout):
+            with trio.move_on_after(min(self.settings.keep_alive_timeout, REQUEST_GRACE_S)):
                 await trio.sleep_forever()  # until the reader takes the request (it stops this task)
         with trio.CancelScope(shield=True):
             assert self.protocol is not None
