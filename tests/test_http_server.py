@@ -149,6 +149,20 @@ async def test_a_request_begun_on_a_kept_alive_connection_as_steward_stops_is_an
         await running.all_closed.wait()
 
 
+async def test_a_request_sent_on_an_idle_connection_just_after_the_stop_is_answered() -> None:
+    """A client that had decided to send its next request on a kept-alive connection as steward
+    stopped: the connection waits STOPPING_GRACE_S, so the request is answered (and the
+    connection closed after it), not cut with "server disconnected"."""
+    async with open_server() as (running, _events):
+        stream = await _kept_alive(running)
+        await running.stop_accepting()
+        await trio.testing.wait_all_tasks_blocked()  # the idle timer has seen the stop, and no request
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await _read_to_end(stream)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" in answer.lower()
+        await running.all_closed.wait()
+
+
 async def test_requests_already_sent_when_steward_stops_are_answered_not_dropped() -> None:
     # The request is in the socket, unread, the moment the server stops accepting: whether its
     # reader or its idle timer runs first is trio's choice, so each try races them again.

@@ -168,6 +168,8 @@ def test_engine_that_cannot_start_gives_a_clean_error_and_is_retried_with_backof
     # The next demand tries again, after a backoff that doubles.
     with pytest.raises(openai.APIStatusError):
         chat(steward, "broken")
+    # The answer may come before the second crash is in the log: wait for it, then read them all.
+    steward.wait_event("crash", engine="broken", restart_in_s=0.4)
     crashes = [e for e in steward.events("crash") if e["engine"] == "broken"]
     assert [c["restart_in_s"] for c in crashes] == [0.2, 0.4]
     assert steward.events("restart")[0]["engine"] == "broken"

@@ -161,6 +161,10 @@ KEEP_ALIVE_S = 7.5
 # A request whose bytes had come when the idle time ended: at most this long more for the
 # reader to take it (a head that never completes still closes).
 REQUEST_GRACE_S = 2.5
+# When steward stops accepting, an idle kept-alive connection stays open this long: a client
+# that had just decided to send its next request on it is answered (503, ``Connection: close``)
+# instead of reading "server disconnected" with the request never seen.
+STOPPING_GRACE_S = 0.25
 
 
 def hypercorn_settings(events: EventLog) -> hypercorn.config.Config:
@@ -554,9 +558,13 @@ class _Connection:
         request the client had already sent when that moment came is read and answered first
         (while stopping, with 503 and ``Connection: close``): closing on it would lose it, and
         the client would read only "server disconnected". That grace is REQUEST_GRACE_S at most
-        (or keep_alive_timeout where that is shorter), so a head that never completes still closes."""
+        (or keep_alive_timeout where that is shorter), so a head that never completes still closes.
+        As steward stops, an idle connection waits STOPPING_GRACE_S first: a request a client
+        sends then is answered too (the reader stops this task when it takes one)."""
         with trio.move_on_after(self.settings.keep_alive_timeout):
             await self.context.terminated.wait()
+        if self.context.terminated.is_set() and not self._request_begun():
+            await trio.sleep(min(self.settings.keep_alive_timeout, STOPPING_GRACE_S))  # a request stops this task
         if self._request_begun():
             with trio.move_on_after(min(self.settings.keep_alive_timeout, REQUEST_GRACE_S)):
                 await trio.sleep_forever()  # until the reader takes the request (it stops this task)
