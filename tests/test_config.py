@@ -493,6 +493,9 @@ def yaml_string(text: str) -> str:
     return '"' + "".join(map(escape, text)) + '"'
 
 
+GIVEN_TWICE = re.compile(r"[^\n]+: key given twice, on lines? \d+")
+
+
 def only_config_errors(load: Callable[[], Config], raw: object = None, where: str = "") -> Config | None:
     """What *load* gives: a Config, or None for a ConfigError whose every line names a key (or
     the file), printably. *raw*: the mapping it was made from, whose unknown keys are named too."""
@@ -504,7 +507,8 @@ def only_config_errors(load: Callable[[], Config], raw: object = None, where: st
         heads = "|".join(re.escape(printable(key)) for key in [*keys, where] if key)
         assert exc.problems
         for line in exc.problems:
-            assert line.isprintable() and re.match(rf"({heads})[.:\[ ,]", line), line
+            # A key given twice is named by its path in the file, whatever that key is.
+            assert line.isprintable() and (re.match(rf"({heads})[.:\[ ,]", line) or GIVEN_TWICE.match(line)), line
         return None
     assert isinstance(config, Config)
     return config
