@@ -46,6 +46,11 @@ class ContextCost:
     prompt_context: float
     decode_context: float
 
+    def decode_tps_moved(self, tps: float, measured_at: float, to: float) -> float:
+        """A decode rate measured at *measured_at* tokens of context, as it would be at *to*
+        (each token's time moved by ``decode_s`` per token of context; never below 1/100 of it)."""
+        return 1.0 / max(1.0 / tps + self.decode_s * (to - measured_at), 1.0 / tps / 100)
+
     def figures(self) -> dict[str, float]:
         return {"context_prompt_s": self.prompt_s, "context_decode_s": self.decode_s,
                 "prompt_context": self.prompt_context, "decode_context": self.decode_context}
@@ -78,8 +83,7 @@ class EngineSpeed:
         cost = self.context_cost
         if cost is None:
             return self.decode_tps
-        return 1.0 / max(1.0 / self.decode_tps + cost.decode_s * (context - cost.decode_context),
-                         1.0 / self.decode_tps / 100)
+        return cost.decode_tps_moved(self.decode_tps, cost.decode_context, context)
 
     def at_no_context(self) -> tuple[float, float | None]:
         """The decode and prompt tokens/s alone extrapolated to an empty context (the linear model
@@ -87,7 +91,7 @@ class EngineSpeed:
         cost = self.context_cost
         if cost is None:
             return self.decode_tps, self.prompt_tps
-        decode = 1.0 / max(1.0 / self.decode_tps - cost.decode_s * cost.decode_context, 1.0 / self.decode_tps / 100)
+        decode = cost.decode_tps_moved(self.decode_tps, cost.decode_context, 0.0)
         if self.prompt_tps is None:
             return decode, None
         # A prompt of n tokens is read at n / (n/p0 + prompt_s * n**2 / 2): its mean token sits at n/2.

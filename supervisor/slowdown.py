@@ -172,7 +172,7 @@ class SpeedBook:
             return None
         cost = kept.context_cost if (kept := self.store.speed(key)) is not None else None
         if cost is not None and context is not None:  # what it would have decoded at the calibration's context
-            tps = 1.0 / max(1.0 / tps - cost.decode_s * (context - cost.decode_context), 1.0 / tps / 100)
+            tps = cost.decode_tps_moved(tps, context, cost.decode_context)
         known = self.alone(engine)
         figure = tps if known is None else known + LEARNING_WEIGHT * (tps - known)
         self._learned[key] = figure
