@@ -1,6 +1,6 @@
-"""The one shape of a runtime, as supervisor/engine.py drives it.
+"""The one shape of a runtime, as supervisor/engines/driver.py drives it.
 
-A runtime is a kind of inference server. ``supervisor/engine.py`` starts it (spawns its
+A runtime is a kind of inference server. ``supervisor/engines/driver.py`` starts it (spawns its
 process, or attaches to an address), waits until it is ready, checks its health, reads
 what it says of its memory and load, and stops it (stops the process, or asks the server
 to unload or sleep). Each runtime is one module in ``adapters/``; adding one is that
@@ -16,7 +16,7 @@ import attrs
 import httpx
 
 from supervisor.apis import Api
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 
 class Residence(enum.Enum):

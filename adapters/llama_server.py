@@ -12,7 +12,7 @@ from supervisor.accounting.hparams import NO_LM_HEAD_ARCHS
 from supervisor.accounting.llama_logs import LlamaLogAccumulator
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 # llama-server's `--parallel -1` (its default) means 4 slots sharing a unified KV cache.
 AUTO_SLOTS = 4

@@ -19,7 +19,7 @@ import trio
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import OllamaConfig
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 
 class OllamaRuntime:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 # Requests steward sends at once when `parallel` is not set: such servers batch many
 # requests in one KV pool, so more than a llama-server's slots, fewer than its own limit.

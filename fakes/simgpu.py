@@ -2,8 +2,8 @@
 
 The "device" is a directory. ``gpu.json`` holds its size; each process that holds
 memory writes ``proc-<pid>.json`` with its byte count (atomically, so a reader never
-sees half a file). The format and its reader are steward's (``supervisor/simulated_gpu.py``,
-read through the same probe interface as NVML, ``supervisor.probes.SimulatedGpuProbe``);
+sees half a file). The format and its reader are steward's (``supervisor/engines/simulated_gpu.py``,
+read through the same probe interface as NVML, ``supervisor.engines.probes.SimulatedGpuProbe``);
 they are re-exported here (``SimulatedDevice``, ``device_dirs``, ...) for the fakes and tests.
 
 Like the real driver, the simulated one lies a little: memory of a process that
@@ -27,7 +27,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor.simulated_gpu import (
+from supervisor.engines.simulated_gpu import (
     DEVICES_FILE,
     GPU_FILE,
     PROC_PREFIX,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import attrs
 
 from supervisor.config import Config, ConfigError
-from supervisor.memory_plan import Device
-from supervisor.probes import GpuProbe, GpuReading, host_memory_total
+from supervisor.engines.memory_plan import Device
+from supervisor.engines.probes import GpuProbe, GpuReading, host_memory_total
 from supervisor.units import format_size
 
 

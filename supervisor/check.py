@@ -26,9 +26,9 @@ from supervisor.config_policy import (
 )
 from supervisor.dry_start import dry_start_problems
 from supervisor.exit_status import EXIT_CONFIG
-from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import budget_problems, plan_all
-from supervisor.probes import ProbeUnavailable, open_probe
+from supervisor.engines.measurements import MeasurementStore
+from supervisor.engines.memory_plan import budget_problems, plan_all
+from supervisor.engines.probes import ProbeUnavailable, open_probe
 from supervisor.units import format_duration, format_size
 
 

@@ -20,8 +20,8 @@ import stat
 from collections.abc import Iterator
 
 from supervisor.config import Config
-from supervisor.engine import pick_port
-from supervisor.events import EventLogUnavailable, open_event_log
+from supervisor.engines.driver import pick_port
+from supervisor.observe.events import EventLogUnavailable, open_event_log
 from supervisor.usage.writer import UsageLogUnavailable, open_usage_database
 
 # What SQLite may leave beside a database it created (removed by its last close, unless it failed).

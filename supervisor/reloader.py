@@ -26,11 +26,11 @@ import trio
 
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
-from supervisor.engine import EngineHandle, EngineSpec, serve_engine
-from supervisor.events import EventLog
+from supervisor.engines.driver import EngineHandle, EngineSpec, serve_engine
+from supervisor.observe.events import EventLog
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import Device, MemoryPlan, budget_problems, plan_all
+from supervisor.engines.measurements import MeasurementStore
+from supervisor.engines.memory_plan import Device, MemoryPlan, budget_problems, plan_all
 from supervisor.reload import Reload, ReloadOutcome, plan_reload
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.supervise import Supervision, supervise

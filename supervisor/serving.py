@@ -20,10 +20,10 @@ import trio
 
 from supervisor.auth.keys import KeyFileError
 from supervisor.config import Config, ConfigError
-from supervisor.events import EventLogUnavailable
+from supervisor.observe.events import EventLogUnavailable
 from supervisor.exit_status import EXIT_CONFIG
-from supervisor.gateway.server import ListenError
-from supervisor.probes import ProbeUnavailable
+from supervisor.gateway.http.server import ListenError
+from supervisor.engines.probes import ProbeUnavailable
 from supervisor.tree import Steward, StopSignals, run_steward
 from supervisor.usage.writer import UsageLogUnavailable
 

@@ -34,7 +34,7 @@ import attrs
 import trio
 
 from supervisor.backoff import Backoff
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 DEFAULT_BACKOFF = Backoff(1.0, 60.0)
 _TRACEBACK_LINES = 40  # of a failure's traceback, in its event: the end, where it failed

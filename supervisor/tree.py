@@ -39,7 +39,7 @@ import httpx
 import trio
 
 from supervisor.address import Address
-from supervisor.alerts import AlertPolicy, serve_alerts
+from supervisor.observe.alerts import AlertPolicy, serve_alerts
 from supervisor.auth.watch import serve_key_file
 from supervisor.backoff import Backoff
 from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_budgets
@@ -55,41 +55,42 @@ from supervisor.config_policy import (
     scheduling_policy,
     slo_waits,
 )
-from supervisor.engine import EngineHandle, serve_engine
-from supervisor.events import Event, EventLog, open_event_log
-from supervisor.gateway import app as gateway_app
-from supervisor.gateway import comfy_app, ollama_app
-from supervisor.gateway.api_routes import error_shape_for
-from supervisor.gateway.app import Services, body_limits, create_app
-from supervisor.gateway.asgi import Scope
+from supervisor.engines.driver import EngineHandle, serve_engine
+from supervisor.observe.events import Event, EventLog, open_event_log
+from supervisor.gateway.openai import app as gateway_app
+from supervisor.gateway.comfy import app as comfy_app
+from supervisor.gateway.ollama import app as ollama_app
+from supervisor.gateway.openai.api_routes import error_shape_for
+from supervisor.gateway.openai.app import Services, body_limits, create_app
+from supervisor.gateway.http.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.gateway.comfy_api import NodeCatalog
-from supervisor.gateway.comfy_app import create_comfy_app
-from supervisor.gateway.comfy_jobs import ComfyTurnstile, warm_model
-from supervisor.gateway.cross_site import CrossSitePolicy, cross_site_guard
+from supervisor.gateway.comfy.api import NodeCatalog
+from supervisor.gateway.comfy.app import create_comfy_app
+from supervisor.gateway.comfy.jobs import ComfyTurnstile, warm_model
+from supervisor.gateway.http.cross_site import CrossSitePolicy, cross_site_guard
 from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
-from supervisor.gateway.gate import CUT_GRACE_S, RequestGate
-from supervisor.gateway.images import ImageHandler
-from supervisor.gateway.ollama_app import create_ollama_app
-from supervisor.gateway.ollama_app import error_shape as ollama_route_shape
+from supervisor.gateway.http.gate import CUT_GRACE_S, RequestGate
+from supervisor.gateway.openai.images import ImageHandler
+from supervisor.gateway.ollama.app import create_ollama_app
+from supervisor.gateway.ollama.app import error_shape as ollama_route_shape
 from supervisor.gateway.remote import NodeRouter
-from supervisor.gateway.server import Listener, serve_http
-from supervisor.gateway.upstream import Timeouts
-from supervisor.health import HealthWatch, RecentActivity, StandingFaults, serve_health
-from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import budget_problems, plan_all
-from supervisor.metrics import StewardMetrics
+from supervisor.gateway.http.server import Listener, serve_http
+from supervisor.gateway.relay.upstream import Timeouts
+from supervisor.observe.health import HealthWatch, RecentActivity, StandingFaults, serve_health
+from supervisor.engines.measurements import MeasurementStore
+from supervisor.engines.memory_plan import budget_problems, plan_all
+from supervisor.observe.metrics import StewardMetrics
 from supervisor.nodes.directory import serve_node_directory
-from supervisor.probes import GpuProbe, GpuReading, open_probe
-from supervisor.process_tree import fold_to_roots, read_parents
+from supervisor.engines.probes import GpuProbe, GpuReading, open_probe
+from supervisor.engines.process_tree import fold_to_roots, read_parents
 from supervisor.reload import Reload
 from supervisor.reloader import Reloader, serve_reloads
 from supervisor.scheduler.actor import SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.types import DeviceUse
-from supervisor.services.probe import probe_upstream
-from supervisor.services.process import serve_service_process
-from supervisor.slowdown import ComputeCompany, PaceMeter, SpeedBook
+from supervisor.engines.service_probe import probe_upstream
+from supervisor.engines.service import serve_service_process
+from supervisor.observe.slowdown import ComputeCompany, PaceMeter, SpeedBook
 from supervisor.supervise import OnFailure, Supervision, serve_contained_nursery, supervise
 from supervisor.units import format_size
 from supervisor.usage.writer import UsageLog, serve_usage_log

@@ -25,7 +25,7 @@ import yaml
 
 from fakes import simgpu
 from supervisor.tools import chaos
-from supervisor.process import become_subreaper
+from supervisor.engines.process import become_subreaper
 from tests.vllm_server import long_lived_pids
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import math
 import attrs
 import trio
 
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 from supervisor.scheduler.actor import JobFailed, SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import BackoffPolicy, EngineProfile, SchedulingPolicy

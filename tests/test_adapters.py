@@ -6,8 +6,8 @@ from adapters import LlamaServerRuntime, OpenAIRuntime, Residence
 from adapters.openai import read_vllm_load
 from supervisor.address import Address
 from supervisor.config import parse_config
-from supervisor.gateway.comfy_app import upstream_headers
-from supervisor.process_tree import fold_to_roots, tree_of
+from supervisor.gateway.comfy.app import upstream_headers
+from supervisor.engines.process_tree import fold_to_roots, tree_of
 
 
 def model(**entry: object) -> object:

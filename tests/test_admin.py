@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor.events import Event
+from supervisor.observe.events import Event
 from supervisor.gateway.admin import admin_state
-from supervisor.health import Health, HealthStatus
+from supervisor.observe.health import Health, HealthStatus
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineAction, EngineProfile, EngineStatus, StartEngine, StopEngine
 from tests.conftest import StewardFactory, fake_model

@@ -25,8 +25,8 @@ import trio
 import trio.testing
 
 from fakes.webhook import Received, read_request
-from supervisor.alerts import Alert, Alerter, AlertKind, AlertPolicy, Priority, Suppressed, Suppression, serve_alerts
-from supervisor.events import Event, EventLog
+from supervisor.observe.alerts import Alert, Alerter, AlertKind, AlertPolicy, Priority, Suppressed, Suppression, serve_alerts
+from supervisor.observe.events import Event, EventLog
 
 WAIT_LIMIT = 600.0  # virtual seconds: a test that hangs fails instead
 ROOMY = 300.0  # a POST timeout no localhost answer comes near

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.gateway import answer_model
-from supervisor.gateway.answer_model import ModelNamed
+from supervisor.gateway.relay import answer_model
+from supervisor.gateway.relay.answer_model import ModelNamed
 
 JSON = b"application/json"
 EVENTS = b"text/event-stream"

@@ -15,12 +15,12 @@ from adapters import model_apis
 from fakes.tiny_gguf import write_tiny_model
 from supervisor.apis import GENERATION, Api, ModelKind, model_kind
 from supervisor.config import ConfigError, ModelConfig, parse_config
-from supervisor.gateway.api_routes import API_ROUTES, error_shape_for
-from supervisor.gateway.asgi import RequestError
+from supervisor.gateway.openai.api_routes import API_ROUTES, error_shape_for
+from supervisor.gateway.http.asgi import RequestError
 from supervisor.gateway.door import _read_tokens
 from supervisor.gateway.errors import anthropic_error_body, anthropic_stream_error, responses_stream_error
-from supervisor.gateway.forms import parse_form
-from supervisor.gateway.reshaped import ErrorsReshaped, MessagesUsageRead
+from supervisor.gateway.openai.forms import parse_form
+from supervisor.gateway.relay.reshaped import ErrorsReshaped, MessagesUsageRead
 from supervisor.gateway.routed import NotHere, route_request
 
 ALIASES = {"chat": "chat", "gpt-4o": "chat", "whisper": "asr"}

@@ -19,11 +19,11 @@ import pytest
 import trio
 
 from supervisor.address import Address
-from supervisor.events import EventLog
-from supervisor.gateway import asgi
-from supervisor.gateway.asgi import BodyLimits, RequestError, open_streamed_body, read_body
+from supervisor.observe.events import EventLog
+from supervisor.gateway.http import asgi
+from supervisor.gateway.http.asgi import BodyLimits, RequestError, open_streamed_body, read_body
 from supervisor.gateway.errors import comfy_error_body, error_body
-from supervisor.gateway.server import Listener, serve_http
+from supervisor.gateway.http.server import Listener, serve_http
 
 LIMITS = BodyLimits(max_size=1000, timeout=10.0)
 

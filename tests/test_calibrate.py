@@ -27,8 +27,8 @@ from supervisor.tools.calibrate import (
 )
 from supervisor.cli import main
 from supervisor.config import load_config
-from supervisor.events import read_event_log
-from supervisor.measurements import HOST_KEY, ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from supervisor.observe.events import read_event_log
+from supervisor.engines.measurements import HOST_KEY, ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
 from tests.conftest import fake_model
 
 # ---- the arithmetic ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A long lower-class generation cut into steps of N tokens (supervisor/gateway/chunked.py).
+"""A long lower-class generation cut into steps of N tokens (supervisor/gateway/relay/chunked.py).
 
 Three tiers: which requests are cut and what each step asks (pure); the scheduler's side in
 virtual time (a step of unknown count hands its slot on, a chat that arrives waits one step at
@@ -23,9 +23,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from supervisor.apis import Api
 from supervisor.config import ConfigError, parse_config
-from supervisor.gateway.api_routes import API_ROUTES
+from supervisor.gateway.openai.api_routes import API_ROUTES
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.gateway.chunked import Generation, cut_generation, strip_echo
+from supervisor.gateway.relay.chunked import Generation, cut_generation, strip_echo
 from supervisor.gateway.routed import RoutedRequest
 from supervisor.scheduler.types import EngineProfile
 from tests.conftest import RunningSteward, fake_model, launch_steward

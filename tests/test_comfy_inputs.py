@@ -1,4 +1,4 @@
-"""Steward's copy of ComfyUI's input validation (supervisor/gateway/comfy_inputs.py), pure.
+"""Steward's copy of ComfyUI's input validation (supervisor/gateway/comfy/inputs.py), pure.
 
 The node classes are ComfyUI 0.3.64's own ``/object_info`` entries and the answers its own, recorded
 in tests/data/comfy_object_info.json (its ``note`` says how; tests/test_real_comfyui.py checks it
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from fakes.comfyui.workflow import PromptRejected
 from fakes.comfyui.workflow import validate as fake_validate
-from supervisor.gateway.comfy_api import NodeCatalog, PromptRefused, PromptRequest, read_prompt
-from supervisor.gateway.comfy_inputs import MAX_DEPTH, NodeClass, Origin, validate_outputs
+from supervisor.gateway.comfy.api import NodeCatalog, PromptRefused, PromptRequest, read_prompt
+from supervisor.gateway.comfy.inputs import MAX_DEPTH, NodeClass, Origin, validate_outputs
 from supervisor.gateway.errors import comfy_error_body
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "comfy_object_info.json").read_text())

@@ -30,11 +30,11 @@ from supervisor.config_policy import (
     scheduling_policy,
     slo_waits,
 )
-from supervisor.engine import placed_command
-from supervisor.gateway.app import body_limits
-from supervisor.gateway.cross_site import CrossSitePolicy
-from supervisor.measurements import MeasurementStore
-from supervisor.memory_plan import MemoryPlan, budget_problems, plan_all
+from supervisor.engines.driver import placed_command
+from supervisor.gateway.openai.app import body_limits
+from supervisor.gateway.http.cross_site import CrossSitePolicy
+from supervisor.engines.measurements import MeasurementStore
+from supervisor.engines.memory_plan import MemoryPlan, budget_problems, plan_all
 from supervisor.tree import resolve_budgets
 from supervisor.units import parse_duration, parse_size, show
 

@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.address import Address
-from supervisor.events import EventLog
-from supervisor.gateway.asgi import BodyLimits, open_streamed_body, send_whole
-from supervisor.gateway.connection_budget import HEALTH_SEATS, ConnectionBudget, Seat
+from supervisor.observe.events import EventLog
+from supervisor.gateway.http.asgi import BodyLimits, open_streamed_body, send_whole
+from supervisor.gateway.http.connection_budget import HEALTH_SEATS, ConnectionBudget, Seat
 from supervisor.gateway.errors import anthropic_error_body, comfy_error_body, error_body
-from supervisor.gateway.server import Listener, serve_http
+from supervisor.gateway.http.server import Listener, serve_http
 
 # ---- the budget's arithmetic -------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from supervisor.accounting.cpu_share import (
 )
 from supervisor.config import ConfigError, parse_config
 from supervisor.config_policy import compute_shares, engine_specs
-from supervisor.process import SpawnError, open_child, stop_child
+from supervisor.engines.process import SpawnError, open_child, stop_child
 from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model
 
 GIB = 1024**3

@@ -40,7 +40,7 @@ import yaml
 from fakes import real_model
 from supervisor.cli import EXIT_CONFIG
 from supervisor.config import EngineDefaults, LimitsConfig
-from supervisor.events import read_event_log
+from supervisor.observe.events import read_event_log
 from tests.conftest import ROOT, descendants, fake_model, free_port
 
 DEPLOY = ROOT / "deploy"

@@ -13,11 +13,11 @@ import pytest
 import trio
 
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable, key_digest
-from supervisor.events import EventLog
-from supervisor.gateway.asgi import RequestError
+from supervisor.observe.events import EventLog
+from supervisor.gateway.http.asgi import RequestError
 from supervisor.gateway.door import Exchange, FrontDoor, front_door, presented_key
 from supervisor.gateway.errors import error_body
-from supervisor.gateway.stream_usage import UsageChunkKept, ask_for_usage
+from supervisor.gateway.relay.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 

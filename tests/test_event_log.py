@@ -27,9 +27,9 @@ import trio
 import trio.testing
 
 from supervisor.config import ConfigError, parse_config
-from supervisor.events import SCHEMA_VERSION, Event, EventLog, read_event_log, serve_event_log
+from supervisor.observe.events import SCHEMA_VERSION, Event, EventLog, read_event_log, serve_event_log
 from supervisor.gateway.door import FrontDoor, front_door
-from supervisor.metrics import StewardMetrics
+from supervisor.observe.metrics import StewardMetrics
 from supervisor.usage.writer import UsageLog
 from tests.conftest import StewardFactory, fake_model
 
@@ -319,8 +319,8 @@ def test_a_steward_logs_one_request_line_per_request(start_steward: StewardFacto
 
 async def test_an_event_log_deleted_under_steward_is_noticed_and_opened_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor import events as events_module
-    from supervisor.events import open_event_log
+    from supervisor.observe import events as events_module
+    from supervisor.observe.events import open_event_log
 
     monkeypatch.setattr(events_module, "_REOPEN_CHECK_S", 0.0)
     path = tmp_path / "steward.jsonl"
@@ -340,7 +340,7 @@ async def test_an_event_log_deleted_under_steward_is_noticed_and_opened_again(
 
 
 async def test_an_event_log_that_cannot_be_written_is_an_event_and_so_is_its_recovery(tmp_path: Path) -> None:
-    from supervisor.events import open_event_log
+    from supervisor.observe.events import open_event_log
 
     path = tmp_path / "steward.jsonl"
     terminal = io.StringIO()
@@ -373,7 +373,7 @@ async def test_an_event_log_that_cannot_be_written_is_an_event_and_so_is_its_rec
 async def test_an_event_the_writer_fails_on_is_the_only_one_lost_and_the_writer_comes_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
     from supervisor.backoff import Backoff
-    from supervisor.events import EventLogWriter, open_event_log
+    from supervisor.observe.events import EventLogWriter, open_event_log
     from supervisor.supervise import Supervision, supervise
 
     write = EventLogWriter._write

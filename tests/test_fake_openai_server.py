@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import simgpu
-from supervisor.process_tree import alive
+from supervisor.engines.process_tree import alive
 from tests.fake_processes import FakeLauncher, FakeProcess, fake_launcher, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts the fake as a real process

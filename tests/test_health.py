@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from supervisor.health import HealthStatus, HealthWatch, RecentActivity, assess, serve_health
+from supervisor.observe.health import HealthStatus, HealthWatch, RecentActivity, assess, serve_health
 from supervisor.scheduler.types import EngineProfile, SchedulingPolicy
 from tests.harness import GIB, Harness, start_harness
 

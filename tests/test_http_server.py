@@ -15,12 +15,12 @@ import trio
 import trio.testing
 
 from supervisor.address import Address
-from supervisor.events import EventLog
-from supervisor.gateway import server
-from supervisor.gateway.asgi import open_disconnect_watch
-from supervisor.gateway.connection_budget import HEALTH_SEATS
+from supervisor.observe.events import EventLog
+from supervisor.gateway.http import server
+from supervisor.gateway.http.asgi import open_disconnect_watch
+from supervisor.gateway.http.connection_budget import HEALTH_SEATS
 from supervisor.gateway.errors import error_body
-from supervisor.gateway.server import HttpServer, Listener, serve_http
+from supervisor.gateway.http.server import HttpServer, Listener, serve_http
 
 
 async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from supervisor.config import ConfigError, ImageModelConfig, load_config, parse_config
-from supervisor.gateway import images as image_api
-from supervisor.gateway.asgi import RequestError
+from supervisor.gateway.openai import images as image_api
+from supervisor.gateway.http.asgi import RequestError
 from supervisor.gateway.catalog import ImageModel, ModelCatalog
-from supervisor.gateway.comfy_workflow import ImageParams, SavedImage, Workflow, WorkflowError, failure_of, saved_images
-from supervisor.gateway.images import FILE_TTL, ImageFiles, read_image_request
+from supervisor.gateway.comfy.workflow import ImageParams, SavedImage, Workflow, WorkflowError, failure_of, saved_images
+from supervisor.gateway.openai.images import FILE_TTL, ImageFiles, read_image_request
 
 GRAPH = {
     "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sd.safetensors"}},

@@ -42,7 +42,7 @@ from supervisor.auth.keys import (
 )
 from supervisor.auth.limits import Admission, KeyLimiter, RefusalReason, Refused
 from supervisor.auth.watch import serve_key_file
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 KNOWN = {"chat": "chat", "gpt-4o": "chat", "embed": "embed"}
 WHEN = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)

@@ -43,7 +43,7 @@ def is_within(module: str, package: str) -> bool:
 
 def test_the_tree_is_walked() -> None:
     files = service_files()
-    assert SERVICE / "probes.py" in files and SERVICE / "gateway" / "app.py" in files
+    assert SERVICE / "engines" / "probes.py" in files and SERVICE / "gateway" / "openai" / "app.py" in files
     assert not any(path.is_relative_to(TOOLS) for path in files)
     assert (TOOLS / "demo.py").exists() and (TOOLS / "simulate" / "scenario.py").exists()
 

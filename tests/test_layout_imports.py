@@ -22,16 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # What a runtime may import from the service, and why each is a leaf:
 ADAPTERS_MAY_IMPORT = {
     "supervisor.apis",  # the APIs a runtime serves: an enum
-    "supervisor.events",  # EventLog, through which a runtime reports (an unload, a load it measured)
+    "supervisor.observe.events",  # EventLog, through which a runtime reports (an unload, a load it measured)
     "supervisor.config.schema",  # the runtime's own config section: attrs classes and typed values
     "supervisor.accounting",  # llama.cpp's memory and threads, from GGUF headers and its logs: pure
 }
 # What no module an adapter imports may reach, at any depth: the adapters themselves (a cycle),
 # and the service's core, which drives the runtimes.
-CORE = ("adapters", "supervisor.scheduler", "supervisor.nodes", "supervisor.engine", "supervisor.tree",
+CORE = ("adapters", "supervisor.scheduler", "supervisor.nodes", "supervisor.engines.driver", "supervisor.tree",
         "supervisor.config_policy")
 # What the config must not reach, at any depth: what it configures.
-CONFIGURED = ("adapters", "supervisor.nodes", "supervisor.scheduler", "supervisor.engine", "supervisor.tree")
+CONFIGURED = ("adapters", "supervisor.nodes", "supervisor.scheduler", "supervisor.engines.driver", "supervisor.tree")
 
 
 def _within(module: str, prefixes: tuple[str, ...] | set[str]) -> bool:

@@ -28,7 +28,7 @@ from supervisor.tools.loadtest_real import (
     served_rate,
     simulated_figures,
 )
-from supervisor.measurements import HOST_KEY
+from supervisor.engines.measurements import HOST_KEY
 from supervisor.tools.simulate.scenario import Calibration, EngineFigures, Range
 from supervisor.tools.simulate.targets import Verdict
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from fakes import simgpu
-from supervisor.probes import SimulatedGpuProbe
+from supervisor.engines.probes import SimulatedGpuProbe
 from tests.conftest import StewardFactory, fake_model
 from tests.fake_processes import wait_until
 

@@ -31,7 +31,7 @@ import trio.testing
 
 from fakes.webhook import Received, read_request
 from supervisor.config import WakeConfig
-from supervisor.events import Event, EventLog
+from supervisor.observe.events import Event, EventLog
 from supervisor.nodes.directory import POLL_TIMEOUT, NodeDirectory, NodeSpec, serve_node_directory
 from supervisor.nodes.routing import Availability
 from supervisor.nodes.state import DeviceState, ModelState, NodeState, parse_node_state, state_to_json

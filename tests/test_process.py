@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from supervisor.process import describe_exit, open_child, pump_lines, stop_child
-from supervisor.reaper import Reaper, reaper_argv
+from supervisor.engines.process import describe_exit, open_child, pump_lines, stop_child
+from supervisor.engines.reaper import Reaper, reaper_argv
 from tests.conftest import ROOT, descendants
 
 pytestmark = pytest.mark.slow  # every test here starts child processes
@@ -88,7 +88,7 @@ async def test_a_leader_that_exits_by_itself_takes_what_it_left_in_its_group_wit
 # A parent that spawns through a wrapper that does not exec: the sleep is a grandchild.
 PARENT = textwrap.dedent("""
     import json, sys
-    from supervisor.process import open_child
+    from supervisor.engines.process import open_child
     for _ in sys.stdin:
         print(json.dumps(open_child(["sh", "-c", "sleep 60; echo bye"]).take_reaper_warnings()), flush=True)
 """)
@@ -219,7 +219,7 @@ def _wait_for_sleeps(parent: subprocess.Popen[str], count: int) -> list[int]:
 
 
 def _reapers_of(pid: int) -> list[int]:
-    return [child for child, cmdline in descendants(pid) if "supervisor/reaper.py" in cmdline]
+    return [child for child, cmdline in descendants(pid) if "supervisor/engines/reaper.py" in cmdline]
 
 
 def _start_group() -> subprocess.Popen[bytes]:

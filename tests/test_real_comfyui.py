@@ -439,7 +439,7 @@ def test_a_prompt_only_comfyui_can_refuse_unloads_nothing(start_steward: Steward
     assert not steward.events("evict") and not steward.events("stop")  # the chat model stays loaded
 
 
-# --- ComfyUI's input validation, mirrored (supervisor/gateway/comfy_inputs.py) ---------------------------
+# --- ComfyUI's input validation, mirrored (supervisor/gateway/comfy/inputs.py) ---------------------------
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "comfy_object_info.json").read_text())
 

@@ -23,7 +23,7 @@ import pytest
 
 from adapters.openai import read_vllm_load
 from fakes.tiny_hf import write_tiny_model
-from supervisor.process_tree import read_parents, rss_bytes, tree_of
+from supervisor.engines.process_tree import read_parents, rss_bytes, tree_of
 from tests.conftest import MODULE_SCOPED, ROOT, RunningSteward, launch_steward
 from tests.vllm_server import require_vllm_python, running_vllm
 

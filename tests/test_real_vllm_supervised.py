@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from fakes.tiny_hf import write_tiny_model
-from supervisor.process_tree import alive, read_parents, rss_bytes, stat_fields, tree_rss
+from supervisor.engines.process_tree import alive, read_parents, rss_bytes, stat_fields, tree_rss
 from tests.conftest import MODULE_SCOPED, RunningSteward, launch_steward
 from tests.vllm_server import START_TIMEOUT_S, require_vllm_python, vllm_command, vllm_env
 

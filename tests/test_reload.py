@@ -16,7 +16,7 @@ import openai
 import pytest
 import yaml
 
-from supervisor.events import read_event_log
+from supervisor.observe.events import read_event_log
 from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
 from tests.fake_processes import wait_until
 

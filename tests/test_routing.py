@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.health import Health, HealthStatus
+from supervisor.observe.health import Health, HealthStatus
 from supervisor.nodes.routing import (
     Availability,
     NodeView,

@@ -17,9 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.events import Event
-from supervisor.measurements import MeasurementStore
-from supervisor.metrics import StewardMetrics
+from supervisor.observe.events import Event
+from supervisor.engines.measurements import MeasurementStore
+from supervisor.observe.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.explain import WaitReason, explain
 from supervisor.scheduler.types import (

@@ -12,8 +12,8 @@ import math
 import trio
 import trio.testing
 
-from supervisor.events import Event
-from supervisor.metrics import StewardMetrics
+from supervisor.observe.events import Event
+from supervisor.observe.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
     GIB,

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from supervisor.backoff import Backoff
-from supervisor.events import EventLog
-from supervisor.services.process import serve_service_process
+from supervisor.observe.events import EventLog
+from supervisor.engines.service import serve_service_process
 
 pytestmark = pytest.mark.slow  # the test here starts a service as a real process
 

@@ -14,7 +14,7 @@ import pytest
 from fakes import simgpu
 from fakes.llama_server.cli import parse_config
 from fakes.llama_server.placement import PlacementError, PlacementFlags, SplitMode, split
-from supervisor.probes import GpuReading, ProbeUnavailable, SimulatedGpuProbe
+from supervisor.engines.probes import GpuReading, ProbeUnavailable, SimulatedGpuProbe
 from tests.fake_processes import FakeProcess, fake_launcher, wait_until
 
 GiB = 1 << 30

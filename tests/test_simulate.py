@@ -394,7 +394,7 @@ def test_each_token_costs_more_the_deeper_it_sits_in_the_context() -> None:
 def test_a_calibration_carries_how_prompts_share_into_the_scenario(tmp_path: Path) -> None:
     import json
 
-    from supervisor.measurements import HOST_KEY
+    from supervisor.engines.measurements import HOST_KEY
     from supervisor.tools.simulate.scenario import Calibration
 
     inline = tiny({"m": engine()}, {"chat": client("m")},

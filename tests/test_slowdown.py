@@ -24,14 +24,14 @@ import yaml
 from rich.console import Console
 
 from supervisor.config import load_config
-from supervisor.events import Event
+from supervisor.observe.events import Event
 from supervisor.gateway.door import Exchange, FrontDoor
-from supervisor.health import Answer, HealthStatus, HealthWatch, RecentActivity, assess, serve_health
-from supervisor.measurements import ContextCost, EngineSpeed, MeasurementStore, measurement_key
-from supervisor.metrics import StewardMetrics
+from supervisor.observe.health import Answer, HealthStatus, HealthWatch, RecentActivity, assess, serve_health
+from supervisor.engines.measurements import ContextCost, EngineSpeed, MeasurementStore, measurement_key
+from supervisor.observe.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile
-from supervisor.slowdown import (
+from supervisor.observe.slowdown import (
     Companion,
     ComputeCompany,
     PaceMeter,

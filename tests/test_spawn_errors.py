@@ -21,16 +21,16 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor import process
+from supervisor.engines import process
 from supervisor.backoff import Backoff
 from supervisor.config import parse_config
 from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
-from supervisor.engine import serve_engine
-from supervisor.events import EventLog
-from supervisor.memory_plan import MemoryPlan
+from supervisor.engines.driver import serve_engine
+from supervisor.observe.events import EventLog
+from supervisor.engines.memory_plan import MemoryPlan
 from supervisor.scheduler.actor import open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
-from supervisor.services.process import serve_service_process
+from supervisor.engines.service import serve_service_process
 from tests.harness import GIB, LOAD_S, ScriptedEngine, hold
 
 TRUE = [sys.executable, "-c", "pass"]
@@ -133,9 +133,9 @@ async def test_a_service_whose_spawn_raises_is_restarted_with_backoff(autojump_c
 
 async def test_a_bug_while_driving_an_engine_ends_that_generation_as_a_crash_and_the_engine_loads_again(
         autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Anything raised in the engine's own driver (not its process) is contained in engine.py:
+    """Anything raised in the engine's own driver (not its process) is contained in engines/driver.py:
     an internal_error, the generation counted as a crash, a restart after the backoff."""
-    from supervisor import engine as engine_module
+    from supervisor.engines import driver as engine_module
 
     failures = [RuntimeError("a driver's bug")]
 

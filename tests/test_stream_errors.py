@@ -24,10 +24,10 @@ from anthropic.types.shared import ErrorResponse
 from openai.types.responses import ResponseErrorEvent, ResponseFailedEvent
 
 from supervisor.auth.keys import add_key
-from supervisor.gateway.api_routes import API_ROUTES
+from supervisor.gateway.openai.api_routes import API_ROUTES
 from supervisor.gateway.door import Exchange, front_door
 from supervisor.gateway.errors import anthropic_stream_error, error_body, error_in_stream, responses_stream_error
-from supervisor.gateway.reshaped import reading_answer
+from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.usage.row import UsageRow
 from tests.conftest import RunningSteward, fake_model, free_port, launch_steward
 from tests.test_door import make_door, make_key

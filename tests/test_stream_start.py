@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from supervisor.apis import Api
-from supervisor.gateway.stream_start import MAX_HELD, StreamOpened
+from supervisor.gateway.relay.stream_start import MAX_HELD, StreamOpened
 
 SSE = [(b"content-type", b"text/event-stream")]
 

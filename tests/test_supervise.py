@@ -16,8 +16,8 @@ import trio
 import trio.testing
 
 from supervisor.backoff import Backoff
-from supervisor.events import Event, EventLog
-from supervisor.health import RecentActivity, StandingFaults, assess
+from supervisor.observe.events import Event, EventLog
+from supervisor.observe.health import RecentActivity, StandingFaults, assess
 from supervisor.scheduler.core import Scheduler
 from supervisor.supervise import OnFailure, Supervision, TaskState, serve_contained_nursery, supervise
 

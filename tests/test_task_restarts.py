@@ -25,8 +25,8 @@ import trio
 import yaml
 
 from fakes import simgpu
-from supervisor import alerts
-from supervisor import events as events_module
+from supervisor.observe import alerts
+from supervisor.observe import events as events_module
 from supervisor.auth import watch
 from supervisor.config import load_config
 from supervisor.reloader import Reloader

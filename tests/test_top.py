@@ -23,9 +23,9 @@ from rich.console import Console
 
 from supervisor.auth.keys import add_key
 from supervisor.cli import main
-from supervisor.events import Event
+from supervisor.observe.events import Event
 from supervisor.gateway.admin import admin_state
-from supervisor.health import Health, HealthStatus
+from supervisor.observe.health import Health, HealthStatus
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile, SchedulingPolicy
 from supervisor.top.client import admin_url

@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from supervisor.backoff import Backoff
-from supervisor.events import Event, EventLog, serve_event_log
+from supervisor.observe.events import Event, EventLog, serve_event_log
 from supervisor.usage import UsageLog, UsageLogUnavailable, UsageRow, serve_usage_log, writer
 from supervisor.usage.commands import add_usage_parser, run_usage
 from supervisor.usage.report import parse_since

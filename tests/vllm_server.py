@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from fakes.vllm_env import vllm_python
-from supervisor.process_tree import stat_fields
+from supervisor.engines.process_tree import stat_fields
 
 # A start takes about a minute on a quiet 2-core machine (real_runtimes.md); a CI machine
 # shared with other jobs can take several times that.

@@ -11,7 +11,7 @@ not know is refused (``invalid_prompt``, "node X does not exist"). What else it 
   (``value_not_in_list``). A failing node fails every output that depends on it; all outputs
   failed -> 400 ``prompt_outputs_failed_validation`` (its ``details`` from the outputs' own
   errors, as ComfyUI's), some -> 200 with ``node_errors`` and only the good outputs run. Written
-  apart from steward's own check (supervisor/gateway/comfy_inputs.py), which it is there to test;
+  apart from steward's own check (supervisor/gateway/comfy/inputs.py), which it is there to test;
 * a node of class ``FAKE_ERROR`` raises when it runs (``execution_error``);
 * the first node with an integer ``steps`` input (or a class named like a sampler) reports
   ``progress``; any node input ``fake_seconds`` overrides the job time;

@@ -19,7 +19,7 @@ from typing import NoReturn
 import trio
 
 from supervisor.auth.keys import KeyFile, KeyFileError, KeyTable, load_key_file
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 
 # What changes when the file is replaced (inode), written (mtime, size) or chmod-ed (mode);
 # None: there is no file; an errno: stat itself failed.

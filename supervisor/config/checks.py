@@ -26,7 +26,7 @@ from supervisor.config.schema import (
     ModelConfig,
     OllamaConfig,
 )
-from supervisor.gateway.cross_site import ANY, normalize_origin  # the guard's own reading of an origin
+from supervisor.gateway.http.cross_site import ANY, normalize_origin  # the guard's own reading of an origin
 from supervisor.units import format_duration, show
 
 

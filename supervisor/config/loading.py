@@ -17,7 +17,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from supervisor.config.checks import check_semantics
 from supervisor.config.hooks import converter
 from supervisor.config.schema import IMAGE_RUNTIME, Config, ImageModelConfig
-from supervisor.gateway.comfy_workflow import load_workflow
+from supervisor.gateway.comfy.workflow import load_workflow
 from supervisor.units import show
 
 

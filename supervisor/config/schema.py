@@ -56,7 +56,7 @@ class ModelConfig:
     # steward picked. Left out for a server someone else runs (`upstream`).
     command: list[str] | None = None
     # Set by hand, or left out: then measured after the first load, estimated from the
-    # GGUF header until then (supervisor/memory_plan.py).
+    # GGUF header until then (supervisor/engines/memory_plan.py).
     memory: Size | None = None
     runtime: RuntimeName = "llama-server"
     model: str | None = None

@@ -21,14 +21,14 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
-from supervisor.events import Event, EventLog
-from supervisor.gateway.asgi import Receive, Scope, Send, open_disconnect_watch
+from supervisor.observe.events import Event, EventLog
+from supervisor.gateway.http.asgi import Receive, Scope, Send, open_disconnect_watch
 from supervisor.gateway.errors import error_body
-from supervisor.gateway.gate import RequestGate
-from supervisor.gateway.quart_app import json_error
-from supervisor.health import Health, HealthWatch
-from supervisor.memory_plan import Device, device_label
-from supervisor.metrics import device_tiers
+from supervisor.gateway.http.gate import RequestGate
+from supervisor.gateway.http.quart_app import json_error
+from supervisor.observe.health import Health, HealthWatch
+from supervisor.engines.memory_plan import Device, device_label
+from supervisor.observe.metrics import device_tiers
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import EngineAction, RequestClass, SchedulerSnapshot

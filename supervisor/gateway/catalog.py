@@ -11,8 +11,8 @@ import attrs
 from adapters import model_apis, model_runtime
 from supervisor.apis import Api
 from supervisor.config import Config, ImageModelConfig
-from supervisor.gateway.chunked import CUT_RUNTIME
-from supervisor.gateway.comfy_workflow import Workflow, load_workflow
+from supervisor.gateway.relay.chunked import CUT_RUNTIME
+from supervisor.gateway.comfy.workflow import Workflow, load_workflow
 
 
 @attrs.frozen

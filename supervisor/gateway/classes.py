@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from supervisor.gateway.asgi import RequestError, Scope, header_value
+from supervisor.gateway.http.asgi import RequestError, Scope, header_value
 from supervisor.scheduler.types import RequestClass
 
 CLASS_HEADER = b"x-steward-class"

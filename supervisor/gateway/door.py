@@ -34,11 +34,11 @@ import trio
 
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable
 from supervisor.auth.limits import KeyLimiter, Refused
-from supervisor.events import EventLog
-from supervisor.gateway.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
+from supervisor.observe.events import EventLog
+from supervisor.gateway.http.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
 from supervisor.gateway.errors import ErrorShape, error_headers
-from supervisor.gateway.stream_errors import Failure, final_failure
-from supervisor.slowdown import Pace, PaceMeter
+from supervisor.gateway.relay.stream_errors import Failure, final_failure
+from supervisor.observe.slowdown import Pace, PaceMeter
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 

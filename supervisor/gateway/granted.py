@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from supervisor.gateway.asgi import Disconnect, Send, TrackedSend, send_error
+from supervisor.gateway.http.asgi import Disconnect, Send, TrackedSend, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.errors import ErrorShape
 from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient

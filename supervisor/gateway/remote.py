@@ -9,7 +9,7 @@ request goes to the node with the node's key, its class and the caller's key nam
 node's own scheduler keeps priorities there. A node that cannot be reached is reported
 gone and the request is routed again (nothing was sent yet); a node that breaks off
 mid-answer ends that answer with a clean error in its stream's framing. The answer names
-the model that served it, in its ``model`` field (``supervisor.gateway.answer_model``) and
+the model that served it, in its ``model`` field (``supervisor.gateway.relay.answer_model``) and
 its ``x-steward-model`` header.
 """
 
@@ -22,13 +22,13 @@ import attrs
 import trio
 
 from supervisor.address import Address
-from supervisor.events import EventLog
-from supervisor.gateway.answer_model import ModelNamed
-from supervisor.gateway.asgi import Scope, Send, send_error
+from supervisor.observe.events import EventLog
+from supervisor.gateway.relay.answer_model import ModelNamed
+from supervisor.gateway.http.asgi import Scope, Send, send_error
 from supervisor.gateway.door import Exchange
-from supervisor.gateway.relay import UpstreamRequest, relay
+from supervisor.gateway.relay.proxy import UpstreamRequest, relay
 from supervisor.gateway.routed import RoutedRequest
-from supervisor.gateway.upstream import Timeouts
+from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.nodes.directory import NodeDirectory
 from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
 

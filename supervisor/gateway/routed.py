@@ -1,6 +1,6 @@
 """An inference request read and routed: its model, its class, and the body its engine gets.
 
-Pure: from the route (``supervisor.gateway.api_routes``), the scope's headers and the body.
+Pure: from the route (``supervisor.gateway.openai.api_routes``), the scope's headers and the body.
 A JSON body must be an object with a ``model``; a form (transcriptions) must have a
 ``model`` field. Steward's own class field and ``@class`` suffix are removed, the model is
 named as its engine knows it where the engine checks, and a stream that would not carry
@@ -18,11 +18,11 @@ from typing import Any
 
 import attrs
 
-from supervisor.gateway.api_routes import ApiRoute, BodyKind, api_route
-from supervisor.gateway.asgi import RequestError, Scope, dump_json, header_value, parse_json
+from supervisor.gateway.openai.api_routes import ApiRoute, BodyKind, api_route
+from supervisor.gateway.http.asgi import RequestError, Scope, dump_json, header_value, parse_json
 from supervisor.gateway.classes import choose_class
-from supervisor.gateway.forms import Form, parse_form
-from supervisor.gateway.stream_usage import ask_for_usage
+from supervisor.gateway.openai.forms import Form, parse_form
+from supervisor.gateway.relay.stream_usage import ask_for_usage
 
 
 @attrs.frozen

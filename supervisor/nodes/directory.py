@@ -44,7 +44,7 @@ import httpx
 import trio
 
 from supervisor.config import WakeConfig
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 from supervisor.nodes.routing import Availability, NodeView
 from supervisor.nodes.state import STATE_PATH, NodeState, NodeStateError, parse_node_state, state_to_json
 from supervisor.nodes.wake import WakeError, send_magic_packet

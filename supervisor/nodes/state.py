@@ -19,8 +19,8 @@ from typing import Any, Literal
 import attrs
 import cattrs
 
-from supervisor.health import Health
-from supervisor.memory_plan import device_label
+from supervisor.observe.health import Health
+from supervisor.engines.memory_plan import device_label
 from supervisor.scheduler.types import RequestClass, SchedulerSnapshot
 
 STATE_PATH = "/steward/state"

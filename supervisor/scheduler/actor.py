@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from supervisor.address import Address
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
     CheckEngine,

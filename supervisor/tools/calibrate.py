@@ -1,7 +1,7 @@
 """``steward calibrate CONFIG [--engine NAME]``: measure this host instead of assuming it.
 
 Each configured llama-server engine (or the one named) is started briefly, as steward
-starts it (its adapter's command, supervisor/process.py's child), and measured with a few
+starts it (its adapter's command, supervisor/engines/process.py's child), and measured with a few
 short greedy requests to its native ``/completion`` whose answers carry llama-server's own
 ``timings``:
 
@@ -25,7 +25,7 @@ Decoding is bound by memory, reading a prompt by compute, so the two share a hos
 differently (a 2-core host: two slots decoding did 1.5x the work of one, reading prompts
 1x): supervisor/tools/simulate/sharing.py takes both.
 
-The figures go to the config's ``state_file`` (supervisor/measurements.py: per engine
+The figures go to the config's ``state_file`` (supervisor/engines/measurements.py: per engine
 under its measurement key, the host's under HOST_KEY), where the scheduler and ``steward
 simulate`` read them; a table is printed and one ``calibrated`` event is logged. Every
 process it starts is stopped on every path, Ctrl-C included. Each engine gets the threads
@@ -53,11 +53,11 @@ import trio
 
 from supervisor.config import Config
 from supervisor.config_policy import engine_specs
-from supervisor.engine import EngineSpec, pick_port, placed_command
-from supervisor.events import EventLog, EventLogUnavailable, open_event_log
+from supervisor.engines.driver import EngineSpec, pick_port, placed_command
+from supervisor.observe.events import EventLog, EventLogUnavailable, open_event_log
 from supervisor.apis import GENERATION, Api
-from supervisor.measurements import ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
-from supervisor.process import ChildProcess, SpawnError, open_child, pump_lines, stop_child
+from supervisor.engines.measurements import ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key
+from supervisor.engines.process import ChildProcess, SpawnError, open_child, pump_lines, stop_child
 
 # The requests: short and greedy, a fresh prompt each (no prompt cache reused), a fixed
 # number of tokens out whatever the model would say (ignore_eos).

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from supervisor.process_tree import stat_fields
+from supervisor.engines.process_tree import stat_fields
 
 ACTIONS = ("stop", "freeze", "kill")
 SIGNALS = {"stop": signal.SIGTERM, "freeze": signal.SIGSTOP, "kill": signal.SIGKILL}

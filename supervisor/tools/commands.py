@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.config import Config, ConfigError, load_config_for_command, parse_config
-from supervisor.events import EventLogUnavailable
+from supervisor.observe.events import EventLogUnavailable
 from supervisor.exit_status import EXIT_CONFIG
 from supervisor.units import parse_duration
 

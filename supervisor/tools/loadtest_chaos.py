@@ -23,8 +23,8 @@ import attrs
 import httpx
 import trio
 
-from supervisor.process import become_subreaper
-from supervisor.process_tree import rss_bytes
+from supervisor.engines.process import become_subreaper
+from supervisor.engines.process_tree import rss_bytes
 from supervisor.tools import chaos
 from supervisor.tools.loadtest_clients import ClientKind, Endpoints, LoadTally, Outcome, load_line, run_clients
 from supervisor.tools.loadtest_report import ChaosReport, LoadReport, ResourceSample, count_problems, summarize_events

@@ -32,7 +32,7 @@ import trio
 
 from supervisor.config import ClassesConfig, SchedulerConfig, parse_config
 from supervisor.tools.demo import open_workdir
-from supervisor.events import read_event_log
+from supervisor.observe.events import read_event_log
 from supervisor.tools.loadtest import run_on_own_steward
 from supervisor.tools.loadtest_clients import ClientKind
 from supervisor.tools.loadtest_report import LoadReport, format_report

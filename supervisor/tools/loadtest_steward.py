@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from supervisor.events import read_event_log
-from supervisor.process import die_with_parent
+from supervisor.observe.events import read_event_log
+from supervisor.engines.process import die_with_parent
 from supervisor.tools.demo import RealEnginesUnavailable, demo_config_dict, real_demo_config_dict
 from supervisor.tools.loadtest_clients import Endpoints
 

@@ -40,7 +40,7 @@ import cattrs
 from fakes import simgpu
 from supervisor.config import Duration, SchedulerConfig
 from supervisor.tools.demo import open_workdir
-from supervisor.events import read_event_log
+from supervisor.observe.events import read_event_log
 from supervisor.tools.loadtest import run_on_own_steward
 from supervisor.tools.loadtest_clients import ClientKind
 from supervisor.tools.loadtest_report import LoadReport, format_report

@@ -67,7 +67,7 @@ import yaml
 
 from fakes.webhook import read_request
 from supervisor.auth.keys import KeyCommandError, KeyFileError
-from supervisor.events import read_event_log
+from supervisor.observe.events import read_event_log
 from supervisor.tools.demo import open_workdir
 from supervisor.tools.loadtest_steward import output_tail, spawn_steward, stop_steward
 from supervisor.tools.overload_report import (

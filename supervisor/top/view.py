@@ -26,9 +26,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.events import Event
+from supervisor.observe.events import Event
 from supervisor.scheduler.types import RequestClass
-from supervisor.slowdown import format_factor
+from supervisor.observe.slowdown import format_factor
 from supervisor.units import format_elapsed, format_size
 
 WIDE = 120  # columns from which the wider layout is used

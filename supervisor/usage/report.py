@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import attrs
 
-from supervisor.slowdown import format_factor
+from supervisor.observe.slowdown import format_factor
 from supervisor.units import parse_duration, show
 from supervisor.usage.row import TABLE
 
@@ -58,7 +58,7 @@ class GroupUsage:
     ttft_p50_s: float | None
     prompt_tokens: int
     completion_tokens: int
-    slowdown_p50: float | None = None  # over the answers whose slowdown is known (supervisor/slowdown.py)
+    slowdown_p50: float | None = None  # over the answers whose slowdown is known (supervisor/observe/slowdown.py)
     slowdown_p95: float | None = None
 
     @property

@@ -40,7 +40,7 @@ class UsageRow:
     response_bytes: int
     # Tokens per second after the first (the engine's timings, else the stream as it came); None: not told.
     decode_tps: float | None = None
-    # How many times slower than its engine decodes alone (supervisor/slowdown.py); None: not known.
+    # How many times slower than its engine decodes alone (supervisor/observe/slowdown.py); None: not known.
     slowdown: float | None = None
 
 

@@ -34,7 +34,7 @@ import attrs
 import trio
 
 from supervisor.backoff import Backoff
-from supervisor.events import EventLog
+from supervisor.observe.events import EventLog
 from supervisor.supervise import Supervision, supervise
 from supervisor.usage.row import ADDED_COLUMNS, COLUMNS, SCHEMA_VERSION, TABLE, UsageRow, column_values
 

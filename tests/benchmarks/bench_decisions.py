@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-from supervisor.events import EventLog  # noqa: E402
+from supervisor.observe.events import EventLog  # noqa: E402
 from supervisor.scheduler.actor import open_scheduler_mailbox, serve_scheduler  # noqa: E402
 from supervisor.scheduler.core import Scheduler  # noqa: E402
 from supervisor.scheduler.types import EngineProfile, Grant, RequestClass, SchedulingPolicy  # noqa: E402

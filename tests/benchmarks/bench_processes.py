@@ -12,7 +12,7 @@ import sys
 import urllib.request
 from typing import Any
 
-from supervisor.process_tree import stat_fields
+from supervisor.engines.process_tree import stat_fields
 
 STOP_GRACE_S = 15.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

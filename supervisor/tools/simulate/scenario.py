@@ -29,7 +29,7 @@ from supervisor.config import (
     _describe,
     make_converter,
 )
-from supervisor.measurements import HOST_KEY, EngineSpeed, MeasurementStore
+from supervisor.engines.measurements import HOST_KEY, EngineSpeed, MeasurementStore
 from supervisor.scheduler.types import RequestClass
 from supervisor.tools.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
@@ -178,7 +178,7 @@ class Calibration:
 
     @classmethod
     def from_state_file(cls, path: str | Path) -> Calibration:
-        """The figures in a state file (supervisor/measurements.py), per engine name the newest.
+        """The figures in a state file (supervisor/engines/measurements.py), per engine name the newest.
 
         Raises:
             ConfigError: the file cannot be read, or holds no calibration.

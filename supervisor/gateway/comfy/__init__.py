@@ -1,0 +1,1 @@
+"""The ComfyUI-compatible listener and ComfyUI's API as steward reads and calls it."""

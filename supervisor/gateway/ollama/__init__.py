@@ -1,0 +1,1 @@
+"""The Ollama-compatible listener: Ollama's clients point here instead of at Ollama."""

@@ -1,0 +1,209 @@
+"""The gateway's Quart-Trio app: model list, health, OpenAI-shaped errors.
+
+The inference routes are served by ``InferenceHandler`` in front of Quart (an ASGI
+middleware on ``app.asgi_app``), everything else by ordinary Quart routes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import attrs
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from supervisor.apis import ModelKind, api_names, model_kind
+from supervisor.config import Config
+from supervisor.observe.events import EventLog
+from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
+from supervisor.gateway.openai.api_routes import error_shape_for
+from supervisor.gateway.http.asgi import BodyLimits, Receive, Scope, Send, send_whole
+from supervisor.gateway.catalog import ModelCatalog
+from supervisor.gateway.door import FrontDoor, exchange_of, is_probe
+from supervisor.gateway.errors import anthropic_error_body, error_body
+from supervisor.gateway.http.gate import RequestGate, gated
+from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH, ImageHandler
+from supervisor.gateway.openai.inference import INFERENCE_PATHS, InferenceHandler
+from supervisor.gateway.http.quart_app import add_health_routes, json_error, new_quart_app
+from supervisor.gateway.remote import NodeRouter
+from supervisor.gateway.relay.upstream import Timeouts
+from supervisor.observe.health import HealthWatch
+from supervisor.engines.memory_plan import device_label
+from supervisor.observe.metrics import StewardMetrics
+from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
+from supervisor.reload import Reload
+from supervisor.scheduler.actor import SchedulerClient
+
+
+def body_limits(config: Config) -> BodyLimits:
+    return BodyLimits(config.limits.max_body_size, config.limits.body_timeout)
+
+
+@attrs.frozen
+class Services:
+    """What the OpenAI listener's app serves with: the services the composition root
+    (supervisor/tree.py) started, handed over as one bundle."""
+
+    scheduler: SchedulerClient
+    events: EventLog
+    gate: RequestGate
+    metrics: StewardMetrics
+    door: FrontDoor
+    health: HealthWatch
+    device: str = "gpu"  # where the engines' memory lives: "gpu", or "cpu" for host RAM (tree.memory_device)
+    nodes: NodeRouter | None = None  # a front door's: the nodes it routes to
+    catalog: ModelCatalog | None = None  # default: the config's own (no reload replaces it)
+    reload: Reload | None = None  # /steward/reload, where the config came from a file
+    images: ImageHandler | None = None  # /v1/images/generations, with a comfyui section and an image model
+
+
+def create_app(config: Config, services: Services) -> QuartTrio:
+    scheduler, events, door, nodes, images = (services.scheduler, services.events, services.door, services.nodes,
+                                              services.images)
+    gate, health, device = services.gate, services.health, services.device
+    app = new_quart_app("steward", error_body, events, lambda path: error_shape_for({"path": path}))
+    started = int(time.time())
+    catalog = services.catalog or ModelCatalog.of(config)
+    aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
+    inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
+                                 Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens)
+    quart_asgi = app.asgi_app
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if is_probe(scope):  # Claude Code's, at its start: the server is there (llama-server's web UI says 200)
+            await send_whole(send, 200, [(b"content-type", b"text/plain; charset=utf-8")], b"")
+        elif scope["path"] in INFERENCE_PATHS and scope["method"] == "POST":
+            await inference(scope, receive, send)
+        elif images is not None and scope["path"] == GENERATIONS_PATH and scope["method"] == "POST":
+            await images.generate(scope, receive, send)
+        elif images is not None and scope["path"].startswith(FILES_PREFIX) and scope["method"] == "GET":
+            await images.serve_file(scope, send)
+        elif scope["path"] == EVENTS_PATH and scope["method"] == "GET":
+            await serve_admin_events(scope, receive, send, events, gate)
+        else:
+            await quart_asgi(scope, receive, send)
+
+    app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
+
+    async def served_by_inference_handler() -> Response:
+        # POSTs to these exact paths never reach Quart; anything that does (a trailing slash) is not a route.
+        return json_error(error_shape_for({"path": request.path}), 404, "Unknown route.")
+
+    for path in INFERENCE_PATHS:
+        # Declared so that Quart answers other methods on these paths with 405, not 404.
+        app.add_url_rule(path, path, served_by_inference_handler, methods=["POST"])
+
+    @app.post(GENERATIONS_PATH)
+    async def no_images() -> Response:
+        # Reached only without ComfyUI (with it, the image handler answers first).
+        return json_error(error_body, 404, "Image generation is not configured here: it needs a comfyui section and "
+                                           "a model of runtime: comfyui.", param="model", code="model_not_found")
+
+    def model_entry(name: str) -> dict[str, Any]:
+        target = aliases[name]
+        engines = {e.name: e for e in scheduler.snapshot().engines}
+        engine = engines[target]
+        apis = catalog.apis.get(target, frozenset())
+        kind = model_kind(apis)
+        # What the model is for: steward's own field, and llama-server's `capabilities` (Ollama's words).
+        return {"id": name, "object": "model", "created": started, "owned_by": "steward",
+                "capabilities": [_CAPABILITY[kind]],
+                "steward": {"alias_of": None if target == name else target, "kind": kind.value,
+                            "serves": api_names(apis), "status": engine.status, "memory": engine.memory,
+                            "slots": engine.slots, "pinned": engine.pinned}}
+
+    def anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
+        """A model as Anthropic's GET /v1/models lists it (asked with an anthropic-version header)."""
+        created = datetime.datetime.fromtimestamp(entry["created"], datetime.UTC).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": entry["id"], "display_name": entry["id"], "created_at": created}
+
+    def for_anthropic() -> bool:
+        return request.headers.get("anthropic-version") is not None
+
+    def wanted(entry: dict[str, Any]) -> bool:
+        kind = request.args.get("kind")  # ?kind=chat: only the models a chat client may offer
+        return kind is None or entry.get("steward", {}).get("kind", ModelKind.CHAT.value) == kind
+
+    def visible(name: str) -> bool:
+        """A key limited to some models sees only those (and their aliases)."""
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, aliases[name])
+
+    def visible_remote(name: str) -> bool:
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, name)
+
+    def image_entry(name: str) -> dict[str, Any]:
+        model = catalog.images[name]
+        return {"id": name, "object": "model", "created": started, "owned_by": "steward", "capabilities": ["image"],
+                "steward": {"alias_of": None if model.name == name else model.name, "kind": ModelKind.IMAGE.value,
+                            "serves": ["images"], "runtime": "comfyui", "size": model.config.size}}
+
+    def visible_image(name: str) -> bool:
+        key = exchange_of(request.scope).key
+        return key is None or door.may_use(key, catalog.images[name].name)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        local = [model_entry(name) for name in aliases if visible(name)]
+        local += [image_entry(name) for name in catalog.images if name not in aliases and visible_image(name)]
+        remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
+                  if entry["id"] not in aliases and visible_remote(entry["id"])]
+        entries = [entry for entry in local + remote if wanted(entry)]
+        if for_anthropic():
+            data = [anthropic_entry(entry) for entry in entries]
+            return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None}
+        return {"object": "list", "data": entries}
+
+    @app.get("/v1/models/<path:model_id>")
+    async def get_model(model_id: str) -> Response | dict[str, Any]:
+        if model_id in catalog.images and model_id not in aliases and visible_image(model_id):
+            entry = image_entry(model_id)
+            return anthropic_entry(entry) if for_anthropic() else entry
+        if model_id not in aliases or not visible(model_id):
+            shape = anthropic_error_body if for_anthropic() else error_body
+            return json_error(shape, 404, f"The model '{model_id}' does not exist.", param="model",
+                              code="model_not_found")
+        entry = model_entry(model_id)
+        return anthropic_entry(entry) if for_anthropic() else entry
+
+    def health_details() -> dict[str, Any]:
+        snapshot, now = scheduler.snapshot(explained=True), trio.current_time()
+        return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
+                "devices": [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
+                             "outside": d.outside, "free": d.free} for d in snapshot.devices],
+                "queued": snapshot.queued,
+                "waiting": waiting_lines(snapshot, now),
+                "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
+                            for k in snapshot.queued_by_class},
+                "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,
+                                     "queued": e.queued, "memory": e.memory, "reserved": e.reserved,
+                                     "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
+                                     "failures": e.failures, "healthy": e.healthy, "measured": e.measured,
+                                     "devices": [device_label(device, index) for index in e.devices],
+                                     # The engine's own account of its queue, where it gives one (vLLM).
+                                     "engine_load": None if e.engine_running is None and e.engine_waiting is None
+                                     else {"running": e.engine_running, "waiting": e.engine_waiting}}
+                            for e in snapshot.engines}}
+
+    @app.get(STATE_PATH)
+    async def state() -> dict[str, Any]:
+        """What a front door routes by (an admin route once keys are in force)."""
+        return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
+
+    add_health_routes(app, health, services.metrics, health_details)
+    add_admin_routes(app, scheduler, health, events, device, services.reload)  # type: ignore[arg-type]
+    return app
+
+
+_CAPABILITY = {ModelKind.CHAT: "completion", ModelKind.EMBEDDING: "embedding", ModelKind.RERANK: "rerank",
+               ModelKind.TRANSCRIPTION: "audio"}
+
+
+def is_admin_route(scope: Scope) -> bool:
+    return scope["path"].startswith("/steward/") or is_admin_path(scope["path"])

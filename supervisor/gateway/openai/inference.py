@@ -1,0 +1,273 @@
+"""The inference routes as a lean ASGI handler: validate, queue, proxy.
+
+This is the hot path of every request, so it speaks ASGI directly rather than going
+through Quart's request machinery (which costs ~0.7 ms a request on this class of
+machine, research/proxy_overhead.md); everything else stays in the Quart app.
+
+Per request: read the body (bounded), find the model (aliases) and the class, strip
+steward's own fields, wait for a grant from the scheduler, then stream the engine's
+answer through unbuffered over one fresh upstream connection. A client that goes
+away cancels all of it: the job leaves the queue, or the upstream request is closed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import attrs
+
+from supervisor.address import Address
+from supervisor.apis import Api, api_names
+from supervisor.observe.events import EventLog
+from supervisor.gateway.openai.api_routes import API_PATHS, API_ROUTES, ApiRoute, api_route
+from supervisor.gateway.http.asgi import (
+    BodyLimits,
+    Disconnect,
+    Receive,
+    RequestError,
+    Scope,
+    Send,
+    TrackedSend,
+    dump_json,
+    open_disconnect_watch,
+    read_body,
+    send_error,
+    send_refusal,
+    send_whole,
+)
+from supervisor.gateway.relay.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
+from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
+from supervisor.gateway.relay.embeddings import EmbeddingsAssembly, split_inputs
+from supervisor.gateway.granted import answer_job_failed, serve_granted
+from supervisor.gateway.relay.proxy import HOP_BY_HOP, UpstreamFailure, UpstreamRequest, relay
+from supervisor.gateway.remote import NodeRouter
+from supervisor.gateway.relay.reshaped import reading_answer
+from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
+from supervisor.gateway.relay.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
+from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
+
+INFERENCE_PATHS = frozenset(API_ROUTES)
+_FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | CREDENTIAL_HEADERS
+
+
+@attrs.define(eq=False)
+class InferenceHandler:
+    scheduler: SchedulerClient
+    events: EventLog
+    aliases: Mapping[str, str]  # every accepted name -> model
+    body_limits: BodyLimits
+    embedding_chunk: int
+    timeouts: Timeouts  # toward the engines
+    door: FrontDoor
+    # model -> the name its server knows it by, for servers that check it (runtime openai)
+    served_names: Mapping[str, str] = attrs.Factory(dict)
+    nodes: NodeRouter | None = None  # a front door's: the models its nodes serve
+    # model -> the APIs it serves (supervisor.apis); a model missing here serves them all
+    apis: Mapping[str, frozenset[Api]] = attrs.Factory(dict)
+    # model -> its lower-class generations longer than this many tokens are cut into steps of it
+    # (chunked.py); a model missing here, or 0: never.
+    step_tokens: Mapping[str, int] = attrs.Factory(dict)
+
+    async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
+                              exchange: Exchange) -> None:
+        """A model no engine here serves: a node's, if one serves it, else a 404."""
+        routed = not_here.request
+        if self.nodes is None or not self.nodes.serves(not_here.name):
+            await self._refuse(send, not_here.refusal(), routed.route, exchange)
+            return
+        exchange.model, exchange.klass = routed.name, routed.klass
+        try:
+            with self.door.admit(exchange, model=routed.name, klass=routed.klass):
+                async with open_disconnect_watch(receive):
+                    await self.nodes.serve(scope, routed, exchange, send)
+        except RequestError as refused:
+            await self._refuse(send, refused, routed.route, exchange)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = exchange_of(scope)
+        route = api_route(scope)
+        try:
+            body = await read_body(scope, receive, self.body_limits)
+            if body is None:
+                return  # the client left while sending
+            routed = route_request(scope, body, self.aliases, self.served_names, route=route,
+                                   default_class=self.door.default_class(exchange, "interactive"))
+            if isinstance(routed, NotHere):
+                await self._serve_not_here(scope, receive, send, routed, exchange)
+                return
+            self._check_served(routed.model, route)
+            exchange.model, exchange.klass = routed.model, routed.klass
+            with self.door.admit(exchange, model=routed.model, klass=routed.klass):
+                await self._serve_admitted(scope, receive, send, routed, exchange)
+        except RequestError as exc:
+            if not isinstance(exc, Refusal):  # the door's refusals are `refused` events already
+                self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
+                                 detail=exc.message)
+            await self._refuse(send, exc, route, exchange)
+
+    def _check_served(self, model: str, route: ApiRoute) -> None:
+        served = self.apis.get(model)
+        if served is None or route.api in served:
+            return
+        others = ", ".join(API_PATHS[api] for api in Api if api in served)
+        raise RequestError(400, f"The model '{model}' does not serve {API_PATHS[route.api]}: it serves {others} "
+                                f"({', '.join(api_names(served))}).", param="model", code="model_not_supported")
+
+    async def _refuse(self, send: Send, exc: RequestError, route: ApiRoute, exchange: Exchange) -> None:
+        exchange.error = exchange.error or exc.code  # Anthropic's error shape has no field for it
+        await send_refusal(send, exc, route.error_shape)
+
+    async def _serve_admitted(self, scope: Scope, receive: Receive, send: Send, routed: RoutedRequest,
+                              exchange: Exchange) -> None:
+        async with open_disconnect_watch(receive) as disconnect:
+            await self._serve(scope, routed, send, disconnect, exchange)
+
+    async def _serve(self, scope: Scope, routed: RoutedRequest, send: Send, disconnect: Disconnect,
+                     exchange: Exchange) -> None:
+        chunks = None
+        if routed.route.api is Api.EMBEDDINGS and routed.payload is not None:
+            chunks = split_inputs(routed.payload, self.embedding_chunk)
+        try:
+            if chunks is not None:
+                assert routed.payload is not None
+                try:
+                    # Written before the first step is queued: a body too deep to write again is a 400 now.
+                    bodies = [dump_json({**routed.payload, "input": chunk}) for chunk in chunks]
+                except RequestError as exc:
+                    await send_refusal(send, exc)
+                    return
+                await self._serve_embedding_steps(scope, routed, bodies, send, exchange)
+                return
+            generation = cut_generation(routed, self.step_tokens.get(routed.model, 0))
+            if generation is not None:
+                await self._serve_generation_steps(scope, routed, generation, send, disconnect, exchange)
+                return
+        except JobFailed as exc:
+            await answer_job_failed(send, exchange, exc, routed.route.error_shape)
+            return
+
+        async def answering(lease: Lease, tracked: Send) -> None:
+            exchange.engine = lease.grant.engine
+            await self._proxy(scope, routed, reading_answer(
+                tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
+                stream=routed.stream, model=routed.model), lease)
+
+        await serve_granted(self.scheduler, exchange, send, disconnect, model=routed.model, klass=routed.klass,
+                            shape=routed.route.error_shape, answering=answering)
+
+    async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
+                                     send: Send, exchange: Exchange) -> None:
+        """One step per chunk, in order; a failing step fails the request, no partial answer."""
+        async with self.scheduler.open_request() as request:
+            await self._run_embedding_steps(scope, routed, chunks, send, request, exchange)
+
+    async def _run_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes], send: Send,
+                                   request: Request, exchange: Exchange) -> None:
+        assembly = EmbeddingsAssembly()
+        for step, chunk in enumerate(chunks, 1):
+            async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
+                                                 steps=len(chunks), on_waited=exchange.waited) as lease:
+                exchange.engine = lease.grant.engine
+                host, port = self._endpoint(lease.grant.endpoint)
+                where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request:"
+                with lease.abort.scope:
+                    try:
+                        status, headers, body = await fetch_upstream(
+                            host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                            self._request_headers(scope, routed), chunk, self.timeouts)
+                    except UpstreamError as exc:
+                        if isinstance(exc, UpstreamStalled):
+                            self._report_stall(lease, str(exc))
+                        # A step's failure names the step, whatever happened (the table's words left out).
+                        await self._fail_step(send, lease, attrs.evolve(UpstreamFailure.of(exc), happened=""),
+                                              where, exc)
+                        return
+                if lease.abort.scope.cancelled_caught:
+                    await self._fail_step(send, lease, UpstreamFailure.aborted(lease.abort.code), where,
+                                          f"it {lease.abort.reason}")
+                    return
+                lease.status = status
+                if status != 200:
+                    # The engine's own error, unchanged, like a single-step request would get it.
+                    await send_whole(send, status, [(k, v) for k, v in headers if k not in HOP_BY_HOP], body)
+                    return
+                try:
+                    assembly.add(json.loads(body))
+                except (ValueError, KeyError, TypeError) as exc:
+                    lease.status = 502
+                    await send_error(send, 502, f"engine {lease.grant.engine!r} answered step {step}/{len(chunks)} "
+                                     f"with an unreadable embeddings response: {exc}", code="engine_error")
+                    return
+        body = assembly.response()
+        await send_whole(send, 200, [(b"content-type", b"application/json")], body)
+
+    async def _fail_step(self, send: Send, lease: Lease, failure: UpstreamFailure, where: str,
+                         detail: object) -> None:
+        lease.status = failure.status
+        await send_error(send, failure.status, failure.message(where, detail), code=failure.code)
+
+    async def _serve_generation_steps(self, scope: Scope, routed: RoutedRequest, generation: Generation, send: Send,
+                                      disconnect: Disconnect, exchange: Exchange) -> None:
+        """One step per ``step_tokens`` tokens, each continuing the last, one answer (chunked.py)."""
+        tracked = TrackedSend(send)
+        client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
+                                stream=routed.stream, model=routed.model)
+        answer = (StreamedSteps(client, generation, routed.route.stream_error) if routed.stream
+                  else JoinedSteps(client, generation))
+        try:
+            async with self.scheduler.open_request() as request:
+                while True:
+                    async with self.scheduler.open_grant(routed.model, routed.klass, request=request,
+                                                         step=generation.steps + 1, steps=generation.step_count,
+                                                         on_waited=exchange.waited) as lease:
+                        exchange.engine = lease.grant.engine
+                        answer.begin_step()
+                        try:
+                            await self._proxy(scope, routed, answer, lease, body=generation.next_body())
+                        finally:
+                            if disconnect.happened and not tracked.complete:
+                                lease.status = 499  # the client left before the answer ended
+                        generation.end_step()
+                    if not generation.goes_on():
+                        break
+            await answer.end()  # the last step's slot is free: the rest is steward's own bytes
+        except JobFailed as exc:  # a later step's: refused, or steward is closing
+            if isinstance(answer, StreamedSteps) and answer.started:
+                exchange.error = exc.failure.code
+                await answer.fail(exc.failure.message, exc.failure.code)
+            else:
+                await answer_job_failed(send, exchange, exc, routed.route.error_shape)
+        finally:
+            self.events.emit("generation_steps", "debug", request_id=exchange.request_id, model=routed.model,
+                             **{"class": routed.klass}, steps=generation.steps, step_tokens=generation.step_tokens,
+                             completion_tokens=generation.completion_tokens, finish_reason=generation.finish_reason,
+                             ended=generation.ended)
+
+    async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease,
+                     body: bytes | None = None) -> None:
+        """Relay the request (or *body* in its place) to the lease's engine."""
+        host, port = self._endpoint(lease.grant.endpoint)
+        request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
+                                  self._request_headers(scope, routed), routed.body if body is None else body)
+
+        def on_status(status: int) -> None:
+            lease.status = status
+
+        await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
+                    error_shape=routed.route.error_shape, stream_error=routed.route.stream_error,
+                    timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
+                    abort=lease.abort)
+
+    def _report_stall(self, lease: Lease, detail: str) -> None:
+        assert lease.grant.engine is not None
+        self.scheduler.report_stall(lease.grant.engine, lease.grant.generation, detail)
+
+    def _endpoint(self, endpoint: Address | None) -> tuple[str, int]:
+        assert endpoint is not None
+        return endpoint.host, endpoint.port
+
+    def _request_headers(self, scope: Scope, routed: RoutedRequest) -> list[tuple[bytes, bytes]]:
+        wanted = _FORWARDED_REQUEST_HEADERS | routed.route.forwarded
+        forwarded = [(k, v) for k, v in scope["headers"] if k in wanted]
+        return [(b"content-type", routed.content_type)] + self.door.forwardable("openai", forwarded)

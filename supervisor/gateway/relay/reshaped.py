@@ -1,0 +1,301 @@
+"""Answers read or rewritten on their way to a client of another API's family.
+
+* ``ErrorsReshaped``: an engine's error object (llama-server's ``{"error": {"code", "message",
+  "type"}}``) rewritten in the route's shape, so that an Anthropic client on /v1/messages
+  always gets Anthropic's ``{"type": "error", "error": {...}}``, with the engine's status and
+  message. Only an error answer (status >= 400, JSON, at most ``MAX_ERROR_BYTES``) is held
+  and rewritten; everything else goes through as it came.
+* ``StreamErrorsReshaped``: the same inside a Messages or Responses stream that began as a 200:
+  an engine's error event (llama-server's ``data: {"error": ...}``, or its Messages ``event: error``
+  with the bare error object) becomes that API's own ``error`` event, which Anthropic's and
+  OpenAI's clients (the SDKs, Claude Code, Codex CLI) read; a stream that ends without its last
+  event (Ollama's, when the model fails mid-answer) gets one too.
+  Both tell the request's ``Exchange`` the engine's own error before it is reshaped: the usage
+  row records the engine's code, not the type the client got (stream_errors.py has the rule).
+* ``MessagesUsageRead``: a Messages stream's token counts, which it gives in two events
+  (``message_start``: the input, ``message_delta``: the output), for the usage log.
+
+``reading_answer`` puts in place what a route's answer needs, the same on every listener.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from supervisor.apis import Api
+from supervisor.gateway.openai.api_routes import ApiRoute
+from supervisor.gateway.http.asgi import Send
+from supervisor.gateway.door import Exchange
+from supervisor.gateway.errors import (
+    ErrorShape,
+    anthropic_error_event,
+    error_headers,
+    responses_error_event,
+    responses_failed_event,
+)
+from supervisor.gateway.relay.sse import EVENT_END, event_data, event_name, json_events
+from supervisor.gateway.relay.stream_errors import ENGINE_ERROR, Failure, failure_of_data, failure_of_event
+from supervisor.gateway.relay.stream_start import OPENING, StreamOpened
+from supervisor.gateway.relay.stream_usage import UsageChunkKept
+
+Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
+Noted = Callable[[Failure], None]  # the engine's own error, before it is reshaped
+
+MAX_ERROR_BYTES = 64 * 1024
+# Anthropic counts cached input apart from the rest; the usage log's prompt is all of it.
+_INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usage_chunk: bool, stream: bool,
+                   model: str | None = None) -> Send:
+    """*send* with what reads the answer on its way: the usage it carries (the usage chunk steward
+    asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and the
+    error events of Messages and Responses streams), and a Messages or Responses stream's opening
+    event where the engine left it out (stream_start.py). What it reads goes to *exchange*."""
+    counted = exchange.count_tokens
+    if not route.does_work:
+        counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
+    if stream and route.api in OPENING:
+        send = StreamOpened(send, route.api, model or "")  # nearest the client: the usage read sees the engine's
+    if keep_usage_chunk:
+        send = UsageChunkKept(send, counted)
+    if route.api is Api.MESSAGES and stream:
+        send = MessagesUsageRead(send, counted)
+    if route.anthropic:
+        send = ErrorsReshaped(send, route.error_shape, exchange.engine_failed)
+    if stream and route.api in STREAM_ENDS:
+        send = StreamErrorsReshaped(send, route.api, exchange.engine_failed, model or "")
+    return send
+
+
+@attrs.define(eq=False)
+class ErrorsReshaped:
+    send: Send
+    shape: ErrorShape
+    noted: Noted = lambda failure: None
+    _start: dict[str, Any] | None = None  # an error answer's start, held until its body is whole
+    _held: list[bytes] = attrs.Factory(list)
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and _is_error(message):
+            self._start = message
+            return
+        if message["type"] == "http.response.body" and self._start is not None:
+            self._held.append(message.get("body", b""))
+            if message.get("more_body", False) and sum(map(len, self._held)) <= MAX_ERROR_BYTES:
+                return
+            await self._flush(message.get("more_body", False))
+            return
+        await self.send(message)
+
+    async def _flush(self, more: bool) -> None:
+        assert self._start is not None
+        start, body = self._start, b"".join(self._held)
+        self._start, self._held = None, []
+        status = start["status"]
+        message = None if more else _error_message(body)
+        if message is None:  # not an error object we can read (or too large): as it came
+            await self.send(start)
+            await self.send({"type": "http.response.body", "body": body, "more_body": more})
+            return
+        if (failure := failure_of_data(body)) is not None:
+            self.noted(failure)
+        body = self.shape(status, message)
+        # The engine's other headers stay (its Server names who answered); the body's are new.
+        kept = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-type", b"content-length")]
+        await self.send({**start, "headers": kept + error_headers(body)})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _is_error(start: dict[str, Any]) -> bool:
+    content_type = next((v for k, v in start.get("headers", ()) if k == b"content-type"), b"")
+    return start["status"] >= 400 and content_type.startswith(b"application/json")
+
+
+def _error_message(body: bytes) -> str | None:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    error = value.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]  # OpenAI's, llama-server's, Anthropic's own
+    if isinstance(error, str):
+        return error  # Ollama's, whisper.cpp's
+    return None
+
+
+# The event a whole Messages or Responses stream ends on; an escaped quote is inside a string.
+STREAM_ENDS = {Api.MESSAGES: re.compile(rb'(?<!\\)"type":\s*"message_stop"'),
+               Api.RESPONSES: re.compile(rb'(?<!\\)"type":\s*"response\.(completed|incomplete|failed)"')}
+# The Responses API numbers its events: an error event steward writes goes on from the last.
+_SEQUENCE = re.compile(rb'(?<!\\)"sequence_number":\s*(\d{1,12})')
+MAX_HELD_EVENT = 64 * 1024  # an event begun but not ended is held up to this; past it, it goes as it comes
+
+
+@attrs.define(eq=False)
+class StreamErrorsReshaped:
+    """Error events in a Messages or Responses stream, in that API's words (see the module docstring).
+
+    Nothing is buffered but the start of an event whose end has not come yet (engines write
+    whole events, so that is seldom anything); only a part that holds the word ``error`` is
+    split into its events, and only an event that is an error is parsed."""
+
+    send: Send
+    api: Api  # MESSAGES or RESPONSES
+    noted: Noted
+    model: str = ""  # what a response that failed before its response.created names
+    _reading: bool = False  # a 200 event stream
+    _response: dict[str, Any] | None = None  # a Responses stream's own, from its response.created
+    _held: bytes = b""
+    _ended: bool = False  # its last event, or an error event, went by
+    _sequence: int | None = None  # the last sequence_number seen (Responses)
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
+            self._reading = message["status"] == 200 and content_type.startswith(b"text/event-stream")
+        elif message["type"] == "http.response.body" and self._reading:
+            more = message.get("more_body", False)
+            body = self._read(message.get("body", b""), more)
+            if not body and more:
+                return  # all of it held: the rest of its event is still to come
+            message = {**message, "body": body}
+        await self.send(message)
+
+    def _read(self, chunk: bytes, more: bool) -> bytes:
+        data = self._held + chunk
+        end = _after_last_event(data)
+        if not more or len(data) - end > MAX_HELD_EVENT:
+            end = len(data)  # the stream's end (an event without its blank line too), or an event too long to hold
+        whole, self._held = data[:end], data[end:]
+        if STREAM_ENDS[self.api].search(whole):
+            self._ended = True
+        if self.api is Api.RESPONSES and self._response is None and b"response.created" in whole:
+            self._response = _created_response(whole)
+        if b"error" in whole:
+            out = self._reshaped(whole)
+        else:
+            out = whole
+            self._number(whole)
+        if not more and not self._ended:
+            last = "message_stop" if self.api is Api.MESSAGES else "response.completed"
+            out += self._error_event(Failure(502, ENGINE_ERROR, f"The engine ended the stream before its end "
+                                                               f"(no {last}): it failed during the answer."))
+        return out
+
+    def _reshaped(self, whole: bytes) -> bytes:
+        out, start = bytearray(), 0
+        for end in [*EVENT_END.finditer(whole), None]:
+            event = whole[start:end.start()] if end is not None else whole[start:]
+            separator = whole[end.start():end.end()] if end is not None else b""
+            start = end.end() if end is not None else len(whole)
+            failure = failure_of_event(event) if b"error" in event else None
+            if failure is None or self._in_own_words(event):
+                out += event + separator
+                self._number(event)
+                self._ended = self._ended or failure is not None
+            else:
+                out += self._error_event(failure)
+        return bytes(out)
+
+    def _number(self, events: bytes) -> None:
+        if self.api is Api.RESPONSES and (numbers := _SEQUENCE.findall(events)):
+            self._sequence = int(numbers[-1])
+
+    def _in_own_words(self, event: bytes) -> bool:
+        """An error event already as this API's clients read it (Anthropic's, or steward's own numbered one)."""
+        value = json.loads(event_data(event) or b"null")  # read whole once already: an error event
+        if not isinstance(value, dict):
+            return False
+        if self.api is Api.RESPONSES and value.get("type") == "response.failed":
+            return True  # the Responses API's own end of a failed response
+        named = event_name(event) == b"error"  # Anthropic's clients raise on this event, by its name
+        if self.api is Api.MESSAGES:
+            return named and value.get("type") == "error" and isinstance(value.get("error"), dict)
+        number = value.get("sequence_number")
+        return (named and value.get("type") == "error" and isinstance(value.get("message"), str)
+                and isinstance(number, int) and (self._sequence is None or number > self._sequence))
+
+    def _error_event(self, failure: Failure) -> bytes:
+        self.noted(failure)
+        self._ended = True
+        message = failure.message or f"The engine failed during the answer ({failure.code})."
+        if self.api is Api.MESSAGES:
+            return anthropic_error_event(failure.status, message)
+        self._sequence = 0 if self._sequence is None else self._sequence + 1
+        error = responses_error_event(message, code=failure.code, sequence_number=self._sequence)
+        self._sequence += 1
+        return error + responses_failed_event(self._response or self._new_response(), message,
+                                              sequence_number=self._sequence)
+
+    def _new_response(self) -> dict[str, Any]:
+        """A response object for a stream that failed before the engine sent one (its required fields)."""
+        return {"id": "resp_" + secrets.token_hex(16), "object": "response", "created_at": int(time.time()),
+                "model": self.model, "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+def _created_response(events: bytes) -> dict[str, Any] | None:
+    """The response object of the ``response.created`` event among *events*, if one is whole there."""
+    for value in json_events(events, b"response.created"):
+        if value.get("type") == "response.created" and isinstance(value.get("response"), dict):
+            return value["response"]
+    return None
+
+
+def _after_last_event(data: bytes) -> int:
+    """Where the last whole event of *data* ends (after its blank line, LF or CRLF); 0: none has."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+
+
+@attrs.define(eq=False)
+class MessagesUsageRead:
+    send: Send
+    counted: Counted
+    _streaming: bool = False
+    _prompt: int | None = None
+    _completion: int | None = None
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
+            self._streaming = message["status"] == 200 and content_type.startswith(b"text/event-stream")
+        elif message["type"] == "http.response.body" and self._streaming and b'"usage"' in message.get("body", b""):
+            for event in EVENT_END.split(message["body"]):
+                self._read(event)
+        await self.send(message)
+
+    def _read(self, event: bytes) -> None:
+        data = event_data(event)
+        if data is None or b'"usage"' not in data:
+            return
+        try:
+            value = json.loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return  # an event cut across two messages: the door's own reading of the tail remains
+        if not isinstance(value, dict):
+            return
+        holder = value.get("message") if value.get("type") == "message_start" else value
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        if not isinstance(usage, dict):
+            return
+        inputs = [usage[field] for field in _INPUT_FIELDS if _is_count(usage.get(field))]
+        if inputs:
+            self._prompt = sum(inputs)
+        if _is_count(usage.get("output_tokens")):
+            self._completion = usage["output_tokens"]
+        self.counted(self._prompt, self._completion)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,1 +1,0 @@
-"""Managed services: runtimes that stay up and hold models themselves (Ollama, ComfyUI)."""
