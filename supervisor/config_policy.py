@@ -23,7 +23,8 @@ from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
 from supervisor.nodes.directory import NodeSpec
 from supervisor.scheduler.core import Scheduler
-from supervisor.scheduler.types import DEFAULT_DEVICE, BackoffPolicy, EngineProfile, RequestClass, SchedulingPolicy
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy
 
 
 def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, EngineSpec]:

@@ -61,7 +61,8 @@ from supervisor.gateway.openai import app as gateway_app
 from supervisor.gateway.comfy import app as comfy_app
 from supervisor.gateway.ollama import app as ollama_app
 from supervisor.gateway.openai.api_routes import error_shape_for
-from supervisor.gateway.openai.app import Services, body_limits, create_app
+from supervisor.gateway.openai.app import create_app
+from supervisor.gateway.services import Services, body_limits
 from supervisor.gateway.http.asgi import Scope
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.comfy.api import NodeCatalog
@@ -265,13 +266,14 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
             comfy_nodes = NodeCatalog(http, config.comfyui.upstream.url)
         images = (ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
                   if turnstile is not None and comfy_nodes is not None else None)
-        openai_app = create_app(config, Services(
-            scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
-            device=memory_device(probe), nodes=nodes, catalog=catalog, reload=reload, images=images))
+        services = Services(scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
+                            body_limits=limits, device=memory_device(probe), nodes=nodes, catalog=catalog,
+                            reload=reload, images=images)
+        openai_app = create_app(config, services)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                error_shape_for, gateway_app.is_admin_route)]
         if config.ollama is not None and config.ollama.listen is not None:
-            app = create_ollama_app(config.ollama, client, events, gate, limits, metrics, door, health)
+            app = create_ollama_app(config.ollama, services)
             listeners.append(_listener(config, events, door, "ollama", app, config.ollama.listen, ollama_error_body,
                                        ollama_route_shape, ollama_app.is_admin_route))
         if config.comfyui is not None and config.comfyui.command:
@@ -282,7 +284,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
                 probe_upstream, http, "comfyui", f"{config.comfyui.upstream.url}/system_stats", events,
                 bool(config.comfyui.command)))
         if turnstile is not None and comfy_nodes is not None and config.comfyui.listen is not None:
-            app = create_comfy_app(turnstile, comfy_nodes, gate, turnstile.jobs, limits, metrics, door, health)
+            app = create_comfy_app(turnstile, comfy_nodes, services)
             listeners.append(_listener(config, events, door, "comfyui", app, config.comfyui.listen, comfy_error_body,
                                        lambda scope: comfy_error_body, comfy_app.is_admin_route))
 

@@ -8,6 +8,7 @@ import attrs
 import trio
 
 from supervisor.observe.events import EventLog
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed, SchedulerClient, open_scheduler_mailbox, serve_scheduler
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import BackoffPolicy, EngineProfile, SchedulingPolicy
@@ -81,7 +82,7 @@ async def start_harness(nursery: trio.Nursery, budget_gib: float, *profiles: Eng
 async def hold(client: SchedulerClient, model: str | None, seconds: float, log: list[tuple[str, float]],
                klass: str = "interactive") -> None:
     try:
-        async with client.open_grant(model, klass) as lease:
+        async with client.open_grant(model, RequestClass(klass)) as lease:
             log.append((f"granted {model} {lease.grant.engine}", trio.current_time()))
             await trio.sleep(seconds)
     except JobFailed as exc:
@@ -103,6 +104,6 @@ async def hold_steps(client: SchedulerClient, model: str, klass: str, steps: int
     """A request of several steps (an embeddings request cut into chunks)."""
     async with client.open_request() as request:
         for step in range(1, steps + 1):
-            async with client.open_grant(model, klass, request=request, step=step, steps=steps):
+            async with client.open_grant(model, RequestClass(klass), request=request, step=step, steps=steps):
                 log.append((f"step {step}/{steps}", trio.current_time()))
                 await trio.sleep(service)

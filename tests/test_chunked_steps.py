@@ -27,6 +27,7 @@ from supervisor.gateway.openai.api_routes import API_ROUTES
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.relay.chunked import Generation, cut_generation, strip_echo
 from supervisor.gateway.routed import RoutedRequest
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import EngineProfile
 from tests.conftest import RunningSteward, fake_model, launch_steward
 from tests.harness import GIB, LOAD_S, start_harness
@@ -134,14 +135,14 @@ async def test_a_cut_generation_computes_beside_a_chat_for_one_step_at_most(
         async def generation() -> None:
             async with harness.client.open_request() as request:
                 for step in range(1, 5):
-                    async with harness.client.open_grant("agent", "background", request=request, step=step,
+                    async with harness.client.open_grant("agent", RequestClass.BACKGROUND, request=request, step=step,
                                                          steps=None):
                         log.append((f"step {step}", trio.current_time()))
                         await trio.sleep(1.0)
 
         async def chat() -> None:
             await trio.sleep(LOAD_S + 1.5)  # during step 2 (the agent loaded at 2 s, step 1 at 4 s)
-            async with harness.client.open_grant("chat", "interactive"):
+            async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
                 log.append(("chat", trio.current_time()))
                 await trio.sleep(0.5)
 

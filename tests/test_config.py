@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import enum
 import itertools
 import json
 import math
@@ -31,7 +32,7 @@ from supervisor.config_policy import (
     slo_waits,
 )
 from supervisor.engines.driver import placed_command
-from supervisor.gateway.openai.app import body_limits
+from supervisor.gateway.services import body_limits
 from supervisor.gateway.http.cross_site import CrossSitePolicy
 from supervisor.engines.measurements import MeasurementStore
 from supervisor.engines.memory_plan import MemoryPlan, budget_problems, plan_all
@@ -441,6 +442,8 @@ def plausible(type_: Any, edges: bool) -> st.SearchStrategy[object]:
     origin, args = get_origin(type_), get_args(type_)
     if origin is Literal:
         return st.sampled_from(args)
+    if isinstance(type_, type) and issubclass(type_, enum.Enum):  # named in the file by its value
+        return st.sampled_from([member.value for member in type_])
     if origin in (Union, UnionType):
         return st.one_of(*(plausible(arg, edges) for arg in args))
     if origin is list:  # and a string where a list belongs

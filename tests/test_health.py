@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from supervisor.observe.health import HealthStatus, HealthWatch, RecentActivity, assess, serve_health
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import EngineProfile, SchedulingPolicy
 from tests.harness import GIB, Harness, start_harness
 
@@ -33,7 +34,7 @@ async def test_a_class_waiting_past_its_slo_is_overloaded_and_ok_once_served(
         assert watch.assess().status is HealthStatus.OK
 
         async def chat(hold: float) -> None:
-            async with harness.client.open_grant("chat", "interactive"):
+            async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
                 await trio.sleep(hold)
 
         nursery.start_soon(chat, 20.0)  # loads in 2 s, then holds the only slot until t=22
@@ -64,7 +65,7 @@ async def test_capacity_rejections_overload_for_the_window_and_broken_ones_degra
 
         async def chat() -> None:
             try:
-                async with harness.client.open_grant("chat", "interactive"):
+                async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
                     await trio.sleep(3.0)
                 outcomes.append("ok")
             except Exception as exc:  # JobFailed
@@ -82,7 +83,7 @@ async def test_capacity_rejections_overload_for_the_window_and_broken_ones_degra
         await trio.sleep(61.0)  # t=61.5: the second of the rejection at t=0 has left the window
         assert watch.assess().status is HealthStatus.OK
         try:
-            async with harness.client.open_grant("huge", "batch"):
+            async with harness.client.open_grant("huge", RequestClass.BATCH):
                 pass
         except Exception as exc:  # noqa: BLE001 - JobFailed: it can never fit
             assert getattr(exc, "failure").code == "insufficient_memory"
@@ -99,7 +100,7 @@ async def test_a_failed_engine_degrades_and_each_change_of_status_is_one_event(
         await nursery.start(serve_health, watch, harness.events, 1.0)
 
         async def chat() -> None:
-            async with harness.client.open_grant("chat", "interactive"):
+            async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
                 await trio.sleep(100)
 
         nursery.start_soon(chat)

@@ -8,6 +8,7 @@ import math
 import trio
 import trio.testing
 
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import (
     BackoffPolicy,
@@ -126,7 +127,7 @@ async def test_through_the_actor_a_revoked_step_is_aborted_in_virtual_time(autoj
         outcome: list[tuple[str, float]] = []
 
         async def hold() -> None:
-            async with harness.client.open_grant("chat", "interactive") as lease:
+            async with harness.client.open_grant("chat", RequestClass.INTERACTIVE) as lease:
                 with lease.abort.scope:
                     await trio.sleep(math.inf)
                 outcome.append((lease.abort.reason or "", trio.current_time()))
@@ -143,7 +144,7 @@ async def test_through_the_actor_a_revoked_step_is_aborted_in_virtual_time(autoj
 async def test_a_stall_report_reaches_the_engine_as_a_check(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         harness = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, 1))
-        async with harness.client.open_grant("chat", "interactive"):
+        async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
             harness.client.report_stall("chat", 1, "nothing for 120s between two chunks")
             await trio.sleep(0.1)
         assert harness.engines["chat"].checks == [(1, LOAD_S)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile, EngineStatus, Grant, SchedulingPolicy, StartEngine, StopEngine
 from tests.harness import GIB, LOAD_S, STOP_S, start_harness
@@ -137,11 +138,11 @@ def test_a_kept_process_that_dies_while_asleep_gives_its_memory_back() -> None:
 async def test_through_the_actor_idle_unload_happens_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         harness = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, 1, idle_unload=600.0))
-        async with harness.client.open_grant("chat", "interactive"):
+        async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
             await trio.sleep(1.0)
         await trio.sleep(700.0)
         assert [e["at"] for e in harness.names("idle_unload")] == [LOAD_S + 1.0 + 600.0]
         assert [e["at"] for e in harness.names("stopped")] == [LOAD_S + 1.0 + 600.0 + STOP_S]
-        async with harness.client.open_grant("chat", "interactive"):  # loaded again on demand
+        async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):  # loaded again on demand
             assert harness.engines["chat"].starts == [0.0, LOAD_S + 1.0 + 700.0]
         nursery.cancel_scope.cancel()

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 from supervisor.scheduler.core import Scheduler
+from supervisor.request_class import LOWER_CLASSES, RequestClass
 from supervisor.scheduler.types import (
-    LOWER_CLASSES,
     EngineProfile,
     EngineStatus,
     GpuMode,
-    RequestClass,
     SchedulingPolicy,
 )
 

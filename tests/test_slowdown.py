@@ -29,6 +29,7 @@ from supervisor.gateway.door import Exchange, FrontDoor
 from supervisor.observe.health import Answer, HealthStatus, HealthWatch, RecentActivity, assess, serve_health
 from supervisor.engines.measurements import ContextCost, EngineSpeed, MeasurementStore, measurement_key
 from supervisor.observe.metrics import StewardMetrics
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.core import Scheduler
 from supervisor.scheduler.types import EngineProfile
 from supervisor.observe.slowdown import (
@@ -186,7 +187,7 @@ async def answer(door: FrontDoor, engine: str, klass: str, tokens: int, decode_s
     """One streamed answer through the front door: granted by the scheduler, its first token
     one second after the grant, then *tokens* more in *decode_s* (the engine's timings say so)."""
     ex = exchange(trio.current_time(), engine, klass)
-    async with client.open_grant(engine, klass):
+    async with client.open_grant(engine, RequestClass(klass)):
         await trio.sleep(1.0)
         ex.saw_start(200, SSE)
         ex.saw_body(TOKEN, trio.current_time())
@@ -215,7 +216,7 @@ async def test_a_class_answering_slower_than_its_limit_is_degraded_naming_what_c
         await nursery.start(serve_health, watch, events, 1.0)
 
         async def agent() -> None:
-            async with harness.client.open_grant("agent", "background"):  # loads in 2 s: computes from t=2 to t=40
+            async with harness.client.open_grant("agent", RequestClass.BACKGROUND):  # loads in 2 s: computes from t=2 to t=40
                 await trio.sleep(38.0)
 
         nursery.start_soon(agent)

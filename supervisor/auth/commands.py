@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from supervisor.auth.keys import ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
 from supervisor.config import COMFYUI_SCOPE, load_config_for_command
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 
 EXIT_OK = 0
 EXIT_ERROR = 2

@@ -45,8 +45,8 @@ from typing import Any, Literal, NewType, get_args, get_origin
 import attrs
 import cattrs
 
-from supervisor.config import COMFYUI_SCOPE, ClassName, PositiveInt, make_converter
-from supervisor.scheduler.types import RequestClass
+from supervisor.config import COMFYUI_SCOPE, PositiveInt, make_converter
+from supervisor.request_class import RequestClass
 from supervisor.units import show
 
 KEY_PREFIX = "sk-steward-"
@@ -88,17 +88,17 @@ class ApiKey:
     name: KeyName
     hash: KeyHash = attrs.field(repr=False)
     models: tuple[str, ...] | None = None  # names as the client sends them (a model or an alias), or COMFYUI_SCOPE
-    classes: tuple[ClassName, ...] | None = None
-    default_class: ClassName | None = None
+    classes: tuple[RequestClass, ...] | None = None
+    default_class: RequestClass | None = None
     rpm: PositiveInt | None = None  # requests per minute (any 60 s)
     concurrency: PositiveInt | None = None  # requests at once
     admin: bool = False
     created: datetime
 
     @property
-    def allowed_classes(self) -> tuple[str, ...]:
-        """The classes it may ask for, highest rank first (their names: the gateway's)."""
-        return tuple(klass.value for klass in RequestClass if self.classes is None or klass in self.classes)
+    def allowed_classes(self) -> tuple[RequestClass, ...]:
+        """The classes it may ask for, highest rank first."""
+        return tuple(klass for klass in RequestClass if self.classes is None or klass in self.classes)
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -108,10 +108,10 @@ class ApiKey:
         """Whether it may use the ComfyUI listener: with all models, or a models list naming ``comfyui``."""
         return self.models is None or COMFYUI_SCOPE in self.models
 
-    def may_ask(self, klass: str) -> bool:
+    def may_ask(self, klass: RequestClass) -> bool:
         return klass in self.allowed_classes
 
-    def default_class_or(self, listener_default: str) -> str:
+    def default_class_or(self, listener_default: RequestClass) -> RequestClass:
         """The class of a request that names none: the key's own default, else the listener's if the
         key may ask for it, else the key's highest-ranked class."""
         if self.default_class is not None:
@@ -343,7 +343,7 @@ def _limit_problems(rpm: int | None, concurrency: int | None) -> list[str]:
             (("rpm", rpm), ("concurrency", concurrency)) if value is not None and value <= 0]
 
 
-def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[ClassName, ...] | None, list[str]]:
+def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[RequestClass, ...] | None, list[str]]:
     """The classes in rank order (None: all), and what is wrong with them."""
     if classes is None:
         return None, []
@@ -352,7 +352,7 @@ def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[ClassName, 
         return None, [f"--classes: not a class: {', '.join(map(show, unknown))} (classes: {', '.join(RequestClass)})"]
     if not classes:
         return None, ["--classes: name at least one class, or leave it out for all classes"]
-    return tuple(klass.value for klass in RequestClass if klass in classes), []
+    return tuple(klass for klass in RequestClass if klass in classes), []
 
 
 # --- the one converter, and what it says about a bad file -------------------------------------------------
@@ -441,7 +441,7 @@ def _file_problems(key_file: KeyFile) -> list[str]:
         if key.classes is not None and not key.classes:
             problems.append(f"{where}.classes: must name at least one class, or be null for all classes")
         elif key.default_class is not None and key.default_class not in key.allowed_classes:
-            problems.append(f"{where}.default_class: {key.default_class!r} is not one of the key's classes "
+            problems.append(f"{where}.default_class: {str(key.default_class)!r} is not one of the key's classes "
                             f"({', '.join(key.allowed_classes)})")
     return problems
 

@@ -34,7 +34,6 @@ from supervisor.config.schema import (
     AuthConfig,
     ClassConfig,
     ClassesConfig,
-    ClassName,
     ComfyConfig,
     Config,
     Count,
@@ -75,7 +74,7 @@ from supervisor.config.schema import (
 
 __all__ = [
     "COMFYUI_SCOPE", "IMAGE_RUNTIME", "OLLAMA_ENGINE", "PORT_PLACEHOLDER", "AlertsConfig", "ApiName", "AuthConfig",
-    "ClassConfig", "ClassName", "ClassesConfig", "ComfyConfig", "Config", "ConfigError", "Count", "DeviceConfig",
+    "ClassConfig", "ClassesConfig", "ComfyConfig", "Config", "ConfigError", "Count", "DeviceConfig",
     "DeviceIndex", "Duration", "EngineDefaults", "Fraction", "GpuConfig", "HealthConfig", "Host", "ImageModelConfig",
     "ImageSize", "LimitsConfig", "ListenAddress", "LogConfig", "LogLevel", "ModelConfig", "NodeAddress",
     "NodeConfig", "OllamaConfig", "Port", "PositiveDuration", "PositiveInt", "ProbeName", "RuntimeName",

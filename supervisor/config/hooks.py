@@ -7,6 +7,7 @@ integer, got 'two'``.
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections.abc import Callable
@@ -218,6 +219,16 @@ def _literal_hook(type_: Any, _: cattrs.Converter) -> Callable[[Any, Any], Any]:
     return structure
 
 
+def _structure_enum(value: Any, type_: type[enum.Enum]) -> Any:
+    """A member of the enum *type_*, named by its value; refused like a Literal's (the choices named)."""
+    if isinstance(value, type_):
+        return value
+    choices = [member.value for member in type_]
+    if any(type(value) is type(choice) and value == choice for choice in choices):
+        return type_(value)
+    raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {show(value)}")
+
+
 def _shaped(shape: type, structure: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """*structure*, for values of the YAML shape it needs: cattrs takes any iterable as a list
     (`aliases: gpt-4o` would be six one-letter aliases) and fails obscurely on a non-mapping."""
@@ -259,6 +270,9 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(str, _structure_str)
     converter.register_structure_hook(bool, _structure_bool)
     converter.register_structure_hook_factory(lambda t: get_origin(t) is Literal, _literal_hook)
+    # By the enum's class (a StrEnum's str base would otherwise take its values unchecked).
+    converter.register_structure_hook(enum.Enum, _structure_enum)
+    converter.register_structure_hook(enum.StrEnum, _structure_enum)
     converter.register_structure_hook_factory(
         lambda t: get_origin(t) is list, lambda t, c: _shaped(list, cattrs.cols.list_structure_factory(t, c)))
     converter.register_structure_hook_factory(

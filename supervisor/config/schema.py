@@ -13,6 +13,7 @@ import attrs
 
 from supervisor.accounting.cpu_share import CpuSet
 from supervisor.address import Address, MacAddress
+from supervisor.request_class import RequestClass
 
 Size = NewType("Size", int)
 Duration = NewType("Duration", float)
@@ -285,9 +286,6 @@ class LogConfig:
     keep: PositiveInt = PositiveInt(5)
 
 
-ClassName = Literal["interactive", "background", "batch"]
-
-
 @attrs.frozen
 class OllamaConfig:
     """Ollama behind steward: its clients talk to ``listen``; steward talks to ``upstream``."""
@@ -299,7 +297,7 @@ class OllamaConfig:
     parallel: PositiveInt = PositiveInt(4)  # inference requests steward lets through at once
     # Reserved while Ollama may hold models; grows to what /api/ps reports.
     memory: Size = Size(8 * 1024**3)
-    default_class: ClassName = "interactive"
+    default_class: RequestClass = RequestClass.INTERACTIVE
     unload_timeout: Duration = Duration(60.0)
     unload_poll: PositiveDuration = PositiveDuration(0.5)
     ps_poll: PositiveDuration = PositiveDuration(2.0)
@@ -323,7 +321,7 @@ class ComfyConfig:
     upstream: UpstreamAddress  # the real ComfyUI (e.g. started with --port 8189)
     listen: ListenAddress | None = ListenAddress(Address("127.0.0.1", 8188))  # null: no ComfyUI listener
     command: list[str] | None = None  # supervise ComfyUI as a child; default: attach
-    job_class: ClassName = "interactive"  # image jobs wait in this class (writer preference within it)
+    job_class: RequestClass = RequestClass.INTERACTIVE  # image jobs wait in this class (writer preference within it)
     memory: Size | None = None  # GPU memory a job needs; default: the whole budget
     job_timeout: PositiveDuration = PositiveDuration(900.0)
     history_poll: PositiveDuration = PositiveDuration(1.0)

@@ -31,7 +31,8 @@ from supervisor.engines.memory_plan import Device, device_label
 from supervisor.observe.metrics import device_tiers
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import EngineAction, RequestClass, SchedulerSnapshot
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import EngineAction, SchedulerSnapshot
 
 STATE_VERSION = 1
 EVENTS_PATH = "/admin/events"

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from supervisor.gateway.http.asgi import RequestError, Scope, header_value
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 
 CLASS_HEADER = b"x-steward-class"
 _PARAMS = {"header": "X-Steward-Class", "steward.class": "steward.class", "model": "model"}
@@ -20,11 +20,11 @@ _PARAMS = {"header": "X-Steward-Class", "steward.class": "steward.class", "model
 
 @attrs.frozen
 class ClassChoice:
-    klass: str
+    klass: RequestClass
     changed: bool  # steward's own field or suffix was removed from the payload
 
 
-def choose_class(scope: Scope, payload: dict[str, Any], default: str) -> ClassChoice:
+def choose_class(scope: Scope, payload: dict[str, Any], default: RequestClass) -> ClassChoice:
     """The requested class; removes steward's field and model suffix from *payload* (in place)."""
     klass = (header_value(scope, CLASS_HEADER) or "").strip() or None
     source = "header"
@@ -42,8 +42,9 @@ def choose_class(scope: Scope, payload: dict[str, Any], default: str) -> ClassCh
         source = "model"
         changed = True
     if klass is None:
-        klass = default
-    if RequestClass.named(klass) is None:
+        return ClassChoice(default, changed)
+    chosen = RequestClass.named(klass) if isinstance(klass, str) else None
+    if chosen is None:
         raise RequestError(400, f"Unknown class {klass!r}: use one of {', '.join(RequestClass)}.",
                            param=_PARAMS[source], code="invalid_class")
-    return ClassChoice(klass, changed)
+    return ClassChoice(chosen, changed)

@@ -39,6 +39,7 @@ from supervisor.gateway.http.asgi import ASGI, Receive, RequestError, Scope, Sen
 from supervisor.gateway.errors import ErrorShape, error_headers
 from supervisor.gateway.relay.stream_errors import Failure, final_failure
 from supervisor.observe.slowdown import Pace, PaceMeter
+from supervisor.request_class import RequestClass
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
@@ -87,7 +88,7 @@ class Exchange:
     key: ApiKey | None = None
     model: str | None = None
     engine: str | None = None
-    klass: str | None = None
+    klass: RequestClass | None = None
     queued_s: float | None = None
     error: str | None = None
     prompt_tokens: int | None = None
@@ -313,12 +314,12 @@ class FrontDoor:
                                      code="admin_required")
         return key, None
 
-    def default_class(self, exchange: Exchange, fallback: str) -> str:
+    def default_class(self, exchange: Exchange, fallback: RequestClass) -> RequestClass:
         """The class a request gets when it asks for none: its key's default, else the listener's."""
         return exchange.key.default_class_or(fallback) if exchange.key is not None else fallback
 
     @contextmanager
-    def admit(self, exchange: Exchange, *, model: str | None, klass: str) -> Iterator[None]:
+    def admit(self, exchange: Exchange, *, model: str | None, klass: RequestClass) -> Iterator[None]:
         """Hold one of the key's requests for the body of the ``with``; RequestError (403, 429) if
         the key may not use *model* or *klass*, or is over its rate or concurrency."""
         key = exchange.key
@@ -331,7 +332,7 @@ class FrontDoor:
                                f"{', '.join(key.models or ())}.", param="model", code="model_not_allowed")
         if not key.may_ask(klass):
             self.refuse(exchange, "class_not_allowed")
-            raise Refusal(403, f"Key {key.name!r} may not ask for the class {klass!r}; it may use: "
+            raise Refusal(403, f"Key {key.name!r} may not ask for the class {str(klass)!r}; it may use: "
                                f"{', '.join(key.allowed_classes)}.", code="class_not_allowed")
         admission = self.limiter.admit(key, trio.current_time())
         if isinstance(admission, Refused):

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from supervisor.gateway.http.asgi import Disconnect, Send, TrackedSend, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.errors import ErrorShape
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
 
 # Answers on a granted slot: the lease, and the client's send.
@@ -21,7 +22,7 @@ Answering = Callable[[Lease, Send], Awaitable[None]]
 
 
 async def serve_granted(scheduler: SchedulerClient, exchange: Exchange, send: Send, disconnect: Disconnect, *,
-                        model: str, klass: str, shape: ErrorShape, answering: Answering) -> None:
+                        model: str, klass: RequestClass, shape: ErrorShape, answering: Answering) -> None:
     """*answering* on a slot of *model*'s engine, once the scheduler grants one (see the module docstring)."""
     try:
         async with scheduler.open_grant(model, klass, on_waited=exchange.waited) as lease:

@@ -31,6 +31,7 @@ from supervisor.gateway.routed import RoutedRequest
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.nodes.directory import NodeDirectory
 from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
+from supervisor.request_class import RequestClass
 
 NODE_ENGINE_PREFIX = "node:"  # how a node is named as the engine of a request in the usage log
 _FORWARDED = frozenset({b"accept"})
@@ -85,7 +86,7 @@ class NodeRouter:
                                  f"wake in time", shape=shape, code="node_asleep", retry_after=WAKE_RETRY_AFTER)
                 return
 
-    async def _wait_for(self, wake: Wake, klass: str, deadline: float, exchange: Exchange) -> bool:
+    async def _wait_for(self, wake: Wake, klass: RequestClass, deadline: float, exchange: Exchange) -> bool:
         if not wake.already:
             self.directory.wake(wake.node)
         self.events.emit("route_wait", "info", node=wake.node, model=wake.model, **{"class": klass},

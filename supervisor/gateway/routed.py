@@ -23,6 +23,7 @@ from supervisor.gateway.http.asgi import RequestError, Scope, dump_json, header_
 from supervisor.gateway.classes import choose_class
 from supervisor.gateway.openai.forms import Form, parse_form
 from supervisor.gateway.relay.stream_usage import ask_for_usage
+from supervisor.request_class import RequestClass
 
 
 @attrs.frozen
@@ -30,7 +31,7 @@ class RoutedRequest:
     route: ApiRoute
     name: str  # as the client named it (an alias, a capability), steward's suffix removed
     model: str  # the model here (in a NotHere: the name as asked, there being none)
-    klass: str
+    klass: RequestClass
     stream: bool
     body: bytes
     content_type: bytes
@@ -62,7 +63,8 @@ class NotHere:
 
 
 def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
-                  served_names: Mapping[str, str] | None = None, *, default_class: str = "interactive",
+                  served_names: Mapping[str, str] | None = None, *,
+                  default_class: RequestClass = RequestClass.INTERACTIVE,
                   route: ApiRoute | None = None) -> RoutedRequest | NotHere:
     """Parse and validate *body* for *route* (the scope path's by default).
 
@@ -95,7 +97,7 @@ def route_request(scope: Scope, body: bytes, aliases: Mapping[str, str],
 
 
 def _route_form(scope: Scope, body: bytes, aliases: Mapping[str, str], served_names: Mapping[str, str],
-                default_class: str, route: ApiRoute) -> RoutedRequest | NotHere:
+                default_class: RequestClass, route: ApiRoute) -> RoutedRequest | NotHere:
     content_type = header_value(scope, b"content-type")
     form = parse_form(content_type, body)
     name = form.value("model")

@@ -21,7 +21,8 @@ import cattrs
 
 from supervisor.observe.health import Health
 from supervisor.engines.memory_plan import device_label
-from supervisor.scheduler.types import RequestClass, SchedulerSnapshot
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import SchedulerSnapshot
 
 STATE_PATH = "/steward/state"
 SCHEMA_VERSION = 1

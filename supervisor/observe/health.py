@@ -37,7 +37,8 @@ import trio
 
 from supervisor.observe.events import Event, EventLog
 from supervisor.scheduler.actor import SchedulerClient
-from supervisor.scheduler.types import RequestClass, SchedulerSnapshot
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import SchedulerSnapshot
 from supervisor.observe.slowdown import format_factor
 from supervisor.supervise import Supervision
 from supervisor.units import format_duration, format_elapsed

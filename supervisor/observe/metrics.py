@@ -20,12 +20,12 @@ from prometheus_client.registry import Collector
 from supervisor.observe.events import Event
 from supervisor.engines.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     DeviceSnapshot,
     EngineSnapshot,
     EngineStatus,
     GpuMode,
-    RequestClass,
     SchedulerSnapshot,
 )
 from supervisor.usage.row import UsageRow

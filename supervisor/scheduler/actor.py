@@ -20,6 +20,7 @@ import trio
 from supervisor.address import Address
 from supervisor.observe.events import EventLog
 from supervisor.scheduler.core import Scheduler
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     CheckEngine,
     DeviceUse,
@@ -31,7 +32,6 @@ from supervisor.scheduler.types import (
     Grant,
     Measured,
     Placement,
-    RequestClass,
     RetireEngine,
     Revoke,
     SchedulerSnapshot,
@@ -240,7 +240,7 @@ class SchedulerClient:
                 request.handoff = None
 
     @asynccontextmanager
-    async def open_grant(self, model: str | None, klass: RequestClass | str, *, request: Request | None = None,
+    async def open_grant(self, model: str | None, klass: RequestClass, *, request: Request | None = None,
                          step: int = 1, steps: int | None = 1, exclusive_memory: int | None = None,
                          on_waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
@@ -250,15 +250,14 @@ class SchedulerClient:
         after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
         how long the step waited, however the wait ended (the usage log's seconds queued).
         A step of a *request* hands its slot to the next (one that is not its last; any, with
-        *steps* None: the last one's slot is freed when the request ends). *klass* may be the
-        class's name, as the gateway has it (checked there): it is made a RequestClass here.
+        *steps* None: the last one's slot is freed when the request ends).
         """
         ticket = Ticket(next(self._ids))
         lease = None
         handoff = None
         if request is not None:
             handoff, request.handoff = request.handoff, None
-        self._post(Submit(ticket, model, RequestClass(klass), request or Request(ticket.job_id, ticket.job_id), step,
+        self._post(Submit(ticket, model, klass, request or Request(ticket.job_id, ticket.job_id), step,
                           steps, exclusive_memory, handoff))
         finished_cleanly = False
         submitted = trio.current_time()

@@ -14,7 +14,8 @@ from __future__ import annotations
 from supervisor.scheduler.eviction import LoadReason
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
-from supervisor.scheduler.types import EngineState, GpuMode, Grant, Job, RequestClass
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import EngineState, GpuMode, Grant, Job
 
 
 def serve_class(s: CoreState, klass: RequestClass, now: float, promised: dict[int, int],

@@ -145,9 +145,8 @@ from supervisor.scheduler.gaps import serve_gap, short
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.state import CoreState, Demand, rounded
 from supervisor.scheduler.swaps import load_or_make_room
+from supervisor.request_class import ALL_CLASSES, LOWER_CLASSES, RequestClass
 from supervisor.scheduler.types import (
-    ALL_CLASSES,
-    LOWER_CLASSES,
     DeviceSnapshot,
     DeviceUse,
     Effect,
@@ -159,7 +158,6 @@ from supervisor.scheduler.types import (
     Job,
     LineSnapshot,
     ReloadCost,
-    RequestClass,
     SchedulerSnapshot,
     SchedulingPolicy,
 )

@@ -19,13 +19,13 @@ import attrs
 
 from supervisor.scheduler.placing import candidate_placements
 from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     EngineState,
     EngineStatus,
     Job,
     Placement,
     ReloadCost,
-    RequestClass,
     StartEngine,
 )
 from supervisor.units import format_size

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from supervisor.scheduler.eviction import cost_rank, evict
 from supervisor.scheduler.state import NO_DEMAND, CoreState, Demand, rounded
-from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Grant, Job
+from supervisor.request_class import ALL_CLASSES
+from supervisor.scheduler.types import DEFAULT_DEVICE, EngineStatus, Grant, Job
 
 
 def exclusive_rank(s: CoreState) -> int | None:

@@ -25,7 +25,8 @@ from supervisor.scheduler.exclusive import exclusive_rank
 from supervisor.scheduler.guard import Gate, gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
 from supervisor.scheduler.state import CoreState, Demand
 from supervisor.scheduler.swaps import swap_hold
-from supervisor.scheduler.types import ALL_CLASSES, EngineState, EngineStatus, Job, RequestClass
+from supervisor.request_class import ALL_CLASSES, RequestClass
+from supervisor.scheduler.types import EngineState, EngineStatus, Job
 from supervisor.units import format_elapsed, format_size
 
 

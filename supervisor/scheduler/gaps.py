@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from supervisor.scheduler.classes import dispatch
 from supervisor.scheduler.state import CoreState, rounded
-from supervisor.scheduler.types import LOWER_CLASSES, Job, RequestClass
+from supervisor.request_class import LOWER_CLASSES, RequestClass
+from supervisor.scheduler.types import Job
 
 
 def in_gap(s: CoreState, now: float) -> bool:

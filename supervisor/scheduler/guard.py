@@ -24,7 +24,8 @@ from supervisor.scheduler.classes import dispatch, lower_class_busy, lower_engin
 from supervisor.scheduler.eviction import LoadReason, carry_out, place
 from supervisor.scheduler.gaps import left_to_gaps
 from supervisor.scheduler.state import TURN_DEMAND, CoreState, Demand, rounded
-from supervisor.scheduler.types import LOWER_CLASSES, EngineState, EngineStatus, GuardClaim, Job, RequestClass
+from supervisor.request_class import LOWER_CLASSES, RequestClass
+from supervisor.scheduler.types import EngineState, EngineStatus, GuardClaim, Job
 
 # ---- when a class is held back, and when its turn is due ----------------------------
 

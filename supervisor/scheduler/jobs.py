@@ -18,7 +18,8 @@ from supervisor.scheduler.exclusive import exclusive_owner
 from supervisor.scheduler.guard import end_turn_step
 from supervisor.scheduler.placing import most_memory
 from supervisor.scheduler.state import STEP_SAMPLES, CoreState, rounded
-from supervisor.scheduler.types import ALL_CLASSES, DEFAULT_DEVICE, EngineStatus, Fail, Job, RequestClass, WarmCause
+from supervisor.request_class import ALL_CLASSES, RequestClass
+from supervisor.scheduler.types import DEFAULT_DEVICE, EngineStatus, Fail, Job, WarmCause
 
 SHUTTING_DOWN = "steward is shutting down; try again once it is back"
 SHUTDOWN_RETRY_AFTER = 5.0

@@ -18,7 +18,8 @@ import attrs
 from supervisor.address import Address
 from supervisor.scheduler.eviction import admin_option, evict
 from supervisor.scheduler.state import CoreState, rounded
-from supervisor.scheduler.types import ALL_CLASSES, CheckEngine, EngineAction, EngineState, EngineStatus, Revoke, WarmCause
+from supervisor.request_class import ALL_CLASSES
+from supervisor.scheduler.types import CheckEngine, EngineAction, EngineState, EngineStatus, Revoke, WarmCause
 from supervisor.units import format_size
 
 

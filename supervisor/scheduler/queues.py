@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import attrs
 
-from supervisor.scheduler.types import Job, RequestClass
+from supervisor.request_class import RequestClass
+
+from supervisor.scheduler.types import Job
 
 
 def _order(job: Job) -> tuple[int, int]:

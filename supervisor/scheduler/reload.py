@@ -13,7 +13,8 @@ import attrs
 
 from supervisor.scheduler.eviction import evict
 from supervisor.scheduler.state import CoreState
-from supervisor.scheduler.types import ALL_CLASSES, EngineProfile, EngineState, EngineStatus, RetireEngine, Retirement
+from supervisor.request_class import ALL_CLASSES
+from supervisor.scheduler.types import EngineProfile, EngineState, EngineStatus, RetireEngine, Retirement
 
 
 def add_engine(s: CoreState, profile: EngineProfile, load_s: float | None) -> None:

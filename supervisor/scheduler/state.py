@@ -21,6 +21,7 @@ import attrs
 
 from supervisor.scheduler.ledger import Ledger
 from supervisor.scheduler.queues import ClassQueue
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     Effect,
     Emit,
@@ -30,7 +31,6 @@ from supervisor.scheduler.types import (
     GpuMode,
     GuardClaim,
     Job,
-    RequestClass,
     SchedulingPolicy,
     StopEngine,
     WarmCause,

@@ -14,7 +14,8 @@ import attrs
 
 from supervisor.scheduler.eviction import LoadReason, Option, carry_out, place, promise, reload_cost
 from supervisor.scheduler.state import CoreState, Demand, rounded
-from supervisor.scheduler.types import EngineState, EngineStatus, Job, RequestClass
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import EngineState, EngineStatus, Job
 
 
 @attrs.frozen

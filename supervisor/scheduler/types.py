@@ -4,69 +4,17 @@ from __future__ import annotations
 
 import collections
 import enum
-import functools
 import math
 
 import attrs
 
 from supervisor.address import Address
+from supervisor.request_class import RequestClass
 
 GIB = 1024**3
 # Where a process steward does not place runs (CUDA's first device): an exclusive job
 # (ComfyUI's image job), a service's kept process unless models.NAME.devices says.
 DEFAULT_DEVICE = 0
-
-
-class RequestClass(enum.StrEnum):
-    """A request's class, highest first: a person, then an agent, then a batch queue. Its
-    value is its name in the config, the API and the events."""
-
-    INTERACTIVE = "interactive", 1.0
-    BACKGROUND = "background", 0.5
-    BATCH = "batch", 0.25
-
-    # Its place in the strict order (0: first).
-    rank: int
-    # What one step started on an engine counts for in its recent use: by whom a reload of it
-    # would delay.
-    use_weight: float
-
-    def __new__(cls, value: str, use_weight: float) -> RequestClass:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.rank = len(cls.__members__)
-        member.use_weight = use_weight
-        return member
-
-    @classmethod
-    def named(cls, name: str) -> RequestClass | None:
-        """The class called *name* (a header's, a key's), or None: there is none."""
-        try:
-            return cls(name)
-        except ValueError:
-            return None
-
-    @classmethod
-    def of_rank(cls, rank: int) -> RequestClass:
-        """The class whose place in the strict order is *rank*."""
-        return tuple(cls)[rank]
-
-    @functools.cached_property
-    def higher(self) -> tuple[RequestClass, ...]:
-        """The classes ranked before it."""
-        return tuple(RequestClass)[: self.rank]
-
-    @functools.cached_property
-    def and_lower(self) -> tuple[RequestClass, ...]:
-        """It and the classes ranked after it."""
-        return tuple(RequestClass)[self.rank:]
-
-
-# Every class, highest first: what the core's loops go over (a tuple: iterating the enum
-# itself costs a decision several times as much).
-ALL_CLASSES = RequestClass.INTERACTIVE.and_lower
-# The classes the starvation guard serves beside interactive work.
-LOWER_CLASSES = RequestClass.BACKGROUND.and_lower
 
 
 class GpuMode(enum.StrEnum):

@@ -26,7 +26,8 @@ import attrs
 from supervisor.scheduler.eviction import LoadReason, load, place
 from supervisor.scheduler.exclusive import exclusive_rank
 from supervisor.scheduler.state import NO_DEMAND, CoreState
-from supervisor.scheduler.types import DEFAULT_DEVICE, EngineState, EngineStatus, ReloadCost, RequestClass, WarmCause
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import DEFAULT_DEVICE, EngineState, EngineStatus, ReloadCost, WarmCause
 
 
 @attrs.frozen

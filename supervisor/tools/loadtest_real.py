@@ -38,7 +38,7 @@ from supervisor.tools.loadtest_clients import ClientKind
 from supervisor.tools.loadtest_report import LoadReport, format_report
 from supervisor.tools.loadtest_steward import EVENTS_FILE
 from supervisor.tools.loadtest_thrash import measured_engines
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.tools.simulate.metrics import PolicyResult
 from supervisor.tools.simulate.policies import make_policy
 from supervisor.tools.simulate.runner import Outcome, replay

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from supervisor.observe.events import read_event_log
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.tools import chaos
 from supervisor.tools.loadtest_clients import KindCount, LoadTally, Outcome
 

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.tools.overload_scenario import SLOTS, OverloadPlan
 from supervisor.usage.report import percentile
 

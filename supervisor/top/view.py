@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.observe.events import Event
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.observe.slowdown import format_factor
 from supervisor.units import format_elapsed, format_size
 

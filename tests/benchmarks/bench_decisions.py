@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from supervisor.observe.events import EventLog  # noqa: E402
 from supervisor.scheduler.actor import open_scheduler_mailbox, serve_scheduler  # noqa: E402
 from supervisor.scheduler.core import Scheduler  # noqa: E402
-from supervisor.scheduler.types import EngineProfile, Grant, RequestClass, SchedulingPolicy  # noqa: E402
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.types import EngineProfile, Grant, SchedulingPolicy  # noqa: E402
 
 GIB = 1024**3
 BIG = 10**9
@@ -143,7 +144,7 @@ class _NoEngine:
 
 
 async def _wait_for_grant(client, model: str, klass: str) -> None:  # type: ignore[no-untyped-def]
-    async with client.open_grant(model, klass):
+    async with client.open_grant(model, RequestClass(klass)):
         pass
 
 

@@ -62,14 +62,13 @@ from supervisor.gateway.door import (
     exchange_of,
 )
 from supervisor.gateway.errors import comfy_error_body, error_headers
-from supervisor.gateway.http.gate import RequestGate, gated
+from supervisor.gateway.http.gate import gated
 from supervisor.gateway.ollama.app import turnstile_health
 from supervisor.gateway.http.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay.proxy import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.relay.upstream import StreamedBody, UpstreamError, UpstreamUnreachable, fetch_upstream
 from supervisor.gateway.comfy.websocket_proxy import proxy_websocket
-from supervisor.observe.health import HealthWatch
-from supervisor.observe.metrics import StewardMetrics
+from supervisor.gateway.services import Services
 from supervisor.scheduler.actor import JobFailed
 from supervisor.supervise import ContainedNursery
 
@@ -291,11 +290,10 @@ def upstream_headers(headers: list[tuple[bytes, bytes]], upstream: Address) -> l
     return [(k, upstream.url.encode() if k == b"origin" else v) for k, v in out]
 
 
-def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: RequestGate, jobs: ContainedNursery,
-                     body_limits: BodyLimits, metrics: StewardMetrics, door: FrontDoor, health: HealthWatch) -> QuartTrio:
-    config, scheduler, events = turnstile.config, turnstile.scheduler, turnstile.events
+def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, services: Services) -> QuartTrio:
+    config, scheduler, events, gate = turnstile.config, turnstile.scheduler, turnstile.events, services.gate
     app = new_quart_app("steward-comfyui", comfy_error_body, events)
-    listener = ComfyListener(turnstile, catalog, jobs, body_limits, gate.closed, door)
+    listener = ComfyListener(turnstile, catalog, turnstile.jobs, services.body_limits, gate.closed, services.door)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -310,7 +308,7 @@ def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: Requ
         if scope["type"] == "websocket" and scope["path"] in WEBSOCKET_PATHS:
             key = scope.get(WEBSOCKET_KEY)  # the door let it in: its key, if it needed one
             if key is not None and (refusal := scope_refusal(key)) is not None:
-                await door.refuse_websocket(scope, send, LISTENER, refusal.code, key)
+                await services.door.refuse_websocket(scope, send, LISTENER, refusal.code, key)
                 return
             # Outside the gate: a websocket only reports; it closes as the gate does.
             await proxy_websocket(scope, receive, send, config.upstream.host, config.upstream.port,
@@ -321,7 +319,7 @@ def create_comfy_app(turnstile: ComfyTurnstile, catalog: NodeCatalog, gate: Requ
 
     app.asgi_app = gated(gate, route, other)  # type: ignore[method-assign]
 
-    add_health_routes(app, health, metrics,
+    add_health_routes(app, services.health, services.metrics,
                       lambda: {**turnstile_health(scheduler), "image_running": len(turnstile.running)})
 
     @app.post(RELEASE_PATH)

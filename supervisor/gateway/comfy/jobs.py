@@ -22,6 +22,7 @@ from supervisor.config import OLLAMA_ENGINE, ComfyConfig, OllamaConfig
 from supervisor.observe.events import EventLog
 from supervisor.gateway.comfy.api import follow_prompt, free_gpu, used_vram
 from supervisor.gateway.door import Exchange
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
 from supervisor.supervise import ContainedNursery
 
@@ -57,7 +58,7 @@ class ComfyTurnstile:
         return self.config.upstream.url
 
     @asynccontextmanager
-    async def open_gpu(self, klass: str, exchange: Exchange | None) -> AsyncIterator[HeldGpu]:
+    async def open_gpu(self, klass: RequestClass, exchange: Exchange | None) -> AsyncIterator[HeldGpu]:
         """Wait for the GPU as an exclusive job of *klass*, hold it for the body, release it after.
         Raises JobFailed if the scheduler refuses; a force-release ends the body (``force_released``)."""
         queued = time.monotonic()
@@ -106,7 +107,7 @@ async def warm_model(config: OllamaConfig, model: str, scheduler: SchedulerClien
                      events: EventLog) -> None:
     """Load *model* again after an image job, as batch work: it runs once nothing else waits."""
     try:
-        async with scheduler.open_grant(OLLAMA_ENGINE, "batch") as lease:
+        async with scheduler.open_grant(OLLAMA_ENGINE, RequestClass.BATCH) as lease:
             response = await http.post(f"{config.upstream.url}/api/generate",
                                        json={"model": model, "keep_alive": -1}, timeout=120)
             lease.status = response.status_code

@@ -35,16 +35,17 @@ from supervisor.gateway.http.asgi import (
 from supervisor.gateway.classes import CLASS_HEADER, choose_class
 from supervisor.gateway.door import MONITORING_PATHS, FrontDoor, exchange_of
 from supervisor.gateway.errors import ErrorShape, ollama_error_body
-from supervisor.gateway.http.gate import RequestGate, gated
+from supervisor.gateway.http.gate import gated
 from supervisor.gateway.granted import serve_granted
 from supervisor.gateway.http.quart_app import add_health_routes, new_quart_app
 from supervisor.gateway.relay.proxy import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.relay.stream_usage import ask_for_usage
 from supervisor.gateway.relay.upstream import Timeouts
-from supervisor.observe.health import HealthWatch
-from supervisor.observe.metrics import StewardMetrics
+from supervisor.gateway.services import Services
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import Lease, SchedulerClient
+from supervisor.scheduler.types import GpuMode
 
 INFERENCE_PATHS = frozenset({
     "/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
@@ -60,7 +61,7 @@ def is_admin_route(scope: Scope) -> bool:
 
 @attrs.frozen
 class OllamaRoute:
-    klass: str
+    klass: RequestClass
     body: bytes
     model: str | None = None  # as Ollama knows it, steward's class suffix removed
     # Steward asked its OpenAI-style stream for the usage chunk, which the client did not ask for.
@@ -68,7 +69,7 @@ class OllamaRoute:
     stream: bool = False
 
 
-def route_ollama_request(scope: Scope, body: bytes, default_class: str) -> OllamaRoute:
+def route_ollama_request(scope: Scope, body: bytes, default_class: RequestClass) -> OllamaRoute:
     """The class (header, `steward.class` field or `model@class` suffix), steward's own bits removed.
 
     A body that is not a JSON object goes to Ollama as it is: Ollama answers it in its own words.
@@ -182,11 +183,10 @@ class OllamaListener:
         self.events.emit("upstream_retry", "warning", service="ollama", detail=detail, retry_in_s=delay)
 
 
-def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: EventLog, gate: RequestGate,
-                      body_limits: BodyLimits, metrics: StewardMetrics, door: FrontDoor,
-                      health: HealthWatch) -> QuartTrio:
+def create_ollama_app(config: OllamaConfig, services: Services) -> QuartTrio:
+    events, gate = services.events, services.gate
     app = new_quart_app("steward-ollama", ollama_error_body, events)
-    listener = OllamaListener(config, scheduler, events, body_limits, gate.closed, door)
+    listener = OllamaListener(config, services.scheduler, events, services.body_limits, gate.closed, services.door)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -199,7 +199,7 @@ def create_ollama_app(config: OllamaConfig, scheduler: SchedulerClient, events: 
 
     app.asgi_app = gated(gate, route, quart_asgi)  # type: ignore[method-assign]
 
-    add_health_routes(app, health, metrics, lambda: turnstile_health(scheduler))
+    add_health_routes(app, services.health, services.metrics, lambda: turnstile_health(services.scheduler))
     return app
 
 
@@ -207,7 +207,7 @@ def turnstile_health(scheduler: SchedulerClient) -> dict[str, Any]:
     """gpu-turnstile's health shape: state idle | llm | image, LLM requests in flight, image pending."""
     snapshot = scheduler.snapshot()
     llm = sum(e.in_flight for e in snapshot.engines)
-    state = "image" if snapshot.mode == "exclusive" else ("llm" if llm else "idle")
+    state = "image" if snapshot.mode is GpuMode.EXCLUSIVE else ("llm" if llm else "idle")
     return {"state": state, "llm_inflight": llm, "image_pending": snapshot.exclusive_waiting > 0,
             "mode": snapshot.mode, "queued": snapshot.queued}
 

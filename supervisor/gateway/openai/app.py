@@ -10,54 +10,26 @@ import datetime
 import time
 from typing import Any
 
-import attrs
 import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from supervisor.apis import ModelKind, api_names, model_kind
 from supervisor.config import Config
-from supervisor.observe.events import EventLog
 from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
 from supervisor.gateway.openai.api_routes import error_shape_for
-from supervisor.gateway.http.asgi import BodyLimits, Receive, Scope, Send, send_whole
+from supervisor.gateway.http.asgi import Receive, Scope, Send, send_whole
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.gateway.door import FrontDoor, exchange_of, is_probe
+from supervisor.gateway.door import exchange_of, is_probe
 from supervisor.gateway.errors import anthropic_error_body, error_body
-from supervisor.gateway.http.gate import RequestGate, gated
-from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH, ImageHandler
+from supervisor.gateway.http.gate import gated
+from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH
 from supervisor.gateway.openai.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.http.quart_app import add_health_routes, json_error, new_quart_app
-from supervisor.gateway.remote import NodeRouter
+from supervisor.gateway.services import Services
 from supervisor.gateway.relay.upstream import Timeouts
-from supervisor.observe.health import HealthWatch
 from supervisor.engines.memory_plan import device_label
-from supervisor.observe.metrics import StewardMetrics
 from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
-from supervisor.reload import Reload
-from supervisor.scheduler.actor import SchedulerClient
-
-
-def body_limits(config: Config) -> BodyLimits:
-    return BodyLimits(config.limits.max_body_size, config.limits.body_timeout)
-
-
-@attrs.frozen
-class Services:
-    """What the OpenAI listener's app serves with: the services the composition root
-    (supervisor/tree.py) started, handed over as one bundle."""
-
-    scheduler: SchedulerClient
-    events: EventLog
-    gate: RequestGate
-    metrics: StewardMetrics
-    door: FrontDoor
-    health: HealthWatch
-    device: str = "gpu"  # where the engines' memory lives: "gpu", or "cpu" for host RAM (tree.memory_device)
-    nodes: NodeRouter | None = None  # a front door's: the nodes it routes to
-    catalog: ModelCatalog | None = None  # default: the config's own (no reload replaces it)
-    reload: Reload | None = None  # /steward/reload, where the config came from a file
-    images: ImageHandler | None = None  # /v1/images/generations, with a comfyui section and an image model
 
 
 def create_app(config: Config, services: Services) -> QuartTrio:
@@ -68,7 +40,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     started = int(time.time())
     catalog = services.catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
-    inference = InferenceHandler(scheduler, events, aliases, body_limits(config), config.scheduler.embedding_chunk,
+    inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
                                  catalog.served, nodes, catalog.apis, catalog.step_tokens)
     quart_asgi = app.asgi_app

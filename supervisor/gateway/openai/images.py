@@ -49,6 +49,7 @@ from supervisor.gateway.comfy.jobs import ComfyTurnstile, HeldGpu
 from supervisor.gateway.comfy.workflow import ImageParams, SavedImage, failure_of, saved_images
 from supervisor.gateway.door import CAPABILITY_PREFIX, Exchange, FrontDoor, exchange_of
 from supervisor.gateway.errors import error_body, error_headers
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed
 
 GENERATIONS_PATH = "/v1/images/generations"
@@ -67,7 +68,7 @@ class ImageRequest:
     """A generations request read and checked: pure (read_image_request)."""
 
     model: str  # the image model's name
-    klass: str
+    klass: RequestClass
     runs: tuple[ImageParams, ...]  # one per image asked for
     response_format: str
     size: str

@@ -45,6 +45,7 @@ from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
 from supervisor.gateway.relay.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
 INFERENCE_PATHS = frozenset(API_ROUTES)
@@ -92,7 +93,7 @@ class InferenceHandler:
             if body is None:
                 return  # the client left while sending
             routed = route_request(scope, body, self.aliases, self.served_names, route=route,
-                                   default_class=self.door.default_class(exchange, "interactive"))
+                                   default_class=self.door.default_class(exchange, RequestClass.INTERACTIVE))
             if isinstance(routed, NotHere):
                 await self._serve_not_here(scope, receive, send, routed, exchange)
                 return

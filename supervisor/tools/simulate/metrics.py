@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.tools.simulate.runner import Outcome, Record, Wait
 
 

@@ -30,7 +30,7 @@ from supervisor.config import (
     make_converter,
 )
 from supervisor.engines.measurements import HOST_KEY, EngineSpeed, MeasurementStore
-from supervisor.scheduler.types import RequestClass
+from supervisor.request_class import RequestClass
 from supervisor.tools.simulate.sharing import SharingModel
 from supervisor.units import parse_duration
 
