@@ -248,7 +248,7 @@ class SchedulerConfig:
     embedding_chunk: PositiveInt = PositiveInt(32)
     # A background or batch chat completion on llama-server longer than this many tokens is
     # generated this many at a time, each step continuing the last from its cached prompt, so
-    # a chat arriving meanwhile waits one step at most; 0: never cut (gateway/chunked.py).
+    # a chat arriving meanwhile waits one step at most; 0: never cut (gateway/relay/chunked.py).
     # Off by default: in the simulator, 64 cost thrash's agents 2.5x the loads (docs/simulator.md).
     step_tokens: Count = Count(0)
     release_timeout: Duration = Duration(10.0)

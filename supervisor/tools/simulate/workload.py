@@ -49,7 +49,7 @@ class Client:
             prompt, output = spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng)
             cut = self.step_tokens if 0 < self.step_tokens < output else output
             # A cut generation continues from its cached prompt: each later step reads only the
-            # tokens it adds (gateway/chunked.py), negligible beside decoding them.
+            # tokens it adds (gateway/relay/chunked.py), negligible beside decoding them.
             starts = list(range(0, output, cut)) or [0]
             decodes = [engine.decode_seconds(prompt + done, min(cut, output - done)) for done in starts]
             reading = engine.read_seconds(min(spec.cached_prompt_tokens, prompt), prompt)
