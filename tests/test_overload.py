@@ -30,10 +30,18 @@ from supervisor.tools.overload_scenario import OverloadPlan
 CLIENTS = 256
 
 
+def _connection_events(log: Path) -> str:
+    """What the event log says about connections and errors: where a request that got no HTTP
+    answer at all went (a connection refused, broken or failed), for the failure's text."""
+    lines = [line for line in log.read_text().splitlines()
+             if '"event":"connection_' in line or '"level":"error"' in line]
+    return "\nconnection and error events:\n" + "\n".join(lines[:20]) if lines else ""
+
+
 @pytest.mark.slow
 def test_an_overload_of_256_requests_is_visible_everywhere(tmp_path: Path) -> None:
     report = run_overload(tmp_path, clients=CLIENTS)
-    text = format_overload_report(report)
+    text = format_overload_report(report) + _connection_events(tmp_path / "events.jsonl")
 
     assert 0 not in report.answers, text  # every request got an HTTP answer
     assert sum(report.answers.values()) == CLIENTS, text
