@@ -1,4 +1,4 @@
-"""The answer names the model that served it: ``ModelNamed`` on the ASGI messages of answers.
+"""The answer names the model that served it: the ``ModelNamed`` reader fed the ASGI messages of answers.
 
 No sockets: each test hands it the messages a relay would send and looks at what it sent on.
 tests/test_nodes.py checks the same with the official client, through a front door and a node.
@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.gateway.relay import answer_model
 from supervisor.gateway.relay.answer_model import ModelNamed
+from tests.tapped import Fed, fed
 
 JSON = b"application/json"
 EVENTS = b"text/event-stream"
@@ -20,13 +21,13 @@ ENGINE = b'"model":"/models/qwen3-8b-Q4_K_M.gguf"'  # what the node's engine cal
 STEWARD = b'"model":"little"'
 
 
-def recorded() -> tuple[ModelNamed, list[dict[str, Any]]]:
+def recorded() -> tuple[Fed, list[dict[str, Any]]]:
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    return ModelNamed(send, "little"), sent
+    return fed(send, ModelNamed("little")), sent
 
 
 def start(content_type: bytes, status: int = 200, length: int | None = None) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def body(chunk: bytes, *, more: bool = True) -> dict[str, Any]:
     return {"type": "http.response.body", "body": chunk, "more_body": more}
 
 
-async def answer(named: ModelNamed, first: dict[str, Any], *chunks: bytes) -> None:
+async def answer(named: Fed, first: dict[str, Any], *chunks: bytes) -> None:
     await named(first)
     for number, chunk in enumerate(chunks, 1):
         await named(body(chunk, more=number < len(chunks)))

@@ -22,6 +22,7 @@ from supervisor.gateway.errors import anthropic_error_body, anthropic_stream_err
 from supervisor.gateway.openai.forms import parse_form
 from supervisor.gateway.relay.reshaped import ErrorsReshaped, MessagesUsageRead
 from supervisor.gateway.routed import NotHere, route_request
+from tests.tapped import fed
 
 ALIASES = {"chat": "chat", "gpt-4o": "chat", "whisper": "asr"}
 
@@ -209,7 +210,7 @@ class Sent(list[dict[str, Any]]):
 
 async def test_an_engine_error_on_an_anthropic_route_is_reshaped() -> None:
     sent = Sent()
-    reshaped = ErrorsReshaped(sent, anthropic_error_body)
+    reshaped = fed(sent, ErrorsReshaped(anthropic_error_body))
     engine = json.dumps({"error": {"code": 500, "message": "the current context does not support logits "
                                    "computation. skipping", "type": "server_error"}}).encode()
     await reshaped({"type": "http.response.start", "status": 500,
@@ -231,7 +232,7 @@ async def test_an_engine_error_on_an_anthropic_route_is_reshaped() -> None:
 async def test_what_is_no_readable_error_goes_through_as_it_came(status: int, content_type: bytes,
                                                                  body: bytes) -> None:
     sent = Sent()
-    reshaped = ErrorsReshaped(sent, anthropic_error_body)
+    reshaped = fed(sent, ErrorsReshaped(anthropic_error_body))
     messages = [{"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]},
                 {"type": "http.response.body", "body": body, "more_body": status == 200}]
     for message in messages:
@@ -242,7 +243,7 @@ async def test_what_is_no_readable_error_goes_through_as_it_came(status: int, co
 async def test_a_messages_stream_s_tokens_are_read_from_its_two_events() -> None:
     counted: list[tuple[int | None, int | None]] = []
     sent = Sent()
-    read = MessagesUsageRead(sent, lambda prompt, completion: counted.append((prompt, completion)))
+    read = fed(sent, MessagesUsageRead(lambda prompt, completion: counted.append((prompt, completion))))
     start = {"type": "message_start", "message": {"id": "m", "usage": {"cache_read_input_tokens": 15,
                                                                       "input_tokens": 1, "output_tokens": 0}}}
     await read({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})

@@ -20,6 +20,7 @@ from supervisor.gateway.errors import error_body
 from supervisor.gateway.relay.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
+from tests.tapped import fed
 
 CREATED = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -188,7 +189,7 @@ async def test_the_usage_chunk_steward_asked_for_is_kept_from_the_client() -> No
     async def send(message: dict[str, object]) -> None:
         sent.append(message)
 
-    kept = UsageChunkKept(send, lambda prompt, completion: counted.append((prompt, completion)))
+    kept = fed(send, UsageChunkKept(lambda prompt, completion: counted.append((prompt, completion))))
     await kept({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     content = b'data: {"choices":[{"delta":{"content":"the \\"usage\\""}}]}\n\n'
     await kept({"type": "http.response.body", "body": content, "more_body": True})

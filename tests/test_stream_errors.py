@@ -4,7 +4,7 @@ A stream's 200 goes out before its engine fails, so the failure is an error even
 stream's end: the usage row and the ``request`` event must record it (its status, its code),
 and a Messages or Responses client must get it in its own API's event, which its SDK reads.
 
-Tiers: the door's row, fed the bytes a client got (``Exchange``); the route's send wrappers
+Tiers: the door's row, fed the bytes a client got (``Exchange``); the route's readers
 (``reading_answer``) behind the real ``front_door``, fed an engine's ASGI messages; and a real
 steward in front of the fake llama-server and the fake Ollama (slow), with the official clients.
 """
@@ -31,6 +31,7 @@ from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.usage.row import UsageRow
 from tests.conftest import RunningSteward, fake_model, free_port, launch_steward
 from tests.test_door import make_door, make_key
+from tests.tapped import fed_tap
 from tests.test_ollama_listener import ollama_section
 
 SSE = b"text/event-stream"
@@ -162,8 +163,8 @@ async def through_the_door(path: str, engine: list[dict[str, Any]], *, stream: b
             await send(start(200, b"text/plain"))
             await send(body(b"", more=False))
             return
-        reading = reading_answer(send, API_ROUTES[path], scope["steward.exchange"], keep_usage_chunk=False,
-                                 stream=stream, model="chat")
+        reading = fed_tap(reading_answer(send, API_ROUTES[path], scope["steward.exchange"], keep_usage_chunk=False,
+                                         stream=stream, model="chat"))
         for message in engine:
             await reading(message)
 

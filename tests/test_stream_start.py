@@ -11,6 +11,7 @@ import trio
 
 from supervisor.apis import Api
 from supervisor.gateway.relay.stream_start import MAX_HELD, StreamOpened
+from tests.tapped import fed
 
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -26,7 +27,7 @@ def through(api: Api, start: dict[str, Any], *bodies: bytes) -> list[dict[str, A
         sent.append(message)
 
     async def main() -> None:
-        opened = StreamOpened(send, api, "chat")
+        opened = fed(send, StreamOpened(api, "chat"))
         await opened(start)
         for i, body in enumerate(bodies):
             await opened({"type": "http.response.body", "body": body, "more_body": i < len(bodies) - 1})

@@ -37,6 +37,7 @@ from supervisor.auth.limits import KeyLimiter, Refused
 from supervisor.observe.events import EventLog
 from supervisor.gateway.http.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
 from supervisor.gateway.errors import ErrorShape, error_headers
+from supervisor.gateway.relay.answer import ANSWER_HEAD, AnswerHead, Framing
 from supervisor.gateway.relay.stream_errors import Failure, final_failure
 from supervisor.observe.slowdown import Pace, PaceMeter
 from supervisor.request_class import RequestClass
@@ -56,7 +57,6 @@ PROBE = ("HEAD", "/")
 CAPABILITY_PREFIX = "/v1/images/files/"
 _TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
-_TAPPED = (b"application/json", b"text/event-stream", b"application/x-ndjson")
 # The last event of a whole stream (OpenAI's SSE, Ollama's NDJSON, Anthropic's message_stop, the
 # Responses API's response.completed): a client may rightly close on it before the relay's own
 # end of the body, and that answer was still served in full.
@@ -72,7 +72,7 @@ CREDENTIAL_HEADERS = frozenset({b"authorization", b"x-api-key"})
 # llama-server's own measure of its decoding, in the last event of a stream or a whole answer's end.
 _DECODED = re.compile(rb'(?<!\\)"predicted_n"\s*:\s*(\d{1,12})')
 _DECODE_MS = re.compile(rb'(?<!\\)"predicted_ms"\s*:\s*(\d{1,15}(?:\.\d*)?(?:[eE][-+]?\d{1,3})?)')
-_STREAMS = (b"text/event-stream", b"application/x-ndjson")
+_STREAMS = (Framing.EVENT_STREAM, Framing.NDJSON)
 
 
 @attrs.define(eq=False)
@@ -102,8 +102,8 @@ class Exchange:
     last_byte: float | None = None
     request_bytes: int = 0
     response_bytes: int = 0
-    _tapped: bool = False
-    _content_type: bytes = b""
+    _tapped: bool = False  # its tail is kept: an answer in one of the framings read here
+    _framing: Framing = Framing.OTHER
     _tail: bytes = b""
     _error_head: bytes = b""
 
@@ -128,15 +128,17 @@ class Exchange:
             self.engine_failure = failure
 
     def saw_start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status = status
-        self._content_type = next((v for k, v in headers if k == b"content-type"), b"")
-        self._tapped = self._content_type.startswith(_TAPPED)
+        self.saw_head(AnswerHead.of(status, headers))
+
+    def saw_head(self, head: AnswerHead) -> None:
+        self.status = head.status
+        self._framing = head.framing
+        self._tapped = head.framing is not Framing.OTHER
 
     def saw_body(self, chunk: bytes, now: float) -> None:
         if not chunk:
             return
-        if self.first_byte is None and not (self._content_type.startswith(b"text/event-stream")
-                                            and _only_comments(chunk)):
+        if self.first_byte is None and not (self._framing is Framing.EVENT_STREAM and _only_comments(chunk)):
             self.first_byte = now
         self.last_byte = now
         self.response_bytes += len(chunk)
@@ -153,7 +155,7 @@ class Exchange:
         stream's first and last bytes came; None when that cannot be told (an answer sent whole
         without timings, such as one steward cut into steps: gateway/chunked.py)."""
         end = self.last_byte if self.last_byte is not None else now
-        streamed = self._content_type.startswith(_STREAMS) and self.first_byte is not None
+        streamed = self._framing in _STREAMS and self.first_byte is not None
         counted, spent = _DECODED.findall(self._tail), _DECODE_MS.findall(self._tail)
         if counted and spent:
             seconds = float(spent[-1]) / 1000
@@ -195,9 +197,9 @@ class Exchange:
         (engine_failed), else the error event a stream ended on (stream_errors.py)."""
         if self.engine_failure is not None:
             return self.engine_failure
-        if self._content_type.startswith(b"text/event-stream"):
+        if self._framing is Framing.EVENT_STREAM:
             return final_failure(self._tail, lines=False)
-        if self._content_type.startswith(b"application/x-ndjson"):
+        if self._framing is Framing.NDJSON:
             return final_failure(self._tail, lines=True)
         return None
 
@@ -418,9 +420,10 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
 
         async def observed_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = [*message.get("headers", ()), (b"x-request-id", request_id)]
-                exchange.saw_start(message["status"], headers)
-                message = {**message, "headers": headers}
+                head = message.get(ANSWER_HEAD)  # read by the relay; else read here
+                headers = message.get("headers", ())
+                exchange.saw_head(head if head is not None else AnswerHead.of(message["status"], headers))
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
             elif message["type"] == "http.response.body":
                 exchange.saw_body(message.get("body", b""), trio.current_time())
                 if not message.get("more_body", False):

@@ -23,7 +23,8 @@ import trio
 
 from supervisor.address import Address
 from supervisor.observe.events import EventLog
-from supervisor.gateway.relay.answer_model import ModelNamed
+from supervisor.gateway.relay.answer import AnswerTap
+from supervisor.gateway.relay.answer_model import ModelHeader, ModelNamed
 from supervisor.gateway.http.asgi import Scope, Send, send_error
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.relay.proxy import UpstreamRequest, relay
@@ -114,17 +115,13 @@ class NodeRouter:
         def on_status(status: int) -> None:
             exchange.status = status
 
-        async def naming_the_model(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":  # which model served it, a capability's included
-                message = {**message, "headers": [*message["headers"], (b"x-steward-model", route.model.encode())]}
-            await send(message)
-
-        # The node's engine names itself in the answer; the client is told steward's name for it.
-        named = ModelNamed(naming_the_model, route.model)
-        await relay(named, self._request(route, scope, body, routed, exchange),
+        # The node's engine names itself in the answer; the client is told steward's name for it, and
+        # which model served it (a capability's included).
+        answer = AnswerTap(send, [ModelNamed(route.model), ModelHeader(route.model)])
+        await relay(answer, self._request(route, scope, body, routed, exchange),
                     what=f"node {route.node!r}", on_status=on_status, timeouts=self.timeouts, reroute=elsewhere,
                     error_shape=routed.route.error_shape, stream_error=routed.route.stream_error)
-        await named.send_held()
+        await answer.end()
 
     def _request(self, route: Route, scope: Scope, body: bytes, routed: RoutedRequest,
                  exchange: Exchange) -> UpstreamRequest:

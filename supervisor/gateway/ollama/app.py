@@ -38,6 +38,7 @@ from supervisor.gateway.errors import ErrorShape, ollama_error_body
 from supervisor.gateway.http.gate import gated
 from supervisor.gateway.granted import serve_granted
 from supervisor.gateway.http.quart_app import add_health_routes, new_quart_app
+from supervisor.gateway.relay.answer import AnswerTap
 from supervisor.gateway.relay.proxy import REQUEST_FRAMING, UpstreamRequest, relay
 from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.relay.stream_usage import ask_for_usage
@@ -149,11 +150,11 @@ class OllamaListener:
             await serve_granted(self.scheduler, exchange, send, disconnect, model=OLLAMA_ENGINE, klass=route.klass,
                                 shape=shape, answering=answering)
 
-    def _reading(self, scope: Scope, send: Send, route: OllamaRoute) -> Send:
+    def _reading(self, scope: Scope, send: Send, route: OllamaRoute) -> AnswerTap:
         """Its /v1 routes' answers are read as on the OpenAI listener; the native ones go as they come."""
         api_route = API_ROUTES.get(scope["path"])
         if api_route is None:
-            return send
+            return AnswerTap(send)
         return reading_answer(send, api_route, exchange_of(scope),
                               keep_usage_chunk=route.keep_usage_chunk, stream=route.stream, model=route.model)
 

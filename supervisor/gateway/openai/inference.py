@@ -36,6 +36,7 @@ from supervisor.gateway.http.asgi import (
     send_refusal,
     send_whole,
 )
+from supervisor.gateway.relay.answer import Answer
 from supervisor.gateway.relay.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.relay.embeddings import EmbeddingsAssembly, split_inputs
@@ -214,8 +215,8 @@ class InferenceHandler:
         tracked = TrackedSend(send)
         client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
                                 stream=routed.stream, model=routed.model)
-        answer = (StreamedSteps(client, generation, routed.route.stream_error) if routed.stream
-                  else JoinedSteps(client, generation))
+        answer: StreamedSteps | JoinedSteps = (StreamedSteps(client, generation, routed.route.stream_error)
+                                               if routed.stream else JoinedSteps(client, generation))
         try:
             async with self.scheduler.open_request() as request:
                 while True:
@@ -245,9 +246,9 @@ class InferenceHandler:
                              completion_tokens=generation.completion_tokens, finish_reason=generation.finish_reason,
                              ended=generation.ended)
 
-    async def _proxy(self, scope: Scope, routed: RoutedRequest, send: Send, lease: Lease,
+    async def _proxy(self, scope: Scope, routed: RoutedRequest, answer: Answer, lease: Lease,
                      body: bytes | None = None) -> None:
-        """Relay the request (or *body* in its place) to the lease's engine."""
+        """Relay the request (or *body* in its place) to the lease's engine, into *answer*."""
         host, port = self._endpoint(lease.grant.endpoint)
         request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
                                   self._request_headers(scope, routed), routed.body if body is None else body)
@@ -255,7 +256,7 @@ class InferenceHandler:
         def on_status(status: int) -> None:
             lease.status = status
 
-        await relay(send, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
+        await relay(answer, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
                     error_shape=routed.route.error_shape, stream_error=routed.route.stream_error,
                     timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
                     abort=lease.abort)

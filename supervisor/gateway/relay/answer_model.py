@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from supervisor.gateway.http.asgi import Send
+from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, Framing, Passed
 from supervisor.gateway.relay.sse import EVENT_END
 
 MAX_HELD_BYTES = 32 * 2**20
@@ -43,62 +43,56 @@ class _Framing(enum.Enum):
 
 @attrs.define(eq=False)
 class ModelNamed:
-    """A send that names *model* in the top-level ``"model"`` of the answer it is given.
+    """A reader (answer.py) that names *model* in the top-level ``"model"`` of the answer.
 
-    Call ``send_held`` once the answer ended: an upstream that broke off a body of announced
-    length leaves it unfinished, and what was held must still reach the client (incomplete,
-    so that it sees the answer was cut)."""
+    An upstream that broke off a body of announced length leaves it unfinished: what was held
+    comes out of ``end`` unchanged (incomplete, so that the client sees the answer was cut)."""
 
-    send: Send
     model: str
     _framing: _Framing = _Framing.AS_IS
-    _start: dict[str, Any] | None = None  # a JSON answer's start message, until its body is complete
+    _start: AnswerHead | None = None  # a JSON answer's head, until its body is complete
     _held: list[bytes] = attrs.Factory(list)  # JSON: the body so far; events: the incomplete last event
     _held_bytes: int = 0
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self._framing = _framing_of(message)
-            if self._framing is _Framing.JSON:
-                self._start = message
-                return
-        elif message["type"] == "http.response.body" and self._framing is _Framing.JSON:
-            await self._json_body(message.get("body", b""), more=message.get("more_body", False))
-            return
-        elif message["type"] == "http.response.body" and self._framing is _Framing.EVENTS:
-            message = {**message, "body": self._events_body(message.get("body", b""),
-                                                            more=message.get("more_body", False))}
-            if not message["body"] and message.get("more_body", False):
-                return  # all of it held: the end of its event is still to come
-        await self.send(message)
+    @property
+    def reading(self) -> bool:
+        return self._framing is not _Framing.AS_IS
 
-    async def send_held(self) -> None:
-        """Send, unchanged, what is held of an answer whose last body message never came."""
-        held = self._take_held()
-        if self._start is not None:
-            start, self._start = self._start, None
-            await self.send(start)
-        if held:
-            await self.send({"type": "http.response.body", "body": held, "more_body": True})
+    def start(self, head: AnswerHead) -> AnswerHead | None:
+        self._framing = _framing_of(head)
+        if self._framing is _Framing.JSON:
+            self._start = head
+            return None
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        if self._framing is _Framing.JSON:
+            return self._json_body(chunk, more=more)
+        if self._framing is _Framing.EVENTS:
+            return None, self._events_body(chunk, more=more)  # nothing, with more: its event's end is to come
+        return None, chunk
+
+    def end(self) -> Passed:
+        """What is held, unchanged, of an answer whose last body message never came."""
+        start, self._start = self._start, None
         self._framing = _Framing.AS_IS
+        return start, self._take_held()
 
-    async def _json_body(self, chunk: bytes, *, more: bool) -> None:
+    def _json_body(self, chunk: bytes, *, more: bool) -> Passed:
         self._hold(chunk)
         if more and self._held_bytes <= MAX_HELD_BYTES:
-            return
+            return NOTHING_HELD
         if more:  # too large to hold: it goes as it came
-            await self.send_held()
-            return
+            return self.end()
         assert self._start is not None
         body = self._take_held()
         start, self._start = self._start, None
         renamed = _renamed(body, self.model)
         if renamed is not None:
             body = renamed
-            start = {**start, "headers": _with_length(start.get("headers", []), len(body))}
+            start = attrs.evolve(start, headers=_with_length(start.headers, len(body)))
         self._framing = _Framing.AS_IS
-        await self.send(start)
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        return start, body
 
     def _events_body(self, chunk: bytes, *, more: bool) -> bytes:
         seam = self._held_end(3)  # an event's end may begin before *chunk*: at most 3 bytes before
@@ -142,14 +136,32 @@ class ModelNamed:
         return held
 
 
-def _framing_of(start: dict[str, Any]) -> _Framing:
-    headers = start.get("headers", [])
-    content_type = next((v for k, v in headers if k == b"content-type"), b"")
-    if start["status"] != 200:
+@attrs.frozen
+class ModelHeader:
+    """A reader (answer.py): the answer's ``x-steward-model`` header names *model*, whatever the answer."""
+
+    model: str
+
+    @property
+    def reading(self) -> bool:
+        return False
+
+    def start(self, head: AnswerHead) -> AnswerHead:
+        return attrs.evolve(head, headers=[*head.headers, (b"x-steward-model", self.model.encode())])
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        return None, chunk
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
+
+
+def _framing_of(head: AnswerHead) -> _Framing:
+    if head.status != 200:
         return _Framing.AS_IS
-    if content_type.startswith(b"application/json"):
+    if head.framing is Framing.JSON:
         return _Framing.JSON
-    if content_type.startswith(b"text/event-stream") and not any(k == b"content-length" for k, _ in headers):
+    if head.framing is Framing.EVENT_STREAM and not head.length_declared:
         return _Framing.EVENTS
     return _Framing.AS_IS
 

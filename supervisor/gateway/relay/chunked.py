@@ -47,8 +47,8 @@ from typing import Any
 import attrs
 
 from supervisor.apis import Api
-from supervisor.gateway.http.asgi import Send, send_whole
 from supervisor.gateway.errors import StreamError
+from supervisor.gateway.relay.answer import Answer, AnswerHead, AnswerTap, answer_whole
 from supervisor.gateway.routed import RoutedRequest
 from supervisor.gateway.relay.sse import EVENT_END, event_data
 
@@ -177,10 +177,10 @@ def strip_echo(content: str, echo: str) -> tuple[str, str | None]:
 
 
 @attrs.define(eq=False)
-class StreamedSteps:
-    """The send each streamed step is relayed to; one SSE stream to *send* for all of them."""
+class StreamedSteps(Answer):
+    """The answer each streamed step is relayed into; one SSE stream to *client* for all of them."""
 
-    send: Send
+    client: AnswerTap
     generation: Generation
     stream_error: StreamError  # the route's
     head: dict[str, Any] | None = None  # the first step's id, created, model, system_fingerprint, object
@@ -189,40 +189,39 @@ class StreamedSteps:
     errored: bool = False  # an error event went to the client: the stream ends with it
     _held: bytes = b""  # an event not yet ended
     _echo: str | None = None
-    _error: dict[str, Any] | None = None  # a later step's error answer: its start, then its body
+    _error: AnswerHead | None = None  # a later step's error answer: its head, then its body
     _error_body: bytes = b""
 
     def begin_step(self) -> None:
         self._echo = self.generation.text or None
         self._held, self._error, self._error_body = b"", None, b""
 
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def start(self, head: AnswerHead) -> None:
         if self.passed:
-            await self.send(message)
-        elif message["type"] == "http.response.start":
-            await self._start(message)
-        elif self._error is not None:
-            self._error_body = (self._error_body + message.get("body", b""))[:_MAX_ERROR_BYTES]
-            if not message.get("more_body", False):
-                await self._step_failed()
-        else:
-            await self._body(message.get("body", b""), more=message.get("more_body", False))
-
-    async def _start(self, message: dict[str, Any]) -> None:
-        content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
-        ok = message["status"] == 200 and content_type.startswith(b"text/event-stream")
-        if self.started:
-            if not ok:
-                self._error = message  # read whole, then said in the stream
+            await self.client.start(head)
             return
-        if not ok:
+        if self.started:
+            if not head.event_stream:
+                self._error = head  # read whole, then said in the stream
+            return
+        if not head.event_stream:
             self.passed = True  # nothing was sent: the error goes as it came
             self.generation.ended = True
         else:
             self.started = True
-        await self.send(message)
+        await self.client.start(head)
 
-    async def _body(self, chunk: bytes, *, more: bool) -> None:
+    async def body(self, chunk: bytes, more: bool) -> None:
+        if self.passed:
+            await self.client.body(chunk, more)
+        elif self._error is not None:
+            self._error_body = (self._error_body + chunk)[:_MAX_ERROR_BYTES]
+            if not more:
+                await self._step_failed()
+        else:
+            await self._step_body(chunk, more=more)
+
+    async def _step_body(self, chunk: bytes, *, more: bool) -> None:
         data = self._held + chunk
         out = bytearray()
         start = 0
@@ -234,7 +233,7 @@ class StreamedSteps:
             out += self._event(self._held, b"")  # an event the stream ended inside
             self._held = b""
         if out or not more:
-            await self.send({"type": "http.response.body", "body": bytes(out), "more_body": True})
+            await self.client.body(bytes(out), True)
 
     def _event(self, event: bytes, separator: bytes) -> bytes:
         data = event_data(event)
@@ -325,24 +324,22 @@ class StreamedSteps:
         if _CONTEXT_FULL in body:
             self.generation.finish_reason = "length"
             return
-        message = _error_message(body) or f"the engine answered {self._error['status']}"  # type: ignore[index]
+        assert self._error is not None
+        message = _error_message(body) or f"the engine answered {self._error.status}"
         self.passed = True  # what follows is the end of the stream
-        await self.send({"type": "http.response.body",
-                         "body": self.stream_error(b"text/event-stream", message, code="engine_error"),
-                         "more_body": False})
+        await self.client.body(self.stream_error(b"text/event-stream", message, code="engine_error"), False)
 
     async def fail(self, message: str, code: str) -> None:
         """A later step refused by the scheduler: the stream has begun, it ends with the error."""
         self.passed = self.generation.ended = True
-        await self.send({"type": "http.response.body", "body": self.stream_error(b"text/event-stream", message,
-                                                                                  code=code), "more_body": False})
+        await self.client.body(self.stream_error(b"text/event-stream", message, code=code), False)
 
     async def end(self) -> None:
         """The last step ended: its finish_reason, the usage if asked for, [DONE]."""
         if self.passed:
             return
         if self.errored:
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self.client.body(b"", False)
             return
         head = {**(self.head or {}), "object": "chat.completion.chunk"}
         finish = {"choices": [{"finish_reason": self.generation.finish_reason or "length", "index": 0,
@@ -351,37 +348,40 @@ class StreamedSteps:
         options = self.generation.payload.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
             out += _event_of({"choices": [], **head, "usage": self.generation.usage()}) + b"\n\n"
-        await self.send({"type": "http.response.body", "body": out + _DONE, "more_body": False})
+        await self.client.body(out + _DONE, False)
 
 
 @attrs.define(eq=False)
-class JoinedSteps:
-    """The send each whole (not streamed) step is relayed to: their answers joined into one."""
+class JoinedSteps(Answer):
+    """The answer each whole (not streamed) step is relayed into: their answers joined into one."""
 
-    send: Send
+    client: AnswerTap
     generation: Generation
     answer: dict[str, Any] | None = None  # the first step's, which the whole answer is made of
-    start: dict[str, Any] | None = None
-    body: bytes = b""
+    step_head: AnswerHead | None = None
+    step_body: bytes = b""
     passed: bool = False  # a step's error went to the client as it came: done
 
     def begin_step(self) -> None:
-        self.start, self.body = None, b""
+        self.step_head, self.step_body = None, b""
 
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def start(self, head: AnswerHead) -> None:
         if self.passed:
-            await self.send(message)
+            await self.client.start(head)
             return
-        if message["type"] == "http.response.start":
-            self.start = message
+        self.step_head = head
+
+    async def body(self, chunk: bytes, more: bool) -> None:
+        if self.passed:
+            await self.client.body(chunk, more)
             return
-        self.body += message.get("body", b"")
-        if not message.get("more_body", False):
+        self.step_body += chunk
+        if not more:
             await self._step_answered()
 
     async def _step_answered(self) -> None:
-        assert self.start is not None
-        status, body = self.start["status"], self.body
+        assert self.step_head is not None
+        status, body = self.step_head.status, self.step_body
         value = _json_object(body) if status == 200 else None
         choice = _single_choice(value)
         if choice is None:
@@ -390,8 +390,8 @@ class JoinedSteps:
                 self.generation.finish_reason = "length"  # the text so far filled the context: done
                 return
             self.passed = True  # an error (or an answer steward cannot join): as it came, no partial answer
-            await self.send(self.start)
-            await self.send({"type": "http.response.body", "body": body, "more_body": False})
+            await self.client.start(self.step_head)
+            await self.client.body(body, False)
             return
         assert value is not None
         message = choice.get("message")
@@ -418,7 +418,7 @@ class JoinedSteps:
         choice["finish_reason"] = self.generation.finish_reason or "length"
         answer["usage"] = self.generation.usage()
         answer.pop("timings", None)  # the first step's: not the answer's
-        await send_whole(self.send, 200, [(b"content-type", b"application/json")], json.dumps(answer).encode())
+        await answer_whole(self.client, 200, [(b"content-type", b"application/json")], json.dumps(answer).encode())
 
 
 def _event_of(value: dict[str, Any]) -> bytes:

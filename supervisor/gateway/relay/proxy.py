@@ -6,18 +6,23 @@ at all (down, restarting), the request may be retried with exponential backoff u
 answers, the client goes, or steward shuts down: no byte was sent, so that is safe. An
 upstream that breaks mid-answer ends the answer with an error in the stream's own framing;
 one that goes silent past its timeouts is answered 504 (the caller is told, to check it).
+
+The upstream's head is read once, into an ``AnswerHead`` (answer.py), and the answer is written
+into an ``Answer``: the client's tap with the route's readers on it, or a caller's own (the
+steps of a generation).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import attrs
 
 from supervisor.backoff import Backoff
 from supervisor.gateway.errors import ErrorShape, StreamError, error_body, error_headers, error_in_stream
+from supervisor.gateway.http.asgi import Send
+from supervisor.gateway.relay.answer import Answer, AnswerHead, AnswerTap
 from supervisor.gateway.relay.upstream import (
     NO_TIMEOUTS,
     StreamedBody,
@@ -28,8 +33,6 @@ from supervisor.gateway.relay.upstream import (
     open_upstream_request,
 )
 from supervisor.scheduler.actor import Abort
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 # Headers of one connection, not of the message: never relayed (Content-Length is, when the
 # body goes through unchanged: clients such as curl --http1.0 need it to know the answer ended).
@@ -57,6 +60,7 @@ class UpstreamFailure:
     status: int
     code: str
     happened: str
+    before: str = ""  # words before the upstream's name
 
     @classmethod
     def of(cls, exc: UpstreamError) -> UpstreamFailure:
@@ -71,44 +75,66 @@ class UpstreamFailure:
         """The scheduler ended the request (its engine is unhealthy): *code* says why."""
         return cls(502, code, "")
 
+    @classmethod
+    def shutting_down(cls) -> UpstreamFailure:
+        """An upstream that cannot be reached while steward stops: its retries end."""
+        return cls(503, "shutting_down", "cannot be reached", before="steward is shutting down and ")
+
     def message(self, what: str, detail: object) -> str:
-        return f"{what} {self.happened}: {detail}" if self.happened else f"{what} {detail}"
+        return f"{self.before}{what} {self.happened}: {detail}" if self.happened else f"{what} {detail}"
+
+
+@attrs.frozen
+class Failed:
+    """How a relay failed: the table's entry, what the upstream is called, and what happened."""
+
+    failure: UpstreamFailure
+    what: str
+    detail: object
+
+    @property
+    def message(self) -> str:
+        return self.failure.message(self.what, self.detail)
 
 
 # Told why the upstream cannot be reached; the request to send elsewhere and what to call it, or None.
 Reroute = Callable[[str], Awaitable[tuple[UpstreamRequest, str] | None]]
 
 
-async def relay(send: Send, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
+async def relay(send: Send | Answer, request: UpstreamRequest, *, what: str, on_status: Callable[[int], None],
                 retry: Backoff | None = None, on_retry: Callable[[float, str], None] | None = None,
                 error_shape: ErrorShape = error_body, stream_error: StreamError = error_in_stream,
                 timeouts: Timeouts = NO_TIMEOUTS,
                 on_stall: Callable[[str], None] | None = None, abort: Abort | None = None,
-                reroute: Reroute | None = None) -> None:
-    """Send *request* upstream and stream the answer to *send*; *what* names the upstream in
-    errors, which *error_shape* writes (OpenAI's shape unless the route speaks another), and
-    *stream_error* once a stream has begun.
+                reroute: Reroute | None = None) -> Failed | None:
+    """Send *request* upstream and write the answer into *send* (an ``Answer``, or a bare ASGI send:
+    the answer goes through as it comes); *what* names the upstream in errors, which *error_shape*
+    writes (OpenAI's shape unless the route speaks another), and *stream_error* once a stream has begun.
 
     An upstream silent past *timeouts* gets 504 (or an error event in an open stream) and
     *on_stall* is told; *abort* lets the scheduler end the request early (its engine is unhealthy).
     An upstream that cannot be reached is retried with *retry*, or, with *reroute*, replaced by
-    the request it returns (another node), until it returns None."""
-    answer = _Answer(send, error_shape, stream_error, on_status)
+    the request it returns (another node), until it returns None.
+
+    Returns how it failed (written into the answer), or None."""
+    relayed = _Relayed(send if isinstance(send, Answer) else AnswerTap(send), error_shape, stream_error, on_status)
     with abort.scope if abort is not None else contextlib.nullcontext():
-        await _relay_with_retries(answer, request, what, retry, on_retry, timeouts, on_stall, reroute)
+        failed = await _relay_with_retries(relayed, request, what, retry, on_retry, timeouts, on_stall, reroute)
     if abort is not None and abort.scope.cancelled_caught:
-        failure = UpstreamFailure.aborted(abort.code)
-        await answer.fail(failure.status, failure.message(what, abort.reason), failure.code)
+        failed = Failed(UpstreamFailure.aborted(abort.code), what, abort.reason)
+    if failed is not None:
+        await relayed.fail(failed)
+    return failed
 
 
-async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: str, retry: Backoff | None,
+async def _relay_with_retries(relayed: _Relayed, request: UpstreamRequest, what: str, retry: Backoff | None,
                               on_retry: Callable[[float, str], None] | None, timeouts: Timeouts,
-                              on_stall: Callable[[str], None] | None, reroute: Reroute | None) -> None:
+                              on_stall: Callable[[str], None] | None, reroute: Reroute | None) -> Failed | None:
     delays = retry.delays() if retry is not None else None
     while True:
         try:
-            await _relay_once(answer, request, what, timeouts)
-            return
+            await _relay_once(relayed, request, timeouts)
+            return None
         except UpstreamUnreachable as exc:
             if reroute is not None:
                 elsewhere = await reroute(str(exc))
@@ -116,70 +142,61 @@ async def _relay_with_retries(answer: _Answer, request: UpstreamRequest, what: s
                     request, what = elsewhere
                     continue
             if delays is None:
-                await answer.fail_with(UpstreamFailure.of(exc), what, exc)
-                return
+                return Failed(UpstreamFailure.of(exc), what, exc)
             delay = next(delays)
             if on_retry is not None:
                 on_retry(delay, str(exc))
             if not await retry.sleep(delay):  # type: ignore[union-attr]  # the client leaving cancels this wait
-                await answer.fail(503, f"steward is shutting down and {what} cannot be reached: {exc}",
-                                  "shutting_down")
-                return
+                return Failed(UpstreamFailure.shutting_down(), what, exc)
         except UpstreamError as exc:
             if isinstance(exc, UpstreamStalled) and on_stall is not None:
                 on_stall(str(exc))
-            await answer.fail_with(UpstreamFailure.of(exc), what, exc)
-            return
+            return Failed(UpstreamFailure.of(exc), what, exc)
 
 
 @attrs.define(eq=False)
-class _Answer:
-    """The client's side of a relay: what was sent so far, and how to end it with an error."""
+class _Relayed:
+    """What a relay wrote into its answer so far, and how to end it with an error."""
 
-    send: Send
+    answer: Answer
     error_shape: ErrorShape
     stream_error: StreamError
     on_status: Callable[[int], None]
-    headers: list[tuple[bytes, bytes]] | None = None  # the answer's, once it started
-    length_declared: bool = False  # by the upstream: the body must then go through whole
+    head: AnswerHead | None = None  # the upstream's, once the answer started
     complete: bool = False
 
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
-        self.on_status(status)
-        self.headers = headers  # read only if the answer fails
-        self.length_declared = length is not None
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+    async def start(self, head: AnswerHead) -> None:
+        self.on_status(head.status)
+        self.head = head
+        await self.answer.start(head)
 
-    async def body(self, chunk: bytes, *, more: bool = True) -> None:
-        self.complete = not more
-        await self.send({"type": "http.response.body", "body": chunk, "more_body": more})
-
-    async def fail_with(self, failure: UpstreamFailure, what: str, detail: object) -> None:
-        await self.fail(failure.status, failure.message(what, detail), failure.code)
-
-    async def fail(self, status: int, message: str, code: str) -> None:
+    async def fail(self, failed: Failed) -> None:
         if self.complete:
             return
+        status, code = failed.failure.status, failed.failure.code
         self.on_status(status)
-        if self.headers is None:
-            body = self.error_shape(status, message, code=code)
-            self.headers = error_headers(body, shape=self.error_shape)
-            await self.send({"type": "http.response.start", "status": status, "headers": self.headers})
-            await self.body(body, more=False)
-        elif not self.length_declared:
-            framing = next((v for k, v in self.headers if k == b"content-type"), b"")
-            await self.body(self.stream_error(framing, message, code=code), more=False)
+        if self.head is None:
+            body = self.error_shape(status, failed.message, code=code)
+            self.head = AnswerHead.of(status, error_headers(body, shape=self.error_shape))
+            await self.answer.start(self.head)
+            await self.end(body)
+        elif not self.head.length_declared:
+            await self.end(self.stream_error(self.head.content_type, failed.message, code=code))
         else:
             # A body of announced length cannot take an error; ending here without its last
             # bytes closes the connection, so the client sees the answer is incomplete.
             self.complete = True
 
+    async def end(self, last: bytes = b"") -> None:
+        self.complete = True
+        await self.answer.body(last, more=False)
 
-async def _relay_once(answer: _Answer, request: UpstreamRequest, what: str, timeouts: Timeouts) -> None:
+
+async def _relay_once(relayed: _Relayed, request: UpstreamRequest, timeouts: Timeouts) -> None:
     async with open_upstream_request(request.host, request.port, request.method, request.target,
                                      request.headers, request.body, timeouts) as upstream:
-        headers = [(k, v) for k, v in upstream.headers if k not in HOP_BY_HOP]
-        await answer.start(upstream.status, headers, upstream.content_length)
+        await relayed.start(AnswerHead.of(upstream.status, upstream.headers, HOP_BY_HOP))
+        body = relayed.answer.body  # each chunk straight to the answer: complete only at its end
         async for chunk in upstream.iter_body():
-            await answer.body(chunk)
-        await answer.body(b"", more=False)
+            await body(chunk, True)
+        await relayed.end()

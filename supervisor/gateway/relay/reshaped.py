@@ -15,7 +15,8 @@
 * ``MessagesUsageRead``: a Messages stream's token counts, which it gives in two events
   (``message_start``: the input, ``message_delta``: the output), for the usage log.
 
-``reading_answer`` puts in place what a route's answer needs, the same on every listener.
+``reading_answer`` puts in place what a route's answer needs, the same on every listener: the
+readers (answer.py) on the client's ``AnswerTap``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from supervisor.apis import Api
 from supervisor.gateway.openai.api_routes import ApiRoute
 from supervisor.gateway.http.asgi import Send
 from supervisor.gateway.door import Exchange
+from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, AnswerTap, Framing, Passed, Reader
 from supervisor.gateway.errors import (
     ErrorShape,
     anthropic_error_event,
@@ -54,69 +56,73 @@ _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 
 
 def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usage_chunk: bool, stream: bool,
-                   model: str | None = None) -> Send:
-    """*send* with what reads the answer on its way: the usage it carries (the usage chunk steward
-    asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and the
-    error events of Messages and Responses streams), and a Messages or Responses stream's opening
-    event where the engine left it out (stream_start.py). What it reads goes to *exchange*."""
+                   model: str | None = None) -> AnswerTap:
+    """The tap on *send* with what reads the answer on its way: the usage it carries (the usage chunk
+    steward asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and
+    the error events of Messages and Responses streams), and a Messages or Responses stream's opening
+    event where the engine left it out (stream_start.py). What it reads goes to *exchange*. Only what
+    the route needs is on it: a chat stream whose client asked for its usage has nothing to read."""
     counted = exchange.count_tokens
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
-    if stream and route.api in OPENING:
-        send = StreamOpened(send, route.api, model or "")  # nearest the client: the usage read sees the engine's
-    if keep_usage_chunk:
-        send = UsageChunkKept(send, counted)
-    if route.api is Api.MESSAGES and stream:
-        send = MessagesUsageRead(send, counted)
-    if route.anthropic:
-        send = ErrorsReshaped(send, route.error_shape, exchange.engine_failed)
+    readers: list[Reader] = []  # from the upstream's side: the usage is read before the stream is opened
     if stream and route.api in STREAM_ENDS:
-        send = StreamErrorsReshaped(send, route.api, exchange.engine_failed, model or "")
-    return send
+        readers.append(StreamErrorsReshaped(route.api, exchange.engine_failed, model or ""))
+    if route.anthropic:
+        readers.append(ErrorsReshaped(route.error_shape, exchange.engine_failed))
+    if route.api is Api.MESSAGES and stream:
+        readers.append(MessagesUsageRead(counted))
+    if keep_usage_chunk:
+        readers.append(UsageChunkKept(counted))
+    if stream and route.api in OPENING:
+        readers.append(StreamOpened(route.api, model or ""))  # nearest the client: the usage read sees the engine's
+    return AnswerTap(send, readers)
 
 
 @attrs.define(eq=False)
 class ErrorsReshaped:
-    send: Send
+    """A reader: an engine's error answer in the route's shape (see the module docstring)."""
+
     shape: ErrorShape
     noted: Noted = lambda failure: None
-    _start: dict[str, Any] | None = None  # an error answer's start, held until its body is whole
+    _start: AnswerHead | None = None  # an error answer's head, held until its body is whole
     _held: list[bytes] = attrs.Factory(list)
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start" and _is_error(message):
-            self._start = message
-            return
-        if message["type"] == "http.response.body" and self._start is not None:
-            self._held.append(message.get("body", b""))
-            if message.get("more_body", False) and sum(map(len, self._held)) <= MAX_ERROR_BYTES:
-                return
-            await self._flush(message.get("more_body", False))
-            return
-        await self.send(message)
+    @property
+    def reading(self) -> bool:
+        return self._start is not None
 
-    async def _flush(self, more: bool) -> None:
+    def start(self, head: AnswerHead) -> AnswerHead | None:
+        if head.status >= 400 and head.framing is Framing.JSON:
+            self._start = head
+            return None
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        if self._start is None:
+            return None, chunk
+        self._held.append(chunk)
+        if more and sum(map(len, self._held)) <= MAX_ERROR_BYTES:
+            return NOTHING_HELD
+        return self._flush(more)
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
+
+    def _flush(self, more: bool) -> Passed:
         assert self._start is not None
         start, body = self._start, b"".join(self._held)
         self._start, self._held = None, []
-        status = start["status"]
+        status = start.status
         message = None if more else _error_message(body)
         if message is None:  # not an error object we can read (or too large): as it came
-            await self.send(start)
-            await self.send({"type": "http.response.body", "body": body, "more_body": more})
-            return
+            return start, body
         if (failure := failure_of_data(body)) is not None:
             self.noted(failure)
         body = self.shape(status, message)
         # The engine's other headers stay (its Server names who answered); the body's are new.
-        kept = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-type", b"content-length")]
-        await self.send({**start, "headers": kept + error_headers(body)})
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _is_error(start: dict[str, Any]) -> bool:
-    content_type = next((v for k, v in start.get("headers", ()) if k == b"content-type"), b"")
-    return start["status"] >= 400 and content_type.startswith(b"application/json")
+        kept = [(k, v) for k, v in start.headers if k not in (b"content-type", b"content-length")]
+        return AnswerHead.of(status, kept + error_headers(body)), body
 
 
 def _error_message(body: bytes) -> str | None:
@@ -150,27 +156,25 @@ class StreamErrorsReshaped:
     whole events, so that is seldom anything); only a part that holds the word ``error`` is
     split into its events, and only an event that is an error is parsed."""
 
-    send: Send
     api: Api  # MESSAGES or RESPONSES
     noted: Noted
     model: str = ""  # what a response that failed before its response.created names
-    _reading: bool = False  # a 200 event stream
+    reading: bool = False  # a 200 event stream
     _response: dict[str, Any] | None = None  # a Responses stream's own, from its response.created
     _held: bytes = b""
     _ended: bool = False  # its last event, or an error event, went by
     _sequence: int | None = None  # the last sequence_number seen (Responses)
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
-            self._reading = message["status"] == 200 and content_type.startswith(b"text/event-stream")
-        elif message["type"] == "http.response.body" and self._reading:
-            more = message.get("more_body", False)
-            body = self._read(message.get("body", b""), more)
-            if not body and more:
-                return  # all of it held: the rest of its event is still to come
-            message = {**message, "body": body}
-        await self.send(message)
+    def start(self, head: AnswerHead) -> AnswerHead:
+        self.reading = head.event_stream
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        # Nothing passed on, with more to come: all of it held, the rest of its event is still to come.
+        return (None, self._read(chunk, more)) if self.reading else (None, chunk)
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
 
     def _read(self, chunk: bytes, more: bool) -> bytes:
         data = self._held + chunk
@@ -260,20 +264,25 @@ def _after_last_event(data: bytes) -> int:
 
 @attrs.define(eq=False)
 class MessagesUsageRead:
-    send: Send
+    """A reader: a Messages stream's token counts, from its ``message_start`` and ``message_delta``."""
+
     counted: Counted
-    _streaming: bool = False
+    reading: bool = False  # a 200 event stream
     _prompt: int | None = None
     _completion: int | None = None
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
-            self._streaming = message["status"] == 200 and content_type.startswith(b"text/event-stream")
-        elif message["type"] == "http.response.body" and self._streaming and b'"usage"' in message.get("body", b""):
-            for event in EVENT_END.split(message["body"]):
+    def start(self, head: AnswerHead) -> AnswerHead:
+        self.reading = head.event_stream
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        if self.reading and b'"usage"' in chunk:
+            for event in EVENT_END.split(chunk):
                 self._read(event)
-        await self.send(message)
+        return None, chunk
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
 
     def _read(self, event: bytes) -> None:
         data = event_data(event)

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from supervisor.apis import Api
-from supervisor.gateway.http.asgi import Send
+from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, Passed
 from supervisor.gateway.relay.sse import EVENT_END, event_data, json_events
 
 # How much is held while looking for the first event; past it the stream goes as it came.
@@ -36,34 +36,52 @@ OPENING = {Api.MESSAGES: ("message_start",), Api.RESPONSES: ("response.created",
 
 @attrs.define(eq=False)
 class StreamOpened:
-    send: Send
+    """A reader (answer.py): a Messages or Responses stream opened where the engine did not."""
+
     api: Api  # MESSAGES or RESPONSES
     model: str  # what a synthesized message_start names
-    _reading: bool = False  # an event stream whose first event has not been read yet
+    reading: bool = False  # an event stream whose first event has not been read yet
     _held: bytearray = attrs.Factory(bytearray)
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
-            self._reading = message["status"] == 200 and content_type.startswith(b"text/event-stream")
-            await self.send(message)
-            return
-        if message["type"] != "http.response.body" or not self._reading:
-            await self.send(message)
-            return
-        self._held += message.get("body", b"")
-        more = message.get("more_body", False)
-        first = first_event(bytes(self._held))
+    def start(self, head: AnswerHead) -> AnswerHead:
+        self.reading = head.event_stream
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        if not self.reading:
+            return None, chunk
+        self._held += chunk
+        first = self._first_event(bytes(self._held))
         if first is None and more and len(self._held) <= MAX_HELD:
-            return
-        body, self._reading = bytes(self._held), False
+            return NOTHING_HELD
+        body, self.reading = bytes(self._held), False
         self._held.clear()
-        opening = b"" if first is None else self._opening(first, body)
-        await self.send({"type": "http.response.body", "body": opening + body, "more_body": more})
+        return None, (b"" if first is None else self._opening(first, body)) + body
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
+
+    def _first_event(self, stream: bytes) -> dict[str, Any] | None:
+        """The data of the first whole event that has data (comments and pings pass over): {} when
+        it is not a JSON object; None: none is whole yet."""
+        *whole, _rest = EVENT_END.split(stream)
+        for event in whole:
+            data = event_data(event)
+            if data is None:
+                continue
+            try:
+                value = json.loads(data)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                return {}
+            return value if isinstance(value, dict) else {}
+        return None
+
+    def _opened(self, kind: str) -> bool:
+        return kind in OPENING[self.api] or (kind == "error" and self.api is Api.MESSAGES)
 
     def _opening(self, first: dict[str, Any], held: bytes) -> bytes:
         kind = first.get("type")
-        if not first or kind in OPENING[self.api] or (kind == "error" and self.api is Api.MESSAGES):
+        if not first or self._opened(kind):  # type: ignore[arg-type]
             return b""  # opened already, a Messages error, or data we cannot read: as it came
         # A Responses error first is opened too: the openai SDK's stream helper reads no event before
         # response.created (it raises "Expected to have received `response.created` before `error`").
@@ -77,22 +95,6 @@ class StreamOpened:
                   "object": "response", "status": "in_progress"}
         return b"".join(frame(kind, {"type": kind, "response": status})
                         for kind in ("response.created", "response.in_progress"))
-
-
-def first_event(stream: bytes) -> dict[str, Any] | None:
-    """The data of the first whole event that has data (comments and pings pass over): {} when
-    it is not a JSON object; None: none is whole yet."""
-    *whole, _rest = EVENT_END.split(stream)
-    for event in whole:
-        data = event_data(event)
-        if data is None:
-            continue
-        try:
-            value = json.loads(data)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return {}
-        return value if isinstance(value, dict) else {}
-    return None
 
 
 def response_id(stream: bytes) -> str | None:

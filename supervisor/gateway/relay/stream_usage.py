@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from supervisor.gateway.http.asgi import Send
+from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, Passed
 from supervisor.gateway.relay.sse import EVENT_END
 
 
@@ -38,21 +38,23 @@ def ask_for_usage(payload: dict[str, Any]) -> bool:
 
 @attrs.define(eq=False)
 class UsageChunkKept:
-    """A send that takes the usage-only chunk out of an SSE answer and hands its counts to *counted*."""
+    """A reader (answer.py) that takes the usage-only chunk out of an SSE answer and hands its
+    counts to *counted*; a message left empty, with more to come, is not sent at all."""
 
-    send: Send
     counted: Callable[[int | None, int | None], None]  # (prompt, completion) tokens
-    _streaming: bool = False
+    reading: bool = False  # a 200 event stream
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            content_type = next((v for k, v in message.get("headers", ()) if k == b"content-type"), b"")
-            self._streaming = message["status"] == 200 and content_type.startswith(b"text/event-stream")
-        elif message["type"] == "http.response.body" and self._streaming and b'"usage"' in message.get("body", b""):
-            message = {**message, "body": self._without_usage_chunk(message["body"])}
-            if not message["body"] and message.get("more_body", False):
-                return  # nothing left of it to send
-        await self.send(message)
+    def start(self, head: AnswerHead) -> AnswerHead:
+        self.reading = head.event_stream
+        return head
+
+    def body(self, chunk: bytes, more: bool) -> Passed:
+        if self.reading and b'"usage"' in chunk:
+            return None, self._without_usage_chunk(chunk)
+        return None, chunk
+
+    def end(self) -> Passed:
+        return NOTHING_HELD
 
     def _without_usage_chunk(self, body: bytes) -> bytes:
         kept = []

@@ -62,11 +62,6 @@ class UpstreamResponse:
     _conn: h11.Connection
     _timeouts: Timeouts
 
-    @property
-    def content_length(self) -> int | None:
-        value = next((v for k, v in self.headers if k == b"content-length"), None)
-        return int(value) if value is not None and value.isdigit() else None
-
     async def iter_body(self) -> AsyncIterator[bytes]:
         """Yield body bytes as they arrive; raises UpstreamError if the body is cut short."""
         while True:
