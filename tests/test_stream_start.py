@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import trio
 
 from supervisor.apis import Api
+from supervisor.gateway.door import Exchange
+from supervisor.gateway.openai.api_routes import API_ROUTES
+from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.relay.stream_start import MAX_HELD, StreamOpened
-from tests.tapped import fed
+from tests.tapped import fed, fed_tap
 
 SSE = [(b"content-type", b"text/event-stream")]
 
@@ -103,3 +107,42 @@ def test_a_stream_that_never_ends_an_event_is_held_no_longer_than_max_held() -> 
     bodies = [m for m in sent if m["type"] == "http.response.body"]
     assert bodies[0] == {"type": "http.response.body", "body": endless, "more_body": True}
     assert body_of(sent) == endless + b"more"
+
+
+def test_an_opening_event_is_told_by_its_type_and_parsed_once_by_what_reads_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Messages stream through its route's readers: its message_start (with the input tokens) and
+    its message_delta (the output) are parsed once each, by the usage reader; the opener reads the
+    type its data begins with. A first event whose type is not first in its data is still parsed."""
+    loads = json.loads
+    parsed: list[bytes] = []
+
+    def counting(data: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(data)
+        return loads(data, *args, **kwargs)
+
+    started = event("message_start", message={"id": "msg_1", "usage": {"input_tokens": 7, "output_tokens": 0}})
+    final = event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 3}) \
+        + event("message_stop")
+    delta = event("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"})
+    exchange = Exchange("r", "openai", "POST", "/v1/messages", 0.0, 0.0)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def main() -> None:
+        reading = fed_tap(reading_answer(send, API_ROUTES["/v1/messages"], exchange, keep_usage_chunk=False,
+                                         stream=True, model="chat"))
+        await reading(OK)
+        for i, body in enumerate((started, delta, final)):
+            await reading({"type": "http.response.body", "body": body, "more_body": i < 2})
+
+    monkeypatch.setattr(json, "loads", counting)
+    trio.run(main)
+    monkeypatch.undo()
+    assert body_of(sent) == started + delta + final
+    assert (exchange.prompt_tokens, exchange.completion_tokens) == (7, 3)
+    assert len(parsed) == 2 and all(b'"usage"' in data for data in parsed)
+    late_type = b'event: message_start\ndata: {"message": {"id": "msg_2"}, "type": "message_start"}\n\n'
+    assert body_of(through(Api.MESSAGES, OK, late_type + FINAL)) == late_type + FINAL

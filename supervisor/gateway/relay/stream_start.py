@@ -14,12 +14,15 @@ raises "Expected to have received `response.created`".
 opening one (nor a Messages error, which stays as it came: Anthropic's clients raise on it
 whatever came before), the opening events go first, in llama-server's own shape (the
 response's id taken from that event where it has one, so that the client's check of the
-response's identity holds); the rest goes through as it came.
+response's identity holds); the rest goes through as it came. An event whose data begins
+with its ``type`` (every engine's, and Anthropic's) is told by that, unparsed: the opening
+event is parsed once, by whoever reads it for what it carries (its usage, its response).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import Any
 
@@ -32,6 +35,8 @@ from supervisor.gateway.relay.sse import EVENT_END, event_data, json_events
 # How much is held while looking for the first event; past it the stream goes as it came.
 MAX_HELD = 64 * 1024
 OPENING = {Api.MESSAGES: ("message_start",), Api.RESPONSES: ("response.created", "response.queued")}
+# The type an event's data begins with (an escaped quote would be inside the string: none in a type).
+_LEADING_TYPE = re.compile(rb'\{\s*"type"\s*:\s*"([^"\\]*)"\s*[,}]')
 
 
 @attrs.define(eq=False)
@@ -63,12 +68,16 @@ class StreamOpened:
 
     def _first_event(self, stream: bytes) -> dict[str, Any] | None:
         """The data of the first whole event that has data (comments and pings pass over): {} when
-        it is not a JSON object; None: none is whole yet."""
+        it is not a JSON object; None: none is whole yet. Data that begins with a type that leaves
+        the stream as it came is not parsed: ``{"type": ...}`` is all that is read of it."""
         *whole, _rest = EVENT_END.split(stream)
         for event in whole:
             data = event_data(event)
             if data is None:
                 continue
+            leading = _LEADING_TYPE.match(data)
+            if leading is not None and self._opened(kind := leading.group(1).decode("latin-1")):
+                return {"type": kind}
             try:
                 value = json.loads(data)
             except (ValueError, UnicodeDecodeError, RecursionError):
