@@ -15,7 +15,8 @@ import trio
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable, key_digest
 from supervisor.observe.events import EventLog
 from supervisor.gateway.http.asgi import RequestError
-from supervisor.gateway.door import Exchange, FrontDoor, front_door, presented_key
+from supervisor.gateway import door as door_module
+from supervisor.gateway.door import Exchange, FrontDoor, _read_tokens, front_door, presented_key
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.relay.stream_usage import UsageChunkKept, ask_for_usage
 from supervisor.usage.row import UsageRow
@@ -145,6 +146,26 @@ def test_a_usage_row_reads_tokens_and_error_codes_from_what_the_client_got() -> 
                                          "type": "exceed_context_size_error"}}).encode(), 0.1)
     llama.complete = True
     assert llama.row(0.2).error == "exceed_context_size_error"
+
+
+def test_the_tokens_at_an_answer_s_end_are_read_once_for_its_pace_and_its_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[bytes] = []
+
+    def reading(tail: bytes) -> tuple[int | None, int | None]:
+        read.append(tail)
+        return _read_tokens(tail)
+
+    monkeypatch.setattr(door_module, "_read_tokens", reading)
+    exchange = Exchange("r", "openai", "POST", "/v1/chat/completions", 0.0, 0.0)
+    exchange.saw_start(200, [(b"content-type", b"text/event-stream")])
+    exchange.saw_body(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', 1.0)
+    exchange.saw_body(b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+                      b'data: [DONE]\n\n', 2.0)
+    assert exchange.decoding(2.5) == (2, 1.0, 1.0, 2.0)  # the tokens after the first, as they came
+    row = exchange.row(2.5)
+    assert (row.prompt_tokens, row.completion_tokens) == (5, 3)
+    assert len(read) == 1
 
 
 def test_a_client_that_left_before_its_answer_ended_is_499() -> None:

@@ -105,6 +105,7 @@ class Exchange:
     _tapped: bool = False  # its tail is kept: an answer in one of the framings read here
     _framing: Framing = Framing.OTHER
     _tail: bytes = b""
+    _tail_tokens: tuple[int | None, int | None] | None = None  # read from the tail once, when asked
     _error_head: bytes = b""
 
     @classmethod
@@ -144,6 +145,7 @@ class Exchange:
         self.response_bytes += len(chunk)
         if self._tapped:
             self._tail = (self._tail + chunk)[-_TAIL:]
+            self._tail_tokens = None
             if self.status == 200 and _STREAM_END.search(self._tail):
                 self.complete = True
         if (self.status or 0) >= 400 and len(self._error_head) < _ERROR_HEAD:
@@ -162,7 +164,7 @@ class Exchange:
             start = self.first_byte if streamed and self.first_byte is not None else end - seconds
             return int(counted[-1]), seconds, start, end
         if streamed and self.first_byte is not None:
-            tokens = self.completion_tokens if self.completion_tokens is not None else _read_tokens(self._tail)[1]
+            tokens = self.completion_tokens if self.completion_tokens is not None else self.tail_tokens()[1]
             return None if tokens is None else tokens - 1, end - self.first_byte, self.first_byte, end
         return None
 
@@ -175,7 +177,7 @@ class Exchange:
             status = 499  # the client left before its answer ended
         prompt, completion = self.prompt_tokens, self.completion_tokens
         if prompt is None and completion is None and self._tail:
-            prompt, completion = _read_tokens(self._tail)
+            prompt, completion = self.tail_tokens()
         error = self.error
         if error is None and status >= 400:
             if status == 499:
@@ -191,6 +193,12 @@ class Exchange:
             request_bytes=self.request_bytes, response_bytes=self.response_bytes,
             decode_tps=pace.decode_tps if pace is not None else None,
             slowdown=pace.slowdown if pace is not None else None)
+
+    def tail_tokens(self) -> tuple[int | None, int | None]:
+        """The token counts at the answer's end, read once (the answer ended: its tail is whole)."""
+        if self._tail_tokens is None:
+            self._tail_tokens = _read_tokens(self._tail)
+        return self._tail_tokens
 
     def failure(self) -> Failure | None:
         """The error the answer ended on, where its status does not tell it all: the engine's own

@@ -213,10 +213,13 @@ class InferenceHandler:
                                       disconnect: Disconnect, exchange: Exchange) -> None:
         """One step per ``step_tokens`` tokens, each continuing the last, one answer (chunked.py)."""
         tracked = TrackedSend(send)
-        client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                                stream=routed.stream, model=routed.model)
-        answer: StreamedSteps | JoinedSteps = (StreamedSteps(client, generation, routed.route.stream_error)
-                                               if routed.stream else JoinedSteps(client, generation))
+        # The steps read the generation's usage themselves (chunked.py): the client's tap need not.
+        client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=False, stream=routed.stream,
+                                model=routed.model)
+        answer: StreamedSteps | JoinedSteps = (
+            StreamedSteps(client, generation, routed.route.stream_error, exchange.count_tokens,
+                          usage_kept=routed.keep_usage_chunk) if routed.stream
+            else JoinedSteps(client, generation, exchange.count_tokens))
         try:
             async with self.scheduler.open_request() as request:
                 while True:

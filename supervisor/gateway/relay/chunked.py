@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -176,13 +177,19 @@ def strip_echo(content: str, echo: str) -> tuple[str, str | None]:
     return content, None
 
 
+Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
+
+
 @attrs.define(eq=False)
 class StreamedSteps(Answer):
-    """The answer each streamed step is relayed into; one SSE stream to *client* for all of them."""
+    """The answer each streamed step is relayed into; one SSE stream to *client* for all of them.
+    The generation's usage goes to *counted*, and into the stream only where its client asked."""
 
     client: AnswerTap
     generation: Generation
     stream_error: StreamError  # the route's
+    counted: Counted
+    usage_kept: bool  # steward asked for the usage: the client did not
     head: dict[str, Any] | None = None  # the first step's id, created, model, system_fingerprint, object
     started: bool = False  # the client has a 200 stream
     passed: bool = False  # the answer went to the client as it came (a first step's error): done
@@ -347,16 +354,21 @@ class StreamedSteps(Answer):
         out = _event_of(finish) + b"\n\n"
         options = self.generation.payload.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
-            out += _event_of({"choices": [], **head, "usage": self.generation.usage()}) + b"\n\n"
+            usage = self.generation.usage()
+            self.counted(usage["prompt_tokens"], usage["completion_tokens"])
+            if not self.usage_kept:
+                out += _event_of({"choices": [], **head, "usage": usage}) + b"\n\n"
         await self.client.body(out + _DONE, False)
 
 
 @attrs.define(eq=False)
 class JoinedSteps(Answer):
-    """The answer each whole (not streamed) step is relayed into: their answers joined into one."""
+    """The answer each whole (not streamed) step is relayed into: their answers joined into one
+    to *client*, its usage to *counted*."""
 
     client: AnswerTap
     generation: Generation
+    counted: Counted
     answer: dict[str, Any] | None = None  # the first step's, which the whole answer is made of
     step_head: AnswerHead | None = None
     step_body: bytes = b""
@@ -416,7 +428,8 @@ class JoinedSteps(Answer):
         choice = answer["choices"][0]
         choice["message"] = {**choice.get("message", {}), "content": self.generation.text}
         choice["finish_reason"] = self.generation.finish_reason or "length"
-        answer["usage"] = self.generation.usage()
+        answer["usage"] = usage = self.generation.usage()
+        self.counted(usage["prompt_tokens"], usage["completion_tokens"])
         answer.pop("timings", None)  # the first step's: not the answer's
         await answer_whole(self.client, 200, [(b"content-type", b"application/json")], json.dumps(answer).encode())
 
