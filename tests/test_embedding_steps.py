@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from supervisor.address import Address
+from supervisor.gateway.door import Exchange, exchange_of
 from supervisor.gateway.http.asgi import BodyLimits
 from supervisor.gateway.openai.inference import InferenceHandler
 from supervisor.gateway.relay.upstream import Timeouts
@@ -101,6 +102,7 @@ class Answered:
     headers: dict[bytes, bytes]
     body: bytes
     scheduler: GrantingScheduler
+    exchange: Exchange
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -136,7 +138,7 @@ async def ask(nursery: trio.Nursery, script: Script | None, inputs: int = 5, *, 
         await handler(scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return Answered(start["status"], dict(start["headers"]), body, scheduler)
+    return Answered(start["status"], dict(start["headers"]), body, scheduler, exchange_of(scope))
 
 
 async def by_steps(step: int, body: bytes) -> bytes:
@@ -152,6 +154,7 @@ async def test_a_request_in_steps_is_one_answer_of_every_embedding_in_order(nurs
         (0, [100.0]), (1, [101.0]), (2, [200.0]), (3, [201.0]), (4, [300.0])]
     assert value["usage"] == {"prompt_tokens": 5, "total_tokens": 5} and value["model"] == "embed-gguf"
     assert [lease.status for lease in answered.scheduler.leases] == [200, 200, 200]
+    assert (answered.exchange.prompt_tokens, answered.exchange.completion_tokens) == (5, None)  # as the steps came
 
 
 async def test_an_engine_s_error_answer_to_a_step_goes_to_the_client_as_it_came(nursery: trio.Nursery) -> None:

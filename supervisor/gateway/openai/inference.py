@@ -12,7 +12,6 @@ away cancels all of it: the job leaves the queue, or the upstream request is clo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import attrs
@@ -39,13 +38,13 @@ from supervisor.gateway.http.asgi import (
 from supervisor.gateway.relay.answer import Answer
 from supervisor.gateway.relay.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
-from supervisor.gateway.relay.embeddings import EmbeddingsAssembly, split_inputs
+from supervisor.gateway.relay.embeddings import AssembledStep, EmbeddingsAssembly, split_inputs
 from supervisor.gateway.granted import answer_job_failed, serve_granted
-from supervisor.gateway.relay.proxy import HOP_BY_HOP, UpstreamFailure, UpstreamRequest, relay
+from supervisor.gateway.relay.proxy import Failed, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
-from supervisor.gateway.relay.upstream import Timeouts, UpstreamError, UpstreamStalled, fetch_upstream
+from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed, Lease, Request, SchedulerClient
 
@@ -171,41 +170,32 @@ class InferenceHandler:
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
                                                  steps=len(chunks), on_waited=exchange.waited) as lease:
                 exchange.engine = lease.grant.engine
-                host, port = self._endpoint(lease.grant.endpoint)
-                where = f"engine {lease.grant.engine!r} failed during step {step}/{len(chunks)} of the request:"
-                with lease.abort.scope:
-                    try:
-                        status, headers, body = await fetch_upstream(
-                            host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
-                            self._request_headers(scope, routed), chunk, self.timeouts)
-                    except UpstreamError as exc:
-                        if isinstance(exc, UpstreamStalled):
-                            self._report_stall(lease, str(exc))
-                        # A step's failure names the step, whatever happened (the table's words left out).
-                        await self._fail_step(send, lease, attrs.evolve(UpstreamFailure.of(exc), happened=""),
-                                              where, exc)
-                        return
-                if lease.abort.scope.cancelled_caught:
-                    await self._fail_step(send, lease, UpstreamFailure.aborted(lease.abort.code), where,
-                                          f"it {lease.abort.reason}")
+                answer = AssembledStep(assembly)
+                failed = await self._proxy(scope, routed, answer, lease, body=chunk, write_failure=False)
+                if failed is not None:
+                    await self._fail_step(send, lease, failed, f"engine {lease.grant.engine!r} failed during step "
+                                                                f"{step}/{len(chunks)} of the request:")
                     return
-                lease.status = status
-                if status != 200:
+                assert answer.head is not None
+                if answer.head.status != 200:
                     # The engine's own error, unchanged, like a single-step request would get it.
-                    await send_whole(send, status, [(k, v) for k, v in headers if k not in HOP_BY_HOP], body)
+                    await send_whole(send, answer.head.status, answer.head.headers, answer.held)
                     return
-                try:
-                    assembly.add(json.loads(body))
-                except (ValueError, KeyError, TypeError) as exc:
+                if answer.unreadable is not None:
                     lease.status = 502
                     await send_error(send, 502, f"engine {lease.grant.engine!r} answered step {step}/{len(chunks)} "
-                                     f"with an unreadable embeddings response: {exc}", code="engine_error")
+                                     f"with an unreadable embeddings response: {answer.unreadable}",
+                                     code="engine_error")
                     return
-        body = assembly.response()
-        await send_whole(send, 200, [(b"content-type", b"application/json")], body)
+        exchange.count_tokens(assembly.usage["prompt_tokens"], None)  # read as the steps came: not again
+        await send_whole(send, 200, [(b"content-type", b"application/json")], assembly.response())
 
-    async def _fail_step(self, send: Send, lease: Lease, failure: UpstreamFailure, where: str,
-                         detail: object) -> None:
+    async def _fail_step(self, send: Send, lease: Lease, failed: Failed, where: str) -> None:
+        """A step's failure names the step, whatever happened (the table's words left out)."""
+        if lease.abort.scope.cancelled_caught:
+            failure, detail = failed.failure, f"it {lease.abort.reason}"
+        else:
+            failure, detail = attrs.evolve(failed.failure, happened=""), failed.detail
         lease.status = failure.status
         await send_error(send, failure.status, failure.message(where, detail), code=failure.code)
 
@@ -250,7 +240,7 @@ class InferenceHandler:
                              ended=generation.ended)
 
     async def _proxy(self, scope: Scope, routed: RoutedRequest, answer: Answer, lease: Lease,
-                     body: bytes | None = None) -> None:
+                     body: bytes | None = None, *, write_failure: bool = True) -> Failed | None:
         """Relay the request (or *body* in its place) to the lease's engine, into *answer*."""
         host, port = self._endpoint(lease.grant.endpoint)
         request = UpstreamRequest(host, port, b"POST", scope["raw_path"] or scope["path"].encode(),
@@ -259,10 +249,10 @@ class InferenceHandler:
         def on_status(status: int) -> None:
             lease.status = status
 
-        await relay(answer, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
-                    error_shape=routed.route.error_shape, stream_error=routed.route.stream_error,
-                    timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
-                    abort=lease.abort)
+        return await relay(answer, request, what=f"engine {lease.grant.engine!r}", on_status=on_status,
+                           error_shape=routed.route.error_shape, stream_error=routed.route.stream_error,
+                           timeouts=self.timeouts, on_stall=lambda detail: self._report_stall(lease, detail),
+                           abort=lease.abort, write_failure=write_failure)
 
     def _report_stall(self, lease: Lease, detail: str) -> None:
         assert lease.grant.engine is not None

@@ -1,5 +1,8 @@
 """Embeddings as steps: a long input list is cut into chunks, each scheduled on its own,
-and the client gets one response with every embedding in input order (rule 2)."""
+and the client gets one response with every embedding in input order (rule 2).
+
+Each step is relayed like any request (the relay's timeouts, stalls, aborts and failures), into
+an ``AssembledStep``: its answer is held whole, and a 200 is parsed once, into the assembly."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import json
 from typing import Any
 
 import attrs
+
+from supervisor.gateway.relay.answer import Answer, AnswerHead
 
 
 def split_inputs(payload: dict[str, Any], chunk: int) -> list[list[Any]] | None:
@@ -41,3 +46,30 @@ class EmbeddingsAssembly:
 
     def response(self) -> bytes:
         return json.dumps({"object": "list", "data": self.data, "model": self.model, "usage": self.usage}).encode()
+
+
+@attrs.define(eq=False)
+class AssembledStep(Answer):
+    """One step's answer, held whole; a 200 goes into *assembly* (or, not an embeddings
+    response, ``unreadable`` says why), anything else is ``held`` for the client as it came."""
+
+    assembly: EmbeddingsAssembly
+    head: AnswerHead | None = None
+    unreadable: Exception | None = None
+    _chunks: list[bytes] = attrs.Factory(list)
+
+    @property
+    def held(self) -> bytes:
+        return b"".join(self._chunks)
+
+    async def start(self, head: AnswerHead) -> None:
+        self.head = head
+
+    async def body(self, chunk: bytes, more: bool) -> None:
+        self._chunks.append(chunk)
+        if more or self.head is None or self.head.status != 200:
+            return
+        try:
+            self.assembly.add(json.loads(self.held))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.unreadable = exc

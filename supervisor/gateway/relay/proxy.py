@@ -9,7 +9,7 @@ one that goes silent past its timeouts is answered 504 (the caller is told, to c
 
 The upstream's head is read once, into an ``AnswerHead`` (answer.py), and the answer is written
 into an ``Answer``: the client's tap with the route's readers on it, or a caller's own (the
-steps of a generation).
+steps of a generation, an embeddings step), who may say a failure in its own words.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ async def relay(send: Send | Answer, request: UpstreamRequest, *, what: str, on_
                 error_shape: ErrorShape = error_body, stream_error: StreamError = error_in_stream,
                 timeouts: Timeouts = NO_TIMEOUTS,
                 on_stall: Callable[[str], None] | None = None, abort: Abort | None = None,
-                reroute: Reroute | None = None) -> Failed | None:
+                reroute: Reroute | None = None, write_failure: bool = True) -> Failed | None:
     """Send *request* upstream and write the answer into *send* (an ``Answer``, or a bare ASGI send:
     the answer goes through as it comes); *what* names the upstream in errors, which *error_shape*
     writes (OpenAI's shape unless the route speaks another), and *stream_error* once a stream has begun.
@@ -116,13 +116,14 @@ async def relay(send: Send | Answer, request: UpstreamRequest, *, what: str, on_
     An upstream that cannot be reached is retried with *retry*, or, with *reroute*, replaced by
     the request it returns (another node), until it returns None.
 
-    Returns how it failed (written into the answer), or None."""
+    Returns how it failed, or None; the failure is written into the answer unless *write_failure*
+    is False (the caller says it in its own words: an embeddings step)."""
     relayed = _Relayed(send if isinstance(send, Answer) else AnswerTap(send), error_shape, stream_error, on_status)
     with abort.scope if abort is not None else contextlib.nullcontext():
         failed = await _relay_with_retries(relayed, request, what, retry, on_retry, timeouts, on_stall, reroute)
     if abort is not None and abort.scope.cancelled_caught:
         failed = Failed(UpstreamFailure.aborted(abort.code), what, abort.reason)
-    if failed is not None:
+    if failed is not None and write_failure:
         await relayed.fail(failed)
     return failed
 

@@ -154,7 +154,7 @@ def _closed_early(state: object) -> str:
 async def fetch_upstream(host: str, port: int, method: bytes, target: bytes,
                          headers: Sequence[tuple[bytes, bytes]], body: bytes, timeouts: Timeouts = NO_TIMEOUTS,
                          ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """One whole request and response, for answers steward must read (embedding steps)."""
+    """One whole request and response, for answers steward must read whole (ComfyUI's to a queued prompt)."""
     async with open_upstream_request(host, port, method, target, headers, body, timeouts) as response:
         chunks = [chunk async for chunk in response.iter_body()]
         return response.status, response.headers, b"".join(chunks)
