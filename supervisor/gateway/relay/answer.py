@@ -41,8 +41,14 @@ class Framing(enum.Enum):
     OTHER = enum.auto()
 
 
-_FRAMINGS = ((b"application/json", Framing.JSON), (b"text/event-stream", Framing.EVENT_STREAM),
-             (b"application/x-ndjson", Framing.NDJSON))
+def _framing(content_type: bytes) -> Framing:
+    if content_type.startswith(b"application/json"):
+        return Framing.JSON
+    if content_type.startswith(b"text/event-stream"):
+        return Framing.EVENT_STREAM
+    if content_type.startswith(b"application/x-ndjson"):
+        return Framing.NDJSON
+    return Framing.OTHER
 
 
 @attrs.frozen
@@ -70,8 +76,7 @@ class AnswerHead:
             elif name == b"content-length":
                 length_declared = True
         content_type = content_type or b""
-        framing = next((framing for prefix, framing in _FRAMINGS if content_type.startswith(prefix)), Framing.OTHER)
-        return cls(status, kept, content_type, framing, length_declared)
+        return cls(status, kept, content_type, _framing(content_type), length_declared)
 
     @property
     def event_stream(self) -> bool:
