@@ -102,8 +102,7 @@ class Exchange:
     last_byte: float | None = None
     request_bytes: int = 0
     response_bytes: int = 0
-    _tapped: bool = False  # its tail is kept: an answer in one of the framings read here
-    _framing: Framing = Framing.OTHER
+    _framing: Framing = Framing.OTHER  # the tail is kept of any other (JSON, an event stream, NDJSON)
     _tail: bytes = b""
     _tail_tokens: tuple[int | None, int | None] | None = None  # read from the tail once, when asked
     _error_head: bytes = b""
@@ -134,7 +133,6 @@ class Exchange:
     def saw_head(self, head: AnswerHead) -> None:
         self.status = head.status
         self._framing = head.framing
-        self._tapped = head.framing is not Framing.OTHER
 
     def saw_body(self, chunk: bytes, now: float) -> None:
         if not chunk:
@@ -143,7 +141,7 @@ class Exchange:
             self.first_byte = now
         self.last_byte = now
         self.response_bytes += len(chunk)
-        if self._tapped:
+        if self._framing is not Framing.OTHER:
             self._tail = (self._tail + chunk)[-_TAIL:]
             self._tail_tokens = None
             if self.status == 200 and _STREAM_END.search(self._tail):
