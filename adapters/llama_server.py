@@ -20,6 +20,7 @@ _PARALLEL_FLAGS = ("-np", "--parallel")
 # Its buffer-size lines (`load_tensors: ... model buffer size = X MiB`, ...) are printed
 # only from verbosity 4; steward reads them as the engine's own account of its memory.
 _VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
+_ALIAS_FLAGS = ("-a", "--alias")
 BUFFER_LOG_VERBOSITY = "4"
 # `--fit` (on by default) changes unset parameters (context, layers offloaded) to fit the
 # memory it sees free at start, which can differ from what steward reserved: steward owns
@@ -44,6 +45,9 @@ class LlamaServerRuntime:
     # Its share of the host's cores (supervisor/accounting/cpu_share.py), passed as -t and -tb;
     # None: none passed (llama.cpp takes every core, or the model's args say how many).
     threads: int | None = None
+    # The model's name in steward, passed as --alias (unless its args give one), so that its
+    # answers' "model" names it rather than the GGUF's path; None: none passed.
+    served_as: str | None = None
     name = "llama-server"
     residence = Residence.SPAWNED
     checks_health = True
@@ -68,6 +72,8 @@ class LlamaServerRuntime:
             argv += ["--fit", "off"]
         if self.threads is not None and not sets_threads(model.args, model.env):  # theirs win, never twice
             argv += ["--threads", str(self.threads), "--threads-batch", str(self.threads)]
+        if self.served_as is not None and not _has(model.args, _ALIAS_FLAGS) and "LLAMA_ARG_ALIAS" not in model.env:
+            argv += ["--alias", self.served_as]
         return [part.replace(PORT_PLACEHOLDER, str(port)) for part in argv + list(model.args)]
 
     @property

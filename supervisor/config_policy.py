@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from adapters import OllamaRuntime, Residence, Runtime, model_runtime
+from adapters import LlamaServerRuntime, OllamaRuntime, Residence, Runtime, model_runtime
 from supervisor.accounting.cpu_share import (
     EngineCompute,
     HostCpus,
@@ -35,8 +35,8 @@ def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, Engi
     for name, model in config.models.items():
         where = model.upstream or Address(config.engines.host, model.port or 0)
         runtime = model_runtime(model)
-        if shares[name].threads is not None:
-            runtime = attrs.evolve(runtime, threads=shares[name].threads)  # type: ignore[misc]  # llama-server's
+        if isinstance(runtime, LlamaServerRuntime):
+            runtime = attrs.evolve(runtime, threads=shares[name].threads, served_as=name)
         specs[name] = attrs.evolve(_engine_spec(name, runtime, where, config),
                                    devices=None if model.devices is None else tuple(model.devices),
                                    cpus=shares[name].cpus)

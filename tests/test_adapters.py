@@ -24,6 +24,18 @@ def test_llama_server_starts_with_fit_off_unless_its_args_set_fit() -> None:
     assert "--fit" not in env
 
 
+def test_llama_server_is_told_the_models_name_unless_its_args_or_env_give_one() -> None:
+    """--alias NAME: its answers' "model" then names the model as steward does, not the GGUF's path."""
+    named = LlamaServerRuntime(model(command="llama-server"), served_as="chat").command("h", 1)  # type: ignore[arg-type]
+    assert named[named.index("--alias") + 1] == "chat"
+    own = LlamaServerRuntime(model(command="llama-server", args=["-a", "mine"]), served_as="chat").command("h", 1)  # type: ignore[arg-type]
+    assert "--alias" not in own and own[-2:] == ["-a", "mine"]
+    env = LlamaServerRuntime(model(command="llama-server", env={"LLAMA_ARG_ALIAS": "mine"}),  # type: ignore[arg-type]
+                             served_as="chat").command("h", 1)
+    assert "--alias" not in env
+    assert "--alias" not in LlamaServerRuntime(model(command="llama-server")).command("h", 1)  # type: ignore[arg-type]
+
+
 def test_port_placeholder_in_any_runtimes_command_or_args() -> None:
     llama = LlamaServerRuntime(model(command="llama-server", args=["--port", "${PORT}"]))  # type: ignore[arg-type]
     argv = llama.command("127.0.0.1", 4321)

@@ -41,7 +41,7 @@ def test_check_prints_the_resolved_plan(tmp_path: Path) -> None:
     assert "budget   16.0 GiB (17179869184 bytes) from gpu.budget" in out
     threads = max(1, usable_cpus().count // 2)  # two engines may compute at once (docs/compute.md)
     assert ("command  /opt/llama/llama-server --model /models/gemma.gguf --host 127.0.0.1 --port '<port>' "
-            f"--parallel 2 -lv 4 --fit off --threads {threads} --threads-batch {threads} -c 8192 -ngl 99") in out
+            f"--parallel 2 -lv 4 --fit off --threads {threads} --threads-batch {threads} --alias chat -c 8192 -ngl 99") in out
     assert "memory   8.3 GiB (8912057139 bytes) reserved while loaded" in out
     assert "aliases  gpt-4o" in out
     assert "slots    4" in out  # embed: llama-server's automatic --parallel
