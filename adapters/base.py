@@ -10,13 +10,15 @@ module, its config keys, and one line in ``adapters/__init__.py``.
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
-import httpx
 
 from supervisor.apis import Api
 from supervisor.observe.events import EventLog
+
+if TYPE_CHECKING:  # imported where a request is made: `steward check` imports the adapters, and needs no client
+    import httpx
 
 
 class Residence(enum.Enum):
@@ -116,6 +118,7 @@ class Runtime(Protocol):
 
 async def probe_path(http: httpx.AsyncClient, url: str, timeout: float | None = None) -> str | None:
     """GET *url*: None on a 200, else what went wrong, in words for the event log."""
+    import httpx
     try:
         response = await (http.get(url) if timeout is None else http.get(url, timeout=timeout))
     except httpx.TimeoutException:

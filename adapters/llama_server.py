@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import httpx
 
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.accounting.cpu_share import sets_threads
@@ -13,6 +14,9 @@ from supervisor.accounting.llama_logs import LlamaLogAccumulator
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
 from supervisor.observe.events import EventLog
+
+if TYPE_CHECKING:  # imported where a request is made: `steward check` imports the adapters, and needs no client
+    import httpx
 
 # llama-server's `--parallel -1` (its default) means 4 slots sharing a unified KV cache.
 AUTO_SLOTS = 4

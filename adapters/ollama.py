@@ -11,15 +11,19 @@ supervises `ollama serve` (OLLAMA_HOST set to `upstream`); otherwise it attaches
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 
-import httpx
 import trio
 
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import OllamaConfig
 from supervisor.observe.events import EventLog
+
+if TYPE_CHECKING:  # imported where a request is made: `steward check` imports the adapters, and needs no client
+    import httpx
 
 
 class OllamaRuntime:
@@ -74,6 +78,7 @@ class OllamaRuntime:
 
 
 async def loaded_models(http: httpx.AsyncClient, base_url: str) -> list[dict[str, object]] | None:
+    import httpx
     try:
         response = await http.get(f"{base_url}/api/ps")
         return list(response.json().get("models") or []) if response.status_code == 200 else None
@@ -103,6 +108,7 @@ async def unload_all(config: OllamaConfig, http: httpx.AsyncClient, base_url: st
 
 
 async def _unload(http: httpx.AsyncClient, base_url: str, name: str, timeout: float) -> None:
+    import httpx
     try:
         response = await http.post(f"{base_url}/api/generate", json={"model": name, "keep_alive": 0},
                                    timeout=timeout)

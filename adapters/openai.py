@@ -10,13 +10,17 @@ With ``sleep``, unloading it is ``POST /sleep?level=N`` and loading again ``POST
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.base import EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
 from supervisor.observe.events import EventLog
+
+if TYPE_CHECKING:  # imported where a request is made: `steward check` imports the adapters, and needs no client
+    import httpx
 
 # Requests steward sends at once when `parallel` is not set: such servers batch many
 # requests in one KV pool, so more than a llama-server's slots, fewer than its own limit.
@@ -69,6 +73,7 @@ class OpenAIRuntime:
         return await probe_path(http, f"{base_url}{self.model.health}", timeout)
 
     async def unload(self, http: httpx.AsyncClient, base_url: str, events: EventLog) -> str:
+        import httpx
         if self.model.sleep is None:
             return "left loaded: it has no sleep configured"
         level = self.model.sleep.level
@@ -81,6 +86,7 @@ class OpenAIRuntime:
         return f"asleep (level {level})"
 
     async def wake(self, http: httpx.AsyncClient, base_url: str) -> str | None:
+        import httpx
         if self.model.sleep is None:
             return None
         try:
@@ -92,6 +98,7 @@ class OpenAIRuntime:
         return None
 
     async def read_usage(self, http: httpx.AsyncClient, base_url: str) -> EngineUsage | None:
+        import httpx
         if not self._metrics:
             return None
         try:

@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-import httpx
 
 from supervisor.auth.commands import add_keys_parser, run_keys
 from supervisor.config import Config, load_config_for_command
@@ -96,6 +95,8 @@ def _reload(config: Config, key: str | None) -> int:
     """POST /admin/reload to the steward this config runs; say what changed, or why not."""
     url = f"http://{config.listen.host if config.listen.host not in ('0.0.0.0', '::') else '127.0.0.1'}:" \
           f"{config.listen.port}/admin/reload"
+    import httpx  # only this command makes a request: --version and check start without it
+
     try:
         answer = httpx.post(url, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=60)
     except httpx.HTTPError as exc:

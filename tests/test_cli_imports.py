@@ -16,6 +16,8 @@ import yaml
 from tests.conftest import ROOT
 
 HEAVY = ("numpy", "gguf", "quart", "quart_trio", "hypercorn", "fakes")
+# What only a command that makes a request needs (check plans the engines, whose driver is an httpx client).
+CLIENT = ("httpx", "rich")
 TOOLS_COMMAND_LINE = {"supervisor.tools", "supervisor.tools.commands"}  # the tools' flags, nothing of the tools
 
 
@@ -40,6 +42,7 @@ def test_version_imports_no_gateway_numpy_or_tools() -> None:
     assert result.stdout.startswith("steward ")
     assert "supervisor.cli" in modules or "supervisor.config" in modules  # the listing was read
     assert too_heavy(modules) == []
+    assert sorted(m for m in modules if m.split(".")[0] in CLIENT) == []  # httpx imports rich, if present
 
 
 def test_check_imports_no_gateway_numpy_or_tools(tmp_path: Path) -> None:

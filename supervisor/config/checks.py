@@ -13,12 +13,12 @@ import re
 import urllib.parse
 from typing import Any
 
-import httpx
 
 from supervisor.accounting.cpu_share import THREADED_RUNTIMES, sets_threads
 from supervisor.address import Address
 from supervisor.config.schema import (
     COMFYUI_SCOPE,
+    DEFAULT_HEALTH,
     OLLAMA_ENGINE,
     PORT_PLACEHOLDER,
     ComfyConfig,
@@ -218,6 +218,8 @@ def _is_origin(text: str) -> bool:
 
 def _url_problem(url: str) -> str | None:
     """What httpx, which makes steward's every request, refuses in *url* (a control character, a length)."""
+    import httpx  # here: loading a config needs it only for a URL (steward check starts without it)
+
     try:
         httpx.URL(url)
     except (httpx.InvalidURL, ValueError) as exc:
@@ -314,7 +316,7 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
         problems.append(f"{key}.sleep: only runtime openai engines can sleep (vLLM's /sleep and /wake_up)")
     if not model.health.startswith("/"):
         problems.append(f"{key}.health: must be a path like /health, got {show(model.health)}")
-    elif (why := _url_problem(f"http://127.0.0.1{model.health}")) is not None:
+    elif model.health != DEFAULT_HEALTH and (why := _url_problem(f"http://127.0.0.1{model.health}")) is not None:
         problems.append(f"{key}.health: must be a path like /health ({why}), got {show(model.health)}")
     if model.served_name is not None and (why := _invisible_problem(model.served_name)) is not None:
         problems.append(f"{key}.served_name: {why}")

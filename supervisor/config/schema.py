@@ -51,6 +51,9 @@ class SleepConfig:
     memory: Size | None = None
 
 
+DEFAULT_HEALTH = "/health"  # a model's readiness and health path unless it says another
+
+
 @attrs.frozen
 class ModelConfig:
     # The engine's program, supervised by steward; `${PORT}` in it or in args is the port
@@ -72,7 +75,7 @@ class ModelConfig:
     port: Port | None = None
     # Attach to a server that runs already, at HOST:PORT, instead of starting one.
     upstream: UpstreamAddress | None = None
-    health: str = "/health"  # readiness and health path (runtime openai)
+    health: str = DEFAULT_HEALTH  # readiness and health path (runtime openai)
     # The model's name on its server (vLLM's --served-model-name), sent in every request's
     # `model` whatever alias the client used; default: the model's name here (runtime openai).
     served_name: str | None = None

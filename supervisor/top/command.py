@@ -12,7 +12,6 @@ import sys
 import attrs
 
 from supervisor.config import load_config_for_command
-from supervisor.top.client import admin_url
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 KEY_ENV = "STEWARD_KEY"
@@ -49,6 +48,8 @@ def _target(url: str | None, config_path: str | None) -> str | None:
         # A steward listening on every address is reached on this machine's loopback.
         loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address.host, address.host)  # noqa: S104
         url = attrs.evolve(address, host=loopback).url
+    from supervisor.top.client import admin_url  # httpx (and with it rich): only when top runs
+
     try:
         return admin_url(url or DEFAULT_URL)
     except ValueError as exc:
