@@ -20,7 +20,7 @@ from supervisor.gateway.http.asgi import RequestError
 from supervisor.gateway.door import _read_tokens
 from supervisor.gateway.errors import anthropic_error_body, anthropic_stream_error, responses_stream_error
 from supervisor.gateway.openai.forms import parse_form
-from supervisor.gateway.relay.reshaped import ErrorsReshaped, MessagesUsageRead
+from supervisor.gateway.relay.reshaped import MessagesUsageRead, errors_reshaped
 from supervisor.gateway.routed import NotHere, route_request
 from tests.tapped import fed
 
@@ -210,7 +210,7 @@ class Sent(list[dict[str, Any]]):
 
 async def test_an_engine_error_on_an_anthropic_route_is_reshaped() -> None:
     sent = Sent()
-    reshaped = fed(sent, ErrorsReshaped(anthropic_error_body))
+    reshaped = fed(sent, errors_reshaped(anthropic_error_body))
     engine = json.dumps({"error": {"code": 500, "message": "the current context does not support logits "
                                    "computation. skipping", "type": "server_error"}}).encode()
     await reshaped({"type": "http.response.start", "status": 500,
@@ -232,7 +232,7 @@ async def test_an_engine_error_on_an_anthropic_route_is_reshaped() -> None:
 async def test_what_is_no_readable_error_goes_through_as_it_came(status: int, content_type: bytes,
                                                                  body: bytes) -> None:
     sent = Sent()
-    reshaped = fed(sent, ErrorsReshaped(anthropic_error_body))
+    reshaped = fed(sent, errors_reshaped(anthropic_error_body))
     messages = [{"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]},
                 {"type": "http.response.body", "body": body, "more_body": status == 200}]
     for message in messages:

@@ -10,15 +10,20 @@ stream), which the tiny random-weight models cannot.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import anthropic
+import anthropic.types
+import httpx
 import openai
+import pydantic
 import pytest
 
 from fakes.llama_binary import llama_server_path
 from fakes.real_model import smollm2_gguf
 from tests.conftest import RunningSteward, launch_steward
+from tests.spec_check import check_event, need_spec, stream_events
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +31,7 @@ SYSTEM = "You are a helpful assistant."
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 24
 GREEDY = {"temperature": 0}  # the anthropic client takes no temperature argument: sent in the body
+MESSAGES_EVENT = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +119,49 @@ def test_messages_name_paris(steward: RunningSteward, stream: bool) -> None:
         assert answer.model == "smollm2" and answer.usage.output_tokens > 0
         text = "".join(block.text for block in answer.content if block.type == "text")
     assert says_paris(text), text
+
+
+# Its answer begins with half a character (a byte token): llama-server then sends no message_start,
+# and response.created and response.in_progress again before almost every delta.
+SPLIT_UTF8 = "Write the Japanese word for cat in Japanese script, nothing else."
+QUESTIONS = pytest.mark.parametrize("question", [QUESTION, SPLIT_UTF8], ids=["paris", "half-a-character-first"])
+
+
+@QUESTIONS
+def test_the_openai_sdk_responses_stream_helper(steward: RunningSteward, question: str) -> None:
+    """openai's ``responses.stream()`` finds the output item and the content part of each event by
+    its output_index and content_index, which llama-server leaves out (without steward's repair:
+    "TypeError: list indices must be integers or slices, not NoneType"); every event as the spec
+    requires it (responses_events.py)."""
+    need_spec()
+    body = {"model": "gpt-4o-mini", "instructions": SYSTEM, "input": question, "max_output_tokens": MAX_TOKENS,
+            "stream": True, **GREEDY}
+    raw = httpx.post(f"{steward.base_url}/responses", json=body, timeout=120)
+    events = [json.loads(data) for _, data in stream_events(raw.content)]
+    for event in events:
+        check_event(event)
+    kinds = [event["type"] for event in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed", kinds
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    with openai_client(steward).responses.stream(model="gpt-4o-mini", instructions=SYSTEM, input=question,
+                                                 max_output_tokens=MAX_TOKENS, temperature=0) as stream:
+        deltas = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.model == "smollm2" and final.output_text == deltas != ""
+    assert says_paris(deltas) or question != QUESTION, deltas
+
+
+@QUESTIONS
+def test_the_anthropic_sdk_messages_stream_helper(steward: RunningSteward, question: str) -> None:
+    body = {"model": "claude-3-5-haiku", "system": SYSTEM, "max_tokens": MAX_TOKENS, "stream": True,
+            "messages": [{"role": "user", "content": question}], **GREEDY}
+    raw = httpx.post(f"{steward.url}/v1/messages", json=body, timeout=120)
+    events = [MESSAGES_EVENT.validate_python(json.loads(data)) for _, data in stream_events(raw.content)]
+    assert events[0].type == "message_start" and events[-1].type == "message_stop"
+    client = anthropic.Anthropic(base_url=steward.url, api_key="x", max_retries=0, timeout=120)
+    with client.messages.stream(model="claude-3-5-haiku", system=SYSTEM, max_tokens=MAX_TOKENS, extra_body=GREEDY,
+                                messages=[{"role": "user", "content": question}]) as stream:
+        final = stream.get_final_message()
+    text = "".join(block.text for block in final.content if block.type == "text")
+    assert final.model == "smollm2" and final.usage.output_tokens > 0 and text
+    assert says_paris(text) or question != QUESTION, text

@@ -222,16 +222,21 @@ RESPONSES_OPENING = (responses_event("response.created", 0, response={"id": "res
 async def test_an_engine_error_in_a_responses_stream_becomes_the_responses_error_event() -> None:
     status, answer, row, request, _ = await through_the_door("/v1/responses", [
         start(), body(RESPONSES_OPENING), body(sse({"error": LLAMA_ERROR})), body(b"", more=False)])
-    assert answer.startswith(RESPONSES_OPENING)
-    (name, data), (failed_name, failed) = events_of(answer)[-2:]
+    events = events_of(answer)
+    assert [name for name, _ in events[:3]] == ["response.created", "response.in_progress",
+                                                "response.output_text.delta"]
+    assert events[2][1]["delta"] == " hi"  # what came before goes on (the response given its required keys)
+    (name, data), (failed_name, failed) = events[-2:]
     assert name == "error"
     assert data == {"type": "error", "code": "server_error", "message": "fake mid-stream failure", "param": None,
                     "sequence_number": 3}  # the one after the stream's last
     ResponseErrorEvent.model_validate(data)  # the openai SDK's own type for it
     # Then the response itself fails: Codex CLI reads a failed stream's message there only.
     assert (failed_name, failed["type"], failed["sequence_number"]) == ("response.failed", "response.failed", 4)
-    assert failed["response"] == {"id": "resp_1", "status": "failed", "error": {
-        "code": "server_error", "message": "fake mid-stream failure"}}  # the stream's own response, failed
+    assert {key: failed["response"][key] for key in ("id", "status", "error")} == {
+        "id": "resp_1", "status": "failed", "error": {
+            "code": "server_error", "message": "fake mid-stream failure"}}  # the stream's own response, failed
+    ResponseFailedEvent.model_validate(failed)
     assert (status, row.status, row.error) == (200, 500, "server_error")
     assert (request["status"], request["error"]) == (500, "server_error")
 
@@ -366,8 +371,7 @@ def test_the_official_clients_read_an_engines_mid_stream_error(keyed: tuple[Runn
 
     oai = openai.OpenAI(base_url=steward.base_url, api_key=key, max_retries=0, timeout=30)
     before = count_requests(steward, "/v1/responses")
-    # llama-server's deltas name no output_index: the SDK's responses.stream() helper cannot follow
-    # its streams at all (the Ollama listener's test below uses it); the plain stream reads them.
+    # The plain stream, as Codex CLI reads it (the SDK's responses.stream() helper: test_spec_conformance.py).
     events = list(oai.responses.create(model="chat", input="FAKE_ERROR_MIDSTREAM", max_output_tokens=9, stream=True))
     assert [e.type for e in events[-2:]] == ["error", "response.failed"] and events[0].type == "response.created"
     assert (events[-2].message, events[-2].code) == ("fake mid-stream failure", "server_error")

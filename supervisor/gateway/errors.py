@@ -20,9 +20,14 @@ _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "inva
           408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
+def error_type(status: int) -> str:
+    """The type of OpenAI's error object for an error of *status*."""
+    return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None,
                type: str | None = None) -> bytes:  # noqa: A002 - the OpenAI field is called `type`
-    kind = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    kind = type or error_type(status)
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
 
 

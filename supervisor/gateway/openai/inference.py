@@ -35,7 +35,8 @@ from supervisor.gateway.http.asgi import (
     send_refusal,
     send_whole,
 )
-from supervisor.gateway.relay.answer import Answer
+from supervisor.gateway.relay.answer import Answer, AnswerTap, answer_whole
+from supervisor.gateway.relay.conforming import AnswerConformed
 from supervisor.gateway.relay.chunked import Generation, JoinedSteps, StreamedSteps, cut_generation
 from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Refusal, exchange_of
 from supervisor.gateway.relay.embeddings import AssembledStep, EmbeddingsAssembly, split_inputs
@@ -178,8 +179,9 @@ class InferenceHandler:
                     return
                 assert answer.head is not None
                 if answer.head.status != 200:
-                    # The engine's own error, unchanged, like a single-step request would get it.
-                    await send_whole(send, answer.head.status, answer.head.headers, answer.held)
+                    # The engine's own error, as a single-step request would get it (in OpenAI's shape).
+                    await answer_whole(AnswerTap(send, [AnswerConformed(None, exchange.engine_failed)]),
+                                       answer.head.status, answer.head.headers, answer.held)
                     return
                 if answer.unreadable is not None:
                     lease.status = 502

@@ -78,6 +78,13 @@ class AnswerHead:
         content_type = content_type or b""
         return cls(status, kept, content_type, _framing(content_type), length_declared)
 
+    def with_length(self, length: int) -> AnswerHead:
+        """This head for a body of *length* bytes (its Content-Length, where it announced one)."""
+        if not self.length_declared:
+            return self
+        value = str(length).encode()
+        return attrs.evolve(self, headers=[(k, value if k == b"content-length" else v) for k, v in self.headers])
+
     @property
     def event_stream(self) -> bool:
         """A 200 event stream: the answer that the readers of streams read."""

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, Framing, Passed
-from supervisor.gateway.relay.sse import EVENT_END
+from supervisor.gateway.relay.sse import EVENT_END, json_bytes
 
 MAX_HELD_BYTES = 32 * 2**20
 
@@ -90,7 +90,7 @@ class ModelNamed:
         renamed = _renamed(body, self.model)
         if renamed is not None:
             body = renamed
-            start = attrs.evolve(start, headers=_with_length(start.headers, len(body)))
+            start = start.with_length(len(body))
         self._framing = _Framing.AS_IS
         return start, body
 
@@ -193,12 +193,7 @@ def _renamed(text: bytes, model: str) -> bytes | None:
     if holder is None or holder["model"] == model:
         return None
     holder["model"] = model  # in its place: the keys keep their order
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate, escaped in what came: escaped again
-        return json.dumps(value, separators=(",", ":")).encode()
-    except (ValueError, RecursionError):
-        return None
+    return json_bytes(value)
 
 
 def _model_holder(value: Any) -> dict[str, Any] | None:
@@ -216,6 +211,3 @@ def _model_holder(value: Any) -> dict[str, Any] | None:
 
 _NESTED_HOLDERS = ("message", "response")
 
-
-def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
-    return [(k, str(length).encode() if k == b"content-length" else v) for k, v in headers]

@@ -51,7 +51,7 @@ from supervisor.apis import Api
 from supervisor.gateway.errors import StreamError
 from supervisor.gateway.relay.answer import Answer, AnswerHead, AnswerTap, answer_whole
 from supervisor.gateway.routed import RoutedRequest
-from supervisor.gateway.relay.sse import EVENT_END, event_data
+from supervisor.gateway.relay.sse import EVENT_END, event_data, json_object
 
 CUT_CLASSES = frozenset({"background", "batch"})
 CUT_RUNTIME = "llama-server"  # continues a last assistant message from its cached prompt
@@ -394,7 +394,7 @@ class JoinedSteps(Answer):
     async def _step_answered(self) -> None:
         assert self.step_head is not None
         status, body = self.step_head.status, self.step_body
-        value = _json_object(body) if status == 200 else None
+        value = json_object(body) if status == 200 else None
         choice = _single_choice(value)
         if choice is None:
             self.generation.ended = True
@@ -438,14 +438,6 @@ def _event_of(value: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(value, separators=(",", ":")).encode()
 
 
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _single_choice(value: dict[str, Any] | None) -> dict[str, Any] | None:
     choices = value.get("choices") if value is not None else None
     if isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict):
@@ -454,7 +446,7 @@ def _single_choice(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _error_message(body: bytes) -> str | None:
-    value = _json_object(body)
+    value = json_object(body)
     error = value.get("error") if value is not None else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return error["message"]

@@ -1,10 +1,11 @@
 """Answers read or rewritten on their way to a client of another API's family.
 
-* ``ErrorsReshaped``: an engine's error object (llama-server's ``{"error": {"code", "message",
+* ``errors_reshaped``: an engine's error object (llama-server's ``{"error": {"code", "message",
   "type"}}``) rewritten in the route's shape, so that an Anthropic client on /v1/messages
   always gets Anthropic's ``{"type": "error", "error": {...}}``, with the engine's status and
-  message. Only an error answer (status >= 400, JSON, at most ``MAX_ERROR_BYTES``) is held
-  and rewritten; everything else goes through as it came.
+  message. Only an error answer (status >= 400, JSON, at most conforming.py's ``MAX_ERROR_BYTES``)
+  is held and rewritten, by the reader that puts OpenAI's errors right on the other routes;
+  everything else goes through as it came.
 * ``StreamErrorsReshaped``: the same inside a Messages or Responses stream that began as a 200:
   an engine's error event (llama-server's ``data: {"error": ...}``, or its Messages ``event: error``
   with the bare error object) becomes that API's own ``error`` event, which Anthropic's and
@@ -21,6 +22,7 @@ readers (answer.py) on the client's ``AnswerTap``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -34,23 +36,29 @@ from supervisor.apis import Api
 from supervisor.gateway.openai.api_routes import ApiRoute
 from supervisor.gateway.http.asgi import Send
 from supervisor.gateway.door import Exchange
-from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, AnswerTap, Framing, Passed, Reader
+from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, AnswerTap, Passed, Reader
 from supervisor.gateway.errors import (
     ErrorShape,
     anthropic_error_event,
-    error_headers,
     responses_error_event,
     responses_failed_event,
 )
-from supervisor.gateway.relay.sse import EVENT_END, event_data, event_name, json_events
-from supervisor.gateway.relay.stream_errors import ENGINE_ERROR, Failure, failure_of_data, failure_of_event
+from supervisor.gateway.relay.sse import EVENT_END, WholeEvents, event_data, event_name, json_events
+from supervisor.gateway.relay.stream_errors import ENGINE_ERROR, Failure, failure_of_event
+from supervisor.gateway.relay.conforming import (
+    AnswerConformed,
+    Fix,
+    Noted,
+    chunks_conformed,
+    conformed_chat,
+    conformed_completion,
+)
+from supervisor.gateway.relay.responses_events import conformed_response, response_events_conformed
 from supervisor.gateway.relay.stream_start import OPENING, StreamOpened
 from supervisor.gateway.relay.stream_usage import UsageChunkKept
 
 Counted = Callable[[int | None, int | None], None]  # (prompt, completion) tokens
-Noted = Callable[[Failure], None]  # the engine's own error, before it is reshaped
 
-MAX_ERROR_BYTES = 64 * 1024
 # Anthropic counts cached input apart from the rest; the usage log's prompt is all of it.
 _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 
@@ -59,9 +67,11 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
                    model: str | None = None) -> AnswerTap:
     """The tap on *send* with what reads the answer on its way: the usage it carries (the usage chunk
     steward asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and
-    the error events of Messages and Responses streams), and a Messages or Responses stream's opening
-    event where the engine left it out (stream_start.py). What it reads goes to *exchange*. Only what
-    the route needs is on it: a chat stream whose client asked for its usage has nothing to read."""
+    the error events of Messages and Responses streams), a Messages or Responses stream's opening
+    event where the engine left it out (stream_start.py), and what OpenAI's spec requires of an
+    answer, its stream's events and its errors where the engine left it out (conforming.py,
+    responses_events.py). What it reads goes to *exchange*. Only what the route needs is on it:
+    a chat stream whose client asked for its usage reads only the events that hold an error."""
     counted = exchange.count_tokens
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
@@ -69,69 +79,50 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     if stream and route.api in STREAM_ENDS:
         readers.append(StreamErrorsReshaped(route.api, exchange.engine_failed, model or ""))
     if route.anthropic:
-        readers.append(ErrorsReshaped(route.error_shape, exchange.engine_failed))
+        readers.append(errors_reshaped(route.error_shape, exchange.engine_failed))
+    else:
+        readers.append(AnswerConformed(_whole_fix(route, model or ""), exchange.engine_failed))
     if route.api is Api.MESSAGES and stream:
         readers.append(MessagesUsageRead(counted))
     if keep_usage_chunk:
         readers.append(UsageChunkKept(counted))
+    if stream and route.api in _CHUNK_FIXES:
+        readers.append(chunks_conformed(_CHUNK_FIXES[route.api], exchange.engine_failed))
     if stream and route.api in OPENING:
-        readers.append(StreamOpened(route.api, model or ""))  # nearest the client: the usage read sees the engine's
+        readers.append(StreamOpened(route.api, model or ""))  # nearer the client: the usage read sees the engine's
+    if stream and route.api is Api.RESPONSES:
+        readers.append(response_events_conformed(model or ""))  # nearest: it numbers every event the client gets
     return AnswerTap(send, readers)
 
 
-@attrs.define(eq=False)
-class ErrorsReshaped:
-    """A reader: an engine's error answer in the route's shape (see the module docstring)."""
-
-    shape: ErrorShape
-    noted: Noted = lambda failure: None
-    _start: AnswerHead | None = None  # an error answer's head, held until its body is whole
-    _held: list[bytes] = attrs.Factory(list)
-
-    @property
-    def reading(self) -> bool:
-        return self._start is not None
-
-    def start(self, head: AnswerHead) -> AnswerHead | None:
-        if head.status >= 400 and head.framing is Framing.JSON:
-            self._start = head
-            return None
-        return head
-
-    def body(self, chunk: bytes, more: bool) -> Passed:
-        if self._start is None:
-            return None, chunk
-        self._held.append(chunk)
-        if more and sum(map(len, self._held)) <= MAX_ERROR_BYTES:
-            return NOTHING_HELD
-        return self._flush(more)
-
-    def end(self) -> Passed:
-        return NOTHING_HELD
-
-    def _flush(self, more: bool) -> Passed:
-        assert self._start is not None
-        start, body = self._start, b"".join(self._held)
-        self._start, self._held = None, []
-        status = start.status
-        message = None if more else _error_message(body)
-        if message is None:  # not an error object we can read (or too large): as it came
-            return start, body
-        if (failure := failure_of_data(body)) is not None:
-            self.noted(failure)
-        body = self.shape(status, message)
-        # The engine's other headers stay (its Server names who answered); the body's are new.
-        kept = [(k, v) for k, v in start.headers if k not in (b"content-type", b"content-length")]
-        return AnswerHead.of(status, kept + error_headers(body)), body
+# What a stream's chunks need (conforming.py): a chat stream only its error events put right.
+_CHUNK_FIXES: dict[Api, Fix | None] = {Api.CHAT: None, Api.COMPLETIONS: conformed_completion}
 
 
-def _error_message(body: bytes) -> str | None:
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(value, dict):
-        return None
+def _whole_fix(route: ApiRoute, model: str) -> Fix | None:
+    """How a route's whole JSON answer is put right (conforming.py); None: only its errors are."""
+    if not route.does_work:
+        return None  # a count of tokens: no answer of the API's
+    if route.api is Api.CHAT:
+        return conformed_chat
+    if route.api is Api.COMPLETIONS:
+        return conformed_completion
+    if route.api is Api.RESPONSES:
+        return lambda answer: conformed_response(answer, model=model, created_at=int(time.time()))
+    return None
+
+
+def errors_reshaped(shape: ErrorShape, noted: Noted = lambda failure: None) -> AnswerConformed:
+    """A reader: an engine's error answer in the route's *shape* (see the module docstring)."""
+    return AnswerConformed(None, noted, errors=functools.partial(_reshaped_error, shape))
+
+
+def _reshaped_error(shape: ErrorShape, status: int, value: dict[str, Any]) -> bytes | None:
+    message = _error_message(value)
+    return None if message is None else shape(status, message)
+
+
+def _error_message(value: dict[str, Any]) -> str | None:
     error = value.get("error")
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return error["message"]  # OpenAI's, llama-server's, Anthropic's own
@@ -161,7 +152,7 @@ class StreamErrorsReshaped:
     model: str = ""  # what a response that failed before its response.created names
     reading: bool = False  # a 200 event stream
     _response: dict[str, Any] | None = None  # a Responses stream's own, from its response.created
-    _held: bytes = b""
+    _events: WholeEvents = attrs.Factory(lambda: WholeEvents(MAX_HELD_EVENT))
     _ended: bool = False  # its last event, or an error event, went by
     _sequence: int | None = None  # the last sequence_number seen (Responses)
 
@@ -177,11 +168,7 @@ class StreamErrorsReshaped:
         return NOTHING_HELD
 
     def _read(self, chunk: bytes, more: bool) -> bytes:
-        data = self._held + chunk
-        end = _after_last_event(data)
-        if not more or len(data) - end > MAX_HELD_EVENT:
-            end = len(data)  # the stream's end (an event without its blank line too), or an event too long to hold
-        whole, self._held = data[:end], data[end:]
+        whole = self._events.whole(chunk, more)
         if STREAM_ENDS[self.api].search(whole):
             self._ended = True
         if self.api is Api.RESPONSES and self._response is None and b"response.created" in whole:
@@ -254,12 +241,6 @@ def _created_response(events: bytes) -> dict[str, Any] | None:
         if value.get("type") == "response.created" and isinstance(value.get("response"), dict):
             return value["response"]
     return None
-
-
-def _after_last_event(data: bytes) -> int:
-    """Where the last whole event of *data* ends (after its blank line, LF or CRLF); 0: none has."""
-    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
 @attrs.define(eq=False)
