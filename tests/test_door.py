@@ -193,6 +193,17 @@ def test_a_client_that_closes_on_the_streams_last_event_was_served_in_full(conte
     assert exchange.row(0.3).status == 200
 
 
+def test_a_client_that_leaves_on_a_streams_error_event_gets_the_failures_row() -> None:
+    """The SDKs raise on an error event and hang up: the row is the failure they read, not 499."""
+    exchange = Exchange("r", "openai", "POST", "/v1/chat/completions", 0.0, 0.0)
+    exchange.saw_start(200, [(b"content-type", b"text/event-stream")])
+    exchange.saw_body(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', 0.1)
+    exchange.saw_body(b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}\n\n', 0.2)
+    exchange.client_left = True  # before the relay's own end of the body
+    row = exchange.row(0.3)
+    assert (row.status, row.error) == (500, "server_error")
+
+
 def test_steward_asks_a_stream_for_its_usage_unless_the_client_said() -> None:
     payload: dict[str, object] = {"stream": True}
     assert ask_for_usage(payload) and payload["stream_options"] == {"include_usage": True}

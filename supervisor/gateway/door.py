@@ -171,8 +171,10 @@ class Exchange:
         failure = self.failure()
         if status == 200 and failure is not None:
             status = failure.status  # the stream's 200 went out before it failed
-        if self.client_left and not self.complete:
-            status = 499  # the client left before its answer ended
+        if self.client_left and not self.complete and failure is None:
+            # The client left before its answer ended; one that left after a failure the answer
+            # already told it of (an error event: SDKs stop reading there) is that failure's row.
+            status = 499
         prompt, completion = self.prompt_tokens, self.completion_tokens
         if prompt is None and completion is None and self._tail:
             prompt, completion = self.tail_tokens()
