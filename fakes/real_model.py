@@ -37,6 +37,16 @@ def _complete(path: Path) -> bool:
     return path.is_file() and path.stat().st_size == GGUF_SIZE
 
 
+def smollm2_if_present() -> Path | None:
+    """The GGUF if it is on disk (STEWARD_SMOLLM2_GGUF, or a complete file in the cache); never
+    fetched, for a machine without network (`steward gpu-check`)."""
+    override = os.environ.get("STEWARD_SMOLLM2_GGUF")
+    if override:
+        return Path(override) if Path(override).is_file() else None
+    path = cached_smollm2()
+    return path if _complete(path) else None
+
+
 def smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF, fetched into the cache when missing; FileNotFoundError
     saying how to fetch it when that fails (no network, a wrong hash)."""

@@ -1,4 +1,4 @@
-"""The tools' commands on the ``steward`` command line: demo, loadtest, simulate, calibrate.
+"""The tools' commands on the ``steward`` command line: demo, loadtest, simulate, calibrate, gpu-check.
 
 Their flags and how each command reads them live here, beside the tools; a tool's own
 module (and the fakes, the simulator, numpy) is imported only when its command runs,
@@ -21,7 +21,7 @@ from supervisor.units import parse_duration
 if TYPE_CHECKING:
     from supervisor.tree import Steward
 
-TOOL_COMMANDS = ("demo", "loadtest", "simulate", "calibrate")
+TOOL_COMMANDS = ("demo", "loadtest", "simulate", "calibrate", "gpu-check")
 
 
 def add_tool_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -102,6 +102,15 @@ def add_tool_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     calibrate.add_argument("config", help="path to the YAML config")
     calibrate.add_argument("--engine", metavar="NAME", help="only this engine (default: every llama-server model)")
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
+    gpu = commands.add_parser("gpu-check", help="steward on this host's NVIDIA GPU: the ledger against NVML, "
+                              "the estimates against the CUDA buffers, the phantom-memory guard on a real exit")
+    gpu.add_argument("--simulated", action="store_true",
+                     help="the same steps on a simulated GPU with the CPU llama-server (no GPU needed)")
+    gpu.add_argument("--llama-server", type=Path, metavar="PATH",
+                     help="this llama-server instead of the CUDA build (deploy/build-llama-server.sh --cuda)")
+    gpu.add_argument("--save", type=Path, metavar="DIR",
+                     help="write the report, the config, the event log and steward's output into DIR")
+    gpu.add_argument("--keep", action="store_true", help="keep the check's folder (models, config, event log)")
 
 
 def run_tool(args: argparse.Namespace) -> int:
@@ -112,6 +121,11 @@ def run_tool(args: argparse.Namespace) -> int:
         return _loadtest(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "gpu-check":
+        from supervisor.tools import gpu_check
+
+        return gpu_check.main(simulated=args.simulated, llama_server=args.llama_server, keep=args.keep,
+                              save=args.save)
     config = load_config_for_command(args.config)
     if config is None:
         return EXIT_CONFIG
