@@ -103,8 +103,10 @@ def openai_tool_choice(value: object) -> ToolChoice:
     """OpenAI's ``tool_choice``: a mode, or ``{"type": "function", "function": {"name": ...}}``."""
     if isinstance(value, str):
         return ToolChoice(value)
-    function = value.get("function") if isinstance(value, dict) else None
-    name = function.get("name") if isinstance(function, dict) else value.get("name") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        return ToolChoice()
+    function = value.get("function")
+    name = function.get("name") if isinstance(function, dict) else value.get("name")
     return ToolChoice("required", name) if isinstance(name, str) else ToolChoice()
 
 
@@ -178,7 +180,8 @@ def render(messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] = ()
             out.append(f"<|im_start|>{message.role}\n{message.content}<|im_end|>\n")
         elif message.role == "assistant":
             out.append("<|im_start|>assistant" + (f"\n{message.content}" if message.content else ""))
-            out += [f"\n{call_head(call.name)}{_arguments_json(call.arguments)}{CALL_TAIL}" for call in message.tool_calls]
+            out += [f"\n{call_head(call.name)}{_arguments_json(call.arguments)}{CALL_TAIL}"
+                    for call in message.tool_calls]
             out.append("<|im_end|>\n")
         elif message.role == "tool":
             out.append(("<|im_start|>user" if before != "tool" else "") + f"\n<tool_response>\n{message.content}\n"

@@ -38,9 +38,10 @@ REQUESTS, REAL = RECORDED["requests"], RECORDED["answers"]
 CALL_ID = re.compile(r"[A-Za-z0-9]{32}")
 READ_FILE = function_tool("read_file", "Read a file", {
     "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["path"]})
-GREP = function_tool("grep", "Search", {"type": "object", "required": ["pattern", "mode", "context", "globs"], "properties": {
-    "pattern": {"type": "string"}, "mode": {"type": "string", "enum": ["content", "count"]},
-    "context": {"type": ["integer", "null"], "minimum": 2}, "globs": {"type": "array", "items": {"type": "string"}}}})
+GREP_PROPERTIES = {"pattern": {"type": "string"}, "mode": {"type": "string", "enum": ["content", "count"]},
+                   "context": {"type": ["integer", "null"], "minimum": 2},
+                   "globs": {"type": "array", "items": {"type": "string"}}}
+GREP = function_tool("grep", "Search", {"type": "object", "properties": GREP_PROPERTIES, "required": list(GREP_PROPERTIES)})
 
 
 @asynccontextmanager
@@ -120,7 +121,8 @@ async def test_messages_tool_use_with_the_anthropic_client(fake: str) -> None:
     assert (block.name, block.input) == ("read_file", {"path": "src/main.py"})  # type: ignore[union-attr]
     async with client.messages.stream(**body) as stream:
         final = await stream.get_final_message()
-    assert final.stop_reason == "tool_use" and final.content[0].input == {"path": "src/main.py"}  # type: ignore[union-attr]
+    assert final.stop_reason == "tool_use"
+    assert final.content[0].input == {"path": "src/main.py"}  # type: ignore[union-attr]
 
 
 async def test_responses_function_call_with_the_openai_client(fake: str) -> None:
@@ -128,7 +130,8 @@ async def test_responses_function_call_with_the_openai_client(fake: str) -> None
     client = openai.AsyncOpenAI(base_url=f"{fake}/v1", api_key="x", max_retries=0)
     answer = await client.responses.create(**body)
     (item,) = answer.output
-    assert item.type == "function_call" and item.call_id == "call_" + item.id.removeprefix("fc_")  # type: ignore[union-attr]
+    assert item.type == "function_call"
+    assert item.call_id == "call_" + item.id.removeprefix("fc_")  # type: ignore[union-attr]
     assert (item.name, json.loads(item.arguments)) == ("read_file", {"path": "src/main.py"})  # type: ignore[union-attr]
     events = [event async for event in await client.responses.create(**body, stream=True)]
     deltas = "".join(event.delta for event in events if event.type == "response.function_call_arguments.delta")
