@@ -90,6 +90,15 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
+def message_text(content: object) -> str:
+    """A message's text parts joined by spaces (the fake Ollama's count, by words)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
 def chat_request(body: dict[str, Any]) -> Chat:
     messages = body.get("messages")
     if messages is None:
