@@ -6,11 +6,12 @@ Deterministic rules, on a ``Chat`` whose request offers tools (and whose ``tool_
 * the last message is a tool result -> a text answer that names the tool and quotes the result's
   first line ("read_file returned: ...");
 * the last message is the user's and ``tool_choice`` names a function, or is ``required``, or the
-  user's text names one of the offered tools (as a word; the first one named wins; ``required``
-  without a name takes the first tool) -> a call of that tool. Its arguments are the first JSON
-  object written in the user's text, when there is one; else every required property of the
-  tool's schema with a plausible value of its type (``path``: ``README.md``, an enum's first
-  value, ...);
+  user's text asks for one of the offered tools by name: "call", "use", "run" or "invoke", then
+  the name as a word ("use the `grep` tool", "call read_file with ..."; the first one asked for
+  wins; a tool merely named, "Write a test", is not asked for; ``required`` without a name takes
+  the first tool) -> a call of that tool. Its arguments are the first JSON object written in the
+  user's text, when there is one; else every required property of the tool's schema with a
+  plausible value of its type (``path``: ``README.md``, an enum's first value, ...);
 * else nothing: the fake model talks as it does without tools.
 """
 
@@ -60,8 +61,8 @@ def _chosen_tool(chat: Chat, text: str) -> str | None:
     names = chat.tool_names()
     if chat.tool_choice.name in names:
         return chat.tool_choice.name
-    named = [(match.start(), name) for name in names
-             if (match := re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text))]
+    named = [(match.start(), name) for name in names if (match := re.search(
+        rf"\b(?i:call|use|run|invoke)\s+(?i:the\s+)?`?{re.escape(name)}(?![\w-])", text))]
     if named:
         return min(named)[1]
     return names[0] if chat.tool_choice.mode == "required" else None

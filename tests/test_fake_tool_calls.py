@@ -194,11 +194,13 @@ def test_a_call_needs_offered_tools_and_a_named_one_or_a_choice() -> None:
     assert isinstance(call, ToolCall) and (call.name, call.arguments) == ("read_file", '{"path": "README.md"}')
     assert tool_reply(chat("please run read_file")) is None  # no tools offered
     assert tool_reply(chat("read the file", READ_FILE)) is None  # not named
+    assert tool_reply(chat("read_file is broken", READ_FILE)) is None  # named, not asked for
     assert tool_reply(chat("run read_files", READ_FILE)) is None  # a longer word is another name
-    assert tool_reply(chat("read_file", READ_FILE, choice=ToolChoice("none"))) is None
+    assert tool_reply(chat("Use the `read_file` tool", READ_FILE)).name == "read_file"
+    assert tool_reply(chat("use read_file", READ_FILE, choice=ToolChoice("none"))) is None
     assert tool_reply(chat("anything", READ_FILE, GREP, choice=ToolChoice("required"))).name == "read_file"
     assert tool_reply(chat("read_file", READ_FILE, GREP, choice=ToolChoice("required", "grep"))).name == "grep"
-    assert tool_reply(chat("grep, then read_file", READ_FILE, GREP)).name == "grep"  # the first one named
+    assert tool_reply(chat("use grep, then use read_file", READ_FILE, GREP)).name == "grep"  # the first asked for
     written = tool_reply(chat('use grep with {"pattern": "TODO"} and nothing else', READ_FILE, GREP))
     assert json.loads(written.arguments) == {"pattern": "TODO"}
 
