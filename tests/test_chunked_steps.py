@@ -231,12 +231,13 @@ def test_a_streamed_generation_is_one_stream_of_its_steps(client: openai.OpenAI,
     assert finishes == ["length"] and chunks[-2].choices[0].finish_reason == "length"
     assert text == fake_words(0, 10)  # as one uncut generation: the prefill's echo taken off
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (10, 5)  # first step's prompt
+    # the first step's prompt: "go" in the fake's chat template (its default system prompt, the turns)
+    assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (10, 29)
     event = steps_event(steward, before)
     assert (event["steps"], event["step_tokens"], event["completion_tokens"], event["finish_reason"]) == (
         3, N, 10, "length")
     row = request_after(steward, rows)
-    assert (row["status"], row["class"], row["prompt_tokens"], row["completion_tokens"]) == (200, "background", 5, 10)
+    assert (row["status"], row["class"], row["prompt_tokens"], row["completion_tokens"]) == (200, "background", 29, 10)
 
 
 @pytest.mark.slow
@@ -258,7 +259,7 @@ def test_a_whole_answer_joins_its_steps(client: openai.OpenAI, steward: RunningS
     ChatCompletion.model_validate(reply.model_dump())
     assert reply.choices[0].message.content == fake_words(0, 11)
     assert reply.choices[0].finish_reason == "length"
-    assert reply.usage is not None and (reply.usage.completion_tokens, reply.usage.prompt_tokens) == (11, 5)
+    assert reply.usage is not None and (reply.usage.completion_tokens, reply.usage.prompt_tokens) == (11, 29)
     assert steps_event(steward, before)["steps"] == 3
 
 

@@ -153,7 +153,8 @@ def test_responses_with_the_openai_client(fake: Servers) -> None:
     answer = client.responses.create(model="tiny", input="hello there", max_output_tokens=3)
     assert (answer.status, answer.output_text, answer.model) == ("completed", " the quick brown", "tiny")
     assert answer.id.startswith("resp_") and answer.output[0].id.startswith("msg_")
-    assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.total_tokens) == (6, 3, 9)
+    # two words in the chat template: its default system prompt, the user's turn, the assistant's start
+    assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.total_tokens) == (30, 3, 33)
 
     events = list(client.responses.create(model="tiny", instructions="be brief", max_output_tokens=2, stream=True,
                                           input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]))
@@ -162,11 +163,11 @@ def test_responses_with_the_openai_client(fake: Servers) -> None:
     assert deltas == [" the", " quick"]
     done = events[-1].response
     assert done.output_text == " the quick" and done.usage.output_tokens == 2
-    assert done.usage.input_tokens == 2 + 1 + 2 * 4  # instructions and input: two messages
+    assert done.usage.input_tokens == 17  # instructions (the system prompt) and input: two turns
     assert {event.item_id for event in events if hasattr(event, "item_id")} == {done.output[0].id}
 
     counted = client.responses.input_tokens.count(model="tiny", input="hello", instructions="be brief")
-    assert counted.input_tokens == 1 + 2 + 2 * 4
+    assert counted.input_tokens == 17
 
 
 def test_responses_stream_framing_without_done(fake: Servers) -> None:
@@ -215,19 +216,19 @@ def test_messages_with_the_anthropic_client(fake: Servers) -> None:
                                                                                 "max_tokens")
     assert message.id.startswith("chatcmpl-") and message.content[0].text == " the quick"
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (
-        2 + 1 + 2 * 4, 0, 2)
+        17, 0, 2)  # the system prompt and a turn, rendered by the chat template
 
     events = list(client.messages.create(model="tiny", max_tokens=2, stream=True,
                                          messages=[{"role": "user", "content": "hi"}]))
     assert [event.type for event in events] == MESSAGES_EVENTS
-    assert events[0].message.usage.input_tokens == 5
+    assert events[0].message.usage.input_tokens == 29  # with the template's default system prompt
     assert [event.delta.text for event in events if event.type == "content_block_delta"] == [" the", " quick"]
     assert (events[-2].delta.stop_reason, events[-2].usage.output_tokens) == ("max_tokens", 2)
 
     with client.messages.stream(model="tiny", max_tokens=3, messages=[{"role": "user", "content": "hi"}]) as stream:
         assert stream.get_final_text() == " the quick brown"
     assert client.messages.count_tokens(model="tiny", system="be brief",
-                                        messages=[{"role": "user", "content": "hello there"}]).input_tokens == 12
+                                        messages=[{"role": "user", "content": "hello there"}]).input_tokens == 19
 
 
 def test_messages_without_max_tokens_end_their_turn(fake: Servers) -> None:
@@ -308,7 +309,7 @@ def test_transcription_with_the_openai_client(fake: Servers) -> None:
     assert text.text == f"transcript of {len(AUDIO)} bytes"
     answer = post(fake.audio, "/audio/transcriptions", data={"model": "tiny", "language": "en"},
                   files={"file": ("talk.wav", AUDIO, "audio/wav")})
-    n_prompt = 4 + 2 + 4 + 3  # "Transcribe audio to text (language: en)", one message, the audio
+    n_prompt = 38 + 3  # "Transcribe audio to text (language: en)" in the chat template, the audio
     assert answer.json() == {"type": "transcript.text.done", "text": f"transcript of {len(AUDIO)} bytes", "usage": {
         "type": "tokens", "input_tokens": n_prompt, "output_tokens": 5, "total_tokens": n_prompt + 5,
         "input_tokens_details": {"cached_tokens": 0}}}
@@ -359,10 +360,10 @@ def test_an_embedding_server_fails_every_generation_with_a_500(fake: Servers) ->
 
 def test_token_counters(fake: Servers) -> None:
     chat = post(fake.generate, "/v1/chat/completions/input_tokens", {"messages": [{"role": "user", "content": "a b"}]})
-    assert chat.json() == {"input_tokens": 6, "object": "response.input_tokens"}
+    assert chat.json() == {"input_tokens": 30, "object": "response.input_tokens"}
     assert post(fake.generate, "/responses/input_tokens", {"input": "a b"}).json() == chat.json()
     assert post(fake.generate, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "a b"}]}
-                ).json() == {"input_tokens": 6}
+                ).json() == {"input_tokens": 30}
 
 
 # --------------------------------------------------------------------------- against the real llama-server

@@ -151,7 +151,8 @@ def test_openai_client_chat_completions_and_streams(start_fake: Callable[..., Fa
         assert answer.id.startswith("chatcmpl-")
         assert answer.choices[0].message.content == " the quick brown"
         assert answer.choices[0].finish_reason == "length"
-        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (8, 3)  # type: ignore[union-attr]
+        # "hi" in the chat template: its default system prompt, the user's turn, the assistant's start
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (29, 3)  # type: ignore[union-attr]
         chunks = list(client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
             stream_options={"include_usage": True}))

@@ -29,11 +29,15 @@ framework) that copies the behaviour a proxy in front of llama-server has to cop
   ``--keepalive-timeout``;
 * a client that goes away stops its generation at once and frees its slot.
 
-Deterministic "tokenizer": a prompt costs one token per whitespace-separated word
-(+4 per chat message); generated tokens cycle through ``VOCAB``, each sent as " word".
-Some answers are scripted instead (a transcript; an Anthropic message without
-``max_tokens``): the model says them, then ends with an end-of-generation token (finish
-"stop"), which counts as a token and shows as nothing.
+Prompts cost what a real engine counts (``fakes.chat_tokens``, within 15 % of llama-server on
+agents' requests): a chat is rendered by the fake model's chat template first
+(``fakes/chatml_tools.jinja``: ChatML, a default system prompt, the tools' JSON schemas in the
+system message). Generated tokens cycle through ``VOCAB``, each sent as " word": until the
+budget (``max_tokens``, ``n_predict``) or the context runs out ("length"); without a budget the
+model says ``--max-tokens-default`` words and ends with an end-of-generation token (finish
+"stop"), which counts as a token and shows as nothing. Some answers are scripted the same way:
+a transcript; a tool call when a chat offers tools and asks for one, and an answer about the
+tool's result after it (``fakes.tool_reply``), in each API's shape.
 
 Test hooks in the prompt text: ``FAKE_ERROR_MIDSTREAM`` sends an error event after two
 tokens and ends the stream without ``[DONE]``; ``FAKE_CRASH`` aborts the process

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -26,6 +27,7 @@ from fakes.llama_server.formats import (
     Finish,
     Format,
     Outcome,
+    ToolFormat,
     make_timings,
     split_utf8_piece,
     token_piece,
@@ -105,8 +107,8 @@ class Engine:
                 await self._wait_for_token(ex, job, start + (i + 1) * interval)
                 pieces.append(_piece(job, i))
                 slot.n_decoded, slot.n_remain = i + 1, n_target - i - 1
-                if job.stream and pieces[-1]:  # an incomplete character is held back, as llama-server does
-                    for event in fmt.token_events(pieces[-1], i + 1, slot.id):
+                if job.stream:
+                    for event in _token_events(job, fmt, pieces[-1], i + 1, slot.id):
                         await ex.send_raw(fmt.frame(event))
                 if i + 1 == hook_at:
                     return await self._inject_failure(ex, job, fmt)
@@ -116,8 +118,12 @@ class Engine:
         elapsed = trio.current_time() - start
         self._account(job.n_prompt, len(pieces), elapsed)
         self.stats.completed += 1
-        return Outcome("".join(pieces), job.n_prompt, len(pieces), Finish.STOP if finished else Finish.LENGTH,
-                       make_timings(job.n_prompt, len(pieces), elapsed), slot.id, job.prompt_text)
+        text, call = "".join(pieces), job.call
+        if call is not None:
+            text, call = "", attrs.evolve(call, arguments=text)
+        finish = Finish.LENGTH if not finished else Finish.STOP if call is None else Finish.TOOL_CALLS
+        return Outcome(text, job.n_prompt, len(pieces), finish, make_timings(job.n_prompt, len(pieces), elapsed),
+                       slot.id, job.prompt_text, call)
 
     async def _wait_for_token(self, ex: Exchange, job: Job, deadline: float) -> None:
         """Sleep until the next token is due, sending SSE pings if that takes long."""
@@ -166,6 +172,15 @@ class Engine:
             await respond_error(ex, input_too_large(too_long, slot.n_ctx))
         else:
             await ex.respond_json(200, answer())
+
+
+def _token_events(job: Job, fmt: Format, piece: str, n_decoded: int, slot_id: int) -> list[dict[str, Any]]:
+    """What one token sends: a tool call's (each format says), or its text (an incomplete character,
+    "", is held back, as llama-server does)."""
+    if job.call is not None:
+        assert isinstance(fmt, ToolFormat), "tool calls are made only on the routes that offer tools"
+        return fmt.call_events(job.call, piece, n_decoded)
+    return fmt.token_events(piece, n_decoded, slot_id) if piece else []
 
 
 def _piece(job: Job, index: int) -> str:

@@ -17,10 +17,11 @@ import secrets
 import string
 import struct
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from fakes.chat_template import ToolCall
 from fakes.http11 import dump_json
 from fakes.llama_server.slots import default_params
 
@@ -36,6 +37,7 @@ class Finish(enum.StrEnum):
 
     LENGTH = "length"  # the token budget or the context ran out
     STOP = "stop"      # the model ended its answer (an end-of-generation token)
+    TOOL_CALLS = "tool_calls"  # the model ended its answer, a tool call
 
 
 @attrs.frozen
@@ -47,6 +49,7 @@ class Outcome:
     timings: dict[str, Any]
     slot_id: int
     prompt_text: str
+    call: ToolCall | None = None  # the answer is a tool call (arguments as far as they came); text is ""
 
     def usage(self) -> dict[str, Any]:
         return {"completion_tokens": self.n_decoded, "prompt_tokens": self.n_prompt,
@@ -128,6 +131,7 @@ class ChatFormat(DataEvents):
     # A last assistant message the answer continues. llama-server's quirk: it echoes it, as the
     # start of the answer's content (the first content delta is the prefill and the first token).
     prefill: str = ""
+    call_started: bool = False  # a tool call's first delta (id, name) has gone out
     ends_with_done = True
 
     def _chunk(self, choices: list[Any], **extra: Any) -> dict[str, Any]:
@@ -142,6 +146,21 @@ class ChatFormat(DataEvents):
         events.append(self._chunk([{"finish_reason": None, "index": 0, "delta": {"content": piece}}]))
         return events
 
+    def call_events(self, call: ToolCall, piece: str, n_decoded: int) -> list[dict[str, Any]]:
+        """A tool call's token: the role chunk with token 1; each piece of the arguments a delta, the
+        first with the call's id and name (llama-server sends nothing for the tokens around them)."""
+        events = []
+        if n_decoded == 1:
+            events.append(self._chunk([{"finish_reason": None, "index": 0,
+                                        "delta": {"role": "assistant", "content": None}}]))
+        if piece:
+            head = {} if self.call_started else {"id": call.id, "type": "function"}
+            function = {"arguments": piece} if self.call_started else {"name": call.name, "arguments": piece}
+            self.call_started = True
+            events.append(self._chunk([{"finish_reason": None, "index": 0,
+                                        "delta": {"tool_calls": [{"index": 0, **head, "function": function}]}}]))
+        return events
+
     def final_events(self, out: Outcome) -> list[dict[str, Any]]:
         events = [self._chunk([{"finish_reason": out.finish_reason, "index": 0, "delta": {}}])]
         if self.include_usage:
@@ -150,8 +169,12 @@ class ChatFormat(DataEvents):
         return events
 
     def response(self, out: Outcome) -> dict[str, Any]:
-        choice = {"finish_reason": out.finish_reason, "index": 0,
-                  "message": {"role": "assistant", "content": self.prefill + out.text}}
+        message: dict[str, Any] = {"role": "assistant", "content": self.prefill + out.text}
+        if out.call is not None:
+            message["tool_calls"] = [{"type": "function", "function": {"name": out.call.name,
+                                                                       "arguments": out.call.arguments},
+                                      "id": out.call.id}]
+        choice = {"finish_reason": out.finish_reason, "index": 0, "message": message}
         return {"choices": [choice], **_common(self.cmpl_id, self.model, "chat.completion"),
                 "usage": out.usage(), "timings": out.timings}
 
@@ -212,6 +235,13 @@ class Format(Protocol):
     def response(self, out: Outcome) -> object: ...
     def frame(self, event: dict[str, Any]) -> bytes: ...
     def frame_error(self, body: dict[str, Any]) -> bytes: ...
+
+
+@runtime_checkable
+class ToolFormat(Format, Protocol):
+    """A shape of the routes that offer tools (chat, Responses, Messages): it also carries tool calls."""
+
+    def call_events(self, call: ToolCall, piece: str, n_decoded: int) -> list[dict[str, Any]]: ...
 
 
 def embed(text: str, dim: int) -> list[float]:

@@ -1,23 +1,32 @@
 """What a request body asks for: JSON, prompts and their token counts, a Job, embedding inputs.
 
-Deterministic "tokenizer": one token per whitespace-separated word, +4 per chat message.
-The Responses and Anthropic routes turn their requests into a conversation first, as
-llama-server turns them into chat requests, and count it the same way.
+Prompt tokens are counted as a real engine counts them (``fakes.chat_tokens``): a chat is first
+rendered by the fake model's chat template (``fakes.chat_template``: roles, system prompt, the
+tools' JSON schemas), then counted; a text prompt is counted as it is. The Responses and
+Anthropic routes turn their requests into a chat first, as llama-server does.
+
+The fake model's answer (``Job.answer``): without ``max_tokens`` (``n_predict``) it says
+``--max-tokens-default`` words and then an end-of-generation token (finish "stop"), as a model
+ends its reply long before llama-server's unlimited default; with a budget it talks until the
+budget (or the context) runs out ("length"). A chat that offers tools gets a tool call or an
+answer about a tool's result where ``fakes.tool_reply`` says so.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from fakes.chat_template import CALL_TAIL, Chat, ChatMessage, ToolCall, call_head, openai_chat
+from fakes.chat_tokens import count_tokens, pieces
 from fakes.http11 import Request
 from fakes.llama_server.cli import Config
 from fakes.llama_server.errors import invalid_request
 from fakes.llama_server.formats import token_piece
+from fakes.tool_reply import tool_reply
 
 ERROR_HOOK = "FAKE_ERROR_MIDSTREAM"
 CONTINUED_ERROR_HOOK = "FAKE_ERROR_CONTINUING"  # ERROR_HOOK, only in a request that continues a prefill
@@ -41,6 +50,8 @@ class Job:
     # Tokens the answer already holds: a chat whose last message is the assistant's (a prefill)
     # is continued from there, as llama-server continues it (its words go on where they stopped).
     offset: int = 0
+    # The answer is this tool call: ``answer`` holds its tokens, "" for those around the arguments.
+    call: ToolCall | None = None
 
     @property
     def error_hook(self) -> bool:
@@ -80,41 +91,57 @@ def count_words(text: str) -> int:
 
 
 def message_text(content: object) -> str:
+    """A message's text parts joined by spaces (the fake Ollama's count, by words)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts; only text parts cost tokens here
+    if isinstance(content, list):
         return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
     return ""
 
 
-def conversation(texts: Sequence[str]) -> tuple[str, int]:
-    """The prompt text and its token count for chat messages with these texts."""
-    return "\n".join(texts), sum(count_words(t) for t in texts) + 4 * len(texts)
-
-
-def chat_prompt(body: dict[str, Any]) -> tuple[str, int]:
+def chat_request(body: dict[str, Any]) -> Chat:
     messages = body.get("messages")
     if messages is None:
         raise invalid_request("'messages' is required")
     if not isinstance(messages, list):
         raise invalid_request("Expected 'messages' to be an array")
-    return conversation([message_text(m.get("content")) if isinstance(m, dict) else "" for m in messages])
+    return openai_chat(body)
 
 
-def chat_prefill(body: dict[str, Any]) -> str:
+def user_chat(text: str) -> Chat:
+    return Chat((ChatMessage("user", text),))
+
+
+def chat_job(chat: Chat, body: dict[str, Any], cfg: Config) -> Job:
+    """The job of a request converted to *chat*; *body* holds its chat parameters (max_tokens, stream)."""
+    prompt = chat.prompt
+    job = build_job(body, cfg, prompt, count_tokens(prompt))
+    reply = tool_reply(chat)
+    if isinstance(reply, ToolCall):
+        hidden = ("",) * len(pieces(call_head(reply.name)))
+        return attrs.evolve(job, answer=(*hidden, *pieces(reply.arguments), *("",) * len(pieces(CALL_TAIL))),
+                            call=reply)
+    if isinstance(reply, str):
+        return attrs.evolve(job, answer=tuple(pieces(reply)))
+    return job
+
+
+def chat_prefill(chat: Chat) -> str:
     """The text of a last assistant message, which llama-server continues (an assistant prefill); "" if none."""
-    messages = body.get("messages")
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    if not isinstance(last, dict) or last.get("role") != "assistant":
-        return ""
-    return message_text(last.get("content"))
+    last = chat.messages[-1] if chat.messages else None
+    return last.content if last is not None and last.role == "assistant" else ""
 
 
 def continuing(job: Job, prefill: str) -> Job:
     """*job* continuing *prefill*: its tokens go on from there; FAKE_STOP_AFTER_n ends the whole answer at n."""
-    offset = count_words(prefill)
     stop = STOP_HOOK.search(job.prompt_text)
-    answer = None if stop is None else tuple(token_piece(i) for i in range(offset, max(offset, int(stop[1]))))
+    if job.call is not None or (not prefill and stop is None):
+        return job
+    offset = count_words(prefill)
+    if stop is not None:
+        answer: tuple[str, ...] | None = tuple(token_piece(i) for i in range(offset, max(offset, int(stop[1]))))
+    else:
+        answer = None if job.answer is None else tuple(token_piece(offset + i) for i in range(len(job.answer)))
     return attrs.evolve(job, offset=offset, answer=answer)
 
 
@@ -127,7 +154,7 @@ def text_prompt(body: dict[str, Any]) -> tuple[str, int]:
     for piece in pieces:
         if isinstance(piece, str):
             texts.append(piece)
-            n_tokens += count_words(piece)
+            n_tokens += count_tokens(piece)
         elif isinstance(piece, int) and not isinstance(piece, bool):
             n_tokens += 1  # already a token id
         elif isinstance(piece, list) and all(isinstance(t, int) for t in piece):
@@ -154,8 +181,15 @@ def build_job(body: dict[str, Any], cfg: Config, prompt_text: str, n_prompt: int
     ping = body.get("sse_ping_interval", cfg.sse_ping_interval)
     if isinstance(ping, bool) or not isinstance(ping, int | float):
         raise invalid_request("'sse_ping_interval' must be a number")
-    return Job(n_prompt=n_prompt, budget=cfg.max_tokens_default if requested is None else requested,
-               stream=bool(body.get("stream", False)), ping_interval=float(ping), prompt_text=prompt_text)
+    unlimited = requested is None or requested < 0  # llama-server's n_predict -1: no limit
+    return Job(n_prompt=n_prompt, budget=-1 if unlimited else requested,
+               stream=bool(body.get("stream", False)), ping_interval=float(ping), prompt_text=prompt_text,
+               answer=default_reply(cfg) if unlimited else None)
+
+
+def default_reply(cfg: Config) -> tuple[str, ...]:
+    """What the fake model says when nothing limits it: ``--max-tokens-default`` words, then it ends."""
+    return tuple(token_piece(i) for i in range(cfg.max_tokens_default))
 
 
 def embedding_inputs(body: dict[str, Any]) -> list[tuple[str, int]]:
@@ -171,7 +205,7 @@ def embedding_inputs(body: dict[str, Any]) -> list[tuple[str, int]]:
     inputs = []
     for item in items:
         if isinstance(item, str):
-            inputs.append((item, max(1, count_words(item))))
+            inputs.append((item, max(1, count_tokens(item))))
         elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
             inputs.append((" ".join(map(str, item)), len(item)))
         else:

@@ -23,8 +23,8 @@ from typing import Any
 
 import attrs
 
+from fakes.chat_tokens import count_tokens
 from fakes.llama_server.errors import invalid_request, server_error
-from fakes.llama_server.parsing import count_words
 
 JITTER = 1e-3
 
@@ -40,7 +40,7 @@ class RerankRequest:
 
     @property
     def pair_tokens(self) -> list[int]:
-        return [count_words(self.query) + count_words(doc) + 2 for doc in self.documents]
+        return [count_tokens(self.query) + count_tokens(doc) + 2 for doc in self.documents]
 
 
 def rerank_request(body: dict[str, Any]) -> RerankRequest:

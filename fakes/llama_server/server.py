@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from fakes import simgpu
+from fakes.chat_template import TEMPLATE_PATH
 from fakes.http11 import Exchange, HttpServer, Request
 from fakes.llama_server.cli import N_CTX_TRAIN, Config, Log, Pooling, parse_config
 from fakes.llama_server.engine import Engine
@@ -36,20 +37,22 @@ from fakes.llama_server.messages import MessagesFormat, count_tokens, messages_j
 from fakes.llama_server.parsing import (
     body_json,
     build_job,
+    chat_job,
     chat_prefill,
-    chat_prompt,
+    chat_request,
     continuing,
     embedding_inputs,
     text_prompt,
 )
 from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
 from fakes.llama_server.rerank import rerank_body, rerank_request
-from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_job
+from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_chat, responses_job
 from fakes.llama_server.slots import Slot
 from fakes.llama_server.transcription import TranscriptionFormat, read_upload, transcription_job
 from fakes.runner import run_fake
 
 MIB = 1 << 20
+CHAT_TEMPLATE = TEMPLATE_PATH.read_text()
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/fake/stats"})
 
 
@@ -193,7 +196,7 @@ class FakeLlamaServer:
         await ex.respond_json(200, {
             "default_generation_settings": Slot(0, cfg.slot_n_ctx).to_json(),
             "total_slots": cfg.n_slots, "model_alias": cfg.model_id, "model_path": cfg.model_path,
-            "modalities": {"vision": False, "audio": cfg.hears_audio}, "chat_template": "{{ messages }}",
+            "modalities": {"vision": False, "audio": cfg.hears_audio}, "chat_template": CHAT_TEMPLATE,
             "chat_template_caps": {}, "bos_token": "<s>", "eos_token": "</s>", "media_marker": "<__media__>",
             "build_info": BUILD_INFO, "is_sleeping": False,
         })
@@ -234,13 +237,13 @@ class FakeLlamaServer:
 
     async def chat_completions(self, ex: Exchange) -> None:
         body = body_json(ex.request)
-        prompt_text, n_prompt = chat_prompt(body)
-        prefill = chat_prefill(body)
-        job = continuing(build_job(body, self.cfg, prompt_text, n_prompt), prefill)
+        chat = chat_request(body)
+        prefill = chat_prefill(chat)
+        job = continuing(chat_job(chat, body, self.cfg), prefill)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        await self.engine.complete(ex, job, ChatFormat(completion_id(), self.cfg.model_id, n_prompt, include_usage,
-                                                       prefill))
+        await self.engine.complete(ex, job, ChatFormat(completion_id(), self.cfg.model_id, job.n_prompt,
+                                                       include_usage, prefill))
 
     async def completions(self, ex: Exchange) -> None:
         body = body_json(ex.request)
@@ -301,11 +304,10 @@ class FakeLlamaServer:
         await self.engine.complete(ex, job, TranscriptionFormat())
 
     async def responses_input_tokens(self, ex: Exchange) -> None:
-        await ex.respond_json(200, input_tokens(body_json(ex.request)))
+        await ex.respond_json(200, input_tokens(responses_chat(body_json(ex.request))))
 
     async def chat_input_tokens(self, ex: Exchange) -> None:
-        _, n_prompt = chat_prompt(body_json(ex.request))
-        await ex.respond_json(200, {"input_tokens": n_prompt, "object": "response.input_tokens"})
+        await ex.respond_json(200, input_tokens(chat_request(body_json(ex.request))))
 
     async def messages_count_tokens(self, ex: Exchange) -> None:
         await ex.respond_json(200, count_tokens(body_json(ex.request)))

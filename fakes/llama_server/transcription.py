@@ -28,7 +28,7 @@ from fakes.http11 import Request
 from fakes.llama_server.cli import Config
 from fakes.llama_server.errors import invalid_request
 from fakes.llama_server.formats import DataEvents, Outcome
-from fakes.llama_server.parsing import Job, body_json, build_job, conversation
+from fakes.llama_server.parsing import Job, body_json, build_job, user_chat
 
 ASR_PROMPT = "Transcribe audio to text"  # llama-server's default user prompt for transcription
 AUDIO_BYTES_PER_TOKEN = 1024
@@ -79,9 +79,8 @@ def transcription_job(upload: Upload, cfg: Config) -> Job:
         chat["max_tokens"] = _stoul(fields["max_tokens"])
     if "temperature" in fields:
         _stof(fields["temperature"])  # only checked: the fake does not sample
-    _, n_prompt = conversation([prompt])
     n_audio = -(-len(upload.file) // AUDIO_BYTES_PER_TOKEN)
-    job = build_job(chat, cfg, prompt, n_prompt + n_audio)
+    job = build_job(chat, cfg, prompt, user_chat(prompt).n_tokens + n_audio)
     return attrs.evolve(job, answer=("transcript", " of", f" {len(upload.file)}", " bytes"))
 
 

@@ -138,9 +138,12 @@ def _lax_bool(value: object) -> bool | None:
 
 
 def input_tokens(body: dict[str, Any]) -> int:
-    """The chat it becomes: the ``system`` field, then the messages (only text blocks count)."""
+    """The chat it becomes: the ``system`` field, then the messages (only text blocks count), the tools."""
     system = body.get("system")
-    return chat_tokens({"messages": [{"role": "system", "content": system}] * bool(system) + body["messages"]})
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    return chat_tokens({"messages": [{"role": "system", "content": system}] * bool(system) + body["messages"],
+                        "tools": [{"name": tool.get("name"), "description": tool.get("description"),
+                                   "parameters": tool.get("input_schema")} for tool in tools if isinstance(tool, dict)]})
 
 
 def checked_model(body: dict[str, Any], cfg: Config) -> None:

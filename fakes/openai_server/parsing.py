@@ -1,7 +1,8 @@
 """Request bodies -> Job, checked the way vLLM's pydantic models and serving classes check them.
 
-Deterministic "tokenizer": one token per whitespace-separated word of the text, +4 per chat
-message and +3 for the assistant turn (a chat template's overhead); a token-id prompt is its length.
+Prompts cost what a real engine counts (``fakes.chat_tokens``): a chat is rendered by the fake
+model's chat template first (``fakes.chat_template``: ChatML, the tools' JSON schemas in the
+system message), a text prompt is counted as it is; a token-id prompt is its length.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from typing import Any
 
 import attrs
 
+from fakes.chat_template import openai_chat
+from fakes.chat_tokens import count_tokens
 from fakes.openai_server.cli import Config
 from fakes.openai_server.errors import ApiError, bad_request, model_not_found, validation_error
 
-MESSAGE_OVERHEAD = 4
-ASSISTANT_PREFIX = 3
 InvalidField = Callable[..., ApiError]  # (kind, loc, msg, given[, ctx]): errors.validation_error's
 
 
@@ -43,27 +44,16 @@ def body_json(raw: bytes, invalid: InvalidField = validation_error) -> dict[str,
     return body
 
 
-def _words(text: object) -> int:
-    return len(text.split()) if isinstance(text, str) else 0
-
-
 def chat_tokens(body: dict[str, Any]) -> int:
     messages = body.get("messages")
     if "messages" not in body:
         raise validation_error("missing", ("messages",), "Field required", body)
     if not isinstance(messages, list):
         raise validation_error("list_type", ("messages",), "Input should be a valid list", messages)
-    n = ASSISTANT_PREFIX
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
             raise validation_error("missing", ("messages", i, "role"), "Field required", message)
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: only the text ones count
-            n += sum(_words(part.get("text")) for part in content if isinstance(part, dict))
-        else:
-            n += _words(content)
-        n += MESSAGE_OVERHEAD
-    return n
+    return openai_chat(body).n_tokens
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
@@ -71,9 +61,9 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     if "prompt" not in body:
         raise validation_error("missing", ("prompt",), "Field required", body)
     if isinstance(prompt, str):
-        return max(1, _words(prompt))
+        return max(1, count_tokens(prompt))
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return max(1, _words(prompt[0]))
+        return max(1, count_tokens(prompt[0]))
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return len(prompt)  # token ids
     if isinstance(prompt, list) and prompt == []:

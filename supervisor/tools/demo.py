@@ -43,16 +43,18 @@ DEMO_WORKFLOW = {
     "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "steward"}},
 }
 
-# name: (memory, fake flags, extra config)
+# name: (memory, slots, context, fake flags, extra config). The fake and the real demo give an engine
+# the same context (-c, shared by its slots: 2,048 tokens a slot for a chat model, 512 for the
+# embedder), so a prompt the real engine refuses (400 exceed_context_size_error) the fake refuses too.
 DEMO_MODELS: dict[str, dict[str, object]] = {
-    "gemma4-12b": {"memory": "8.3GiB", "parallel": 2, "aliases": ["gpt-4o"],
-                   "fake": ["--load-time", "2s", "--tokens-per-second", "40", "--ctx-size", "8192"]},
-    "gemma4-e4b": {"memory": "4.0GiB", "parallel": 2, "aliases": ["gpt-4o-mini"],
-                   "fake": ["--load-time", "1s", "--tokens-per-second", "80", "--ctx-size", "8192"]},
-    "gemma4-e2b": {"memory": "2.8GiB", "parallel": 2,
-                   "fake": ["--load-time", "0.7s", "--tokens-per-second", "120", "--ctx-size", "8192"]},
-    "nomic-embed": {"memory": "0.4GiB", "parallel": 4, "pinned": True, "aliases": ["text-embedding-3-small"],
-                    "fake": ["--load-time", "0.3s", "--embeddings", "--embedding-dim", "64", "--ctx-size", "8192"]},
+    "gemma4-12b": {"memory": "8.3GiB", "parallel": 2, "ctx": 4096, "aliases": ["gpt-4o"],
+                   "fake": ["--load-time", "2s", "--tokens-per-second", "40"]},
+    "gemma4-e4b": {"memory": "4.0GiB", "parallel": 2, "ctx": 4096, "aliases": ["gpt-4o-mini"],
+                   "fake": ["--load-time", "1s", "--tokens-per-second", "80"]},
+    "gemma4-e2b": {"memory": "2.8GiB", "parallel": 2, "ctx": 4096,
+                   "fake": ["--load-time", "0.7s", "--tokens-per-second", "120"]},
+    "nomic-embed": {"memory": "0.4GiB", "parallel": 4, "ctx": 2048, "pinned": True,
+                    "aliases": ["text-embedding-3-small"], "fake": ["--load-time", "0.3s", "--embeddings", "--embedding-dim", "64"]},
 }
 
 
@@ -74,7 +76,8 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
             "parallel": spec["parallel"],
             "aliases": spec.get("aliases", []),
             "pinned": spec.get("pinned", False),
-            "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), *spec["fake"]],  # type: ignore[misc]
+            "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), "--ctx-size", str(spec["ctx"]),
+                     *spec["fake"]],  # type: ignore[misc]
         }
     # An always-on engine behind the same queue: a fake vLLM that the agents share (it batches
     # many requests in one KV pool), its memory held in a child process as vLLM's is.
@@ -124,12 +127,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# name: (tiny architecture, writer overrides, engine args); same names as the fake demo.
+# name: (tiny architecture, writer overrides, engine args); same names (and contexts) as the fake demo.
 REAL_MODELS: dict[str, tuple[str, dict[str, object], list[str]]] = {
-    "gemma4-12b": ("llama", {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2}, ["-c", "4096"]),
-    "gemma4-e4b": ("qwen3moe", {}, ["-c", "4096"]),
-    "gemma4-e2b": ("gemma3", {}, ["-c", "4096"]),
-    "nomic-embed": ("bert", {}, ["-c", "2048", "--embeddings"]),
+    "gemma4-12b": ("llama", {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2}, []),
+    "gemma4-e4b": ("qwen3moe", {}, []),
+    "gemma4-e2b": ("gemma3", {}, []),
+    "nomic-embed": ("bert", {}, ["--embeddings"]),
 }
 REAL_BUDGET = "1GiB"
 
@@ -155,7 +158,7 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         fake = DEMO_MODELS[name]
         models[name] = {"command": binary, "model": str(written.path), "parallel": fake["parallel"],
                         "aliases": fake.get("aliases", []), "pinned": fake.get("pinned", False),
-                        "args": [*args, "--threads", "1", "--alias", name]}
+                        "args": ["-c", str(fake["ctx"]), *args, "--threads", "1", "--alias", name]}
     return {
         "listen": f"127.0.0.1:{port}",
         "models": models,
