@@ -199,7 +199,7 @@ def test_a_client_that_leaves_on_a_streams_error_event_gets_the_failures_row() -
     exchange.saw_start(200, [(b"content-type", b"text/event-stream")])
     exchange.saw_body(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', 0.1)
     exchange.saw_body(b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}\n\n', 0.2)
-    exchange.client_left = True  # before the relay's own end of the body
+    exchange.leaves()  # before the relay's own end of the body
     row = exchange.row(0.3)
     assert (row.status, row.error) == (500, "server_error")
 

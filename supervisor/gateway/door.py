@@ -98,6 +98,8 @@ class Exchange:
     engine_failure: Failure | None = None
     complete: bool = False
     client_left: bool = False
+    # It left after the answer had told it of a failure (an error event: the SDKs stop reading there).
+    left_on_failure: bool = False
     first_byte: float | None = None  # of the answer's body (a stream's keep-alive comments are not its start)
     last_byte: float | None = None
     request_bytes: int = 0
@@ -120,6 +122,11 @@ class Exchange:
         """Counts a handler read itself (a usage chunk it kept from a client that did not ask for it)."""
         self.prompt_tokens = prompt if prompt is not None else self.prompt_tokens
         self.completion_tokens = completion if completion is not None else self.completion_tokens
+
+    def leaves(self) -> None:
+        """The client hung up: before its answer ended, or on the failure the answer told it of."""
+        self.client_left = True
+        self.left_on_failure = self.failure() is not None
 
     def engine_failed(self, failure: Failure) -> None:
         """The engine's error, read before steward reshaped it: the usage row keeps its code (the
@@ -171,10 +178,8 @@ class Exchange:
         failure = self.failure()
         if status == 200 and failure is not None:
             status = failure.status  # the stream's 200 went out before it failed
-        if self.client_left and not self.complete and failure is None:
-            # The client left before its answer ended; one that left after a failure the answer
-            # already told it of (an error event: SDKs stop reading there) is that failure's row.
-            status = 499
+        if self.client_left and not self.complete and not self.left_on_failure:
+            status = 499  # the client left before its answer ended (not on a failure it was told of)
         prompt, completion = self.prompt_tokens, self.completion_tokens
         if prompt is None and completion is None and self._tail:
             prompt, completion = self.tail_tokens()
@@ -423,7 +428,7 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
             if message["type"] == "http.request":
                 exchange.request_bytes += len(message.get("body", b""))
             elif message["type"] == "http.disconnect":
-                exchange.client_left = True
+                exchange.leaves()
             return message
 
         async def observed_send(message: dict[str, Any]) -> None:
