@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -67,6 +68,7 @@ class Row:
     steward_tps: float
     direct_ttft_ms: float
     steward_ttft_ms: float
+    steward_cpu_us_per_token: float
 
     @property
     def share(self) -> float:
@@ -86,17 +88,20 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) 
     sent = time.perf_counter()
     first = last = None
     tokens = 0
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise BenchError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices") or ()):
-                last = time.perf_counter()
-                first = first or last
-                tokens += 1
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                raise BenchError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices") or ()):
+                    last = time.perf_counter()
+                    first = first or last
+                    tokens += 1
+    except httpx.TransportError as error:
+        raise BenchError(f"{url}: {type(error).__name__}: {error} after {tokens} tokens") from error
     if first is None or last is None or tokens < 2:
         raise BenchError(f"{url}: a stream of {tokens} tokens")
     return Stream(first - sent, (tokens - 1) / (last - first))
@@ -114,25 +119,38 @@ async def one_round(client: httpx.AsyncClient, url: str, streams: int, max_token
     return done
 
 
-async def measure(targets: dict[str, str], args: argparse.Namespace) -> list[Row]:
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(targets: dict[str, str], steward_pid: int, args: argparse.Namespace) -> list[Row]:
     rows = []
-    limits = httpx.Limits(max_connections=max(args.streams) * 2)
+    # A fresh connection per request to both targets: llama-server closes an idle keep-alive
+    # connection after 5 s, and a pooled one reused at that moment fails with no answer.
+    limits = httpx.Limits(max_connections=max(args.streams) * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         for url in targets.values():  # warm: the engine's first answer pays for its caches
             await one_round(client, url, 1, 8)
         for streams in args.streams:
             tps: dict[str, list[float]] = {name: [] for name in targets}
+            steward_cpu_s = 0.0
             ttft: dict[str, list[float]] = {name: [] for name in targets}
             for index in range(args.rounds):
                 order = list(targets) if index % 2 == 0 else list(reversed(targets))
                 for name in order:
+                    cpu_before = cpu_seconds(steward_pid)
                     result = await one_round(client, targets[name], streams, args.max_tokens)
+                    if name == "steward":
+                        steward_cpu_s += cpu_seconds(steward_pid) - cpu_before
                     tps[name].append(sum(stream.decode_tps for stream in result))
                     ttft[name].extend(stream.ttft_s for stream in result)
             print(f"bench: {streams} stream(s) done", file=sys.stderr, flush=True)
             rows.append(Row(streams, statistics.median(tps["direct"]), statistics.median(tps["steward"]),
                             percentile(sorted(ttft["direct"]), 50) * 1000,
-                            percentile(sorted(ttft["steward"]), 50) * 1000))
+                            percentile(sorted(ttft["steward"]), 50) * 1000,
+                            steward_cpu_s * 1e6 / (args.rounds * streams * args.max_tokens)))
     return rows
 
 
@@ -145,6 +163,7 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> list[Row]:
     config.write_text(CONFIG_TEMPLATE.format(port=steward_port, events=json.dumps(str(workdir / "events.jsonl")),
                                              model=MODEL, upstream_port=engine_port, parallel=max(args.streams)))
     targets = {"direct": f"http://127.0.0.1:{engine_port}", "steward": f"http://127.0.0.1:{steward_port}"}
+    print(f"bench: {targets}", file=sys.stderr, flush=True)
     with running("llama-server", engine_argv, workdir / "llama-server.log") as engine:
         wait_until(engine, "llama-server", workdir / "llama-server.log",
                    lambda: answers(f"{targets['direct']}/health"), "llama-server did not answer /health")
@@ -152,17 +171,17 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> list[Row]:
         with running("steward", steward_argv, workdir / "steward.log") as steward:
             wait_until(steward, "steward", workdir / "steward.log",
                        lambda: answers(f"{targets['steward']}/v1/models"), "steward did not answer /v1/models")
-            return trio.run(measure, targets, args)
+            return trio.run(measure, targets, steward.pid, args)
 
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"SmolLM2-135M-Instruct Q4_1 on llama-server (CPU, --threads {args.threads}), {args.max_tokens} tokens "
           f"per stream, median of {args.rounds} rounds")
     print(f"{'streams':>7}  {'direct tok/s':>12}  {'steward tok/s':>13}  {'share':>6}  "
-          f"{'TTFT p50 direct':>15}  {'steward':>8}  {'added':>7}")
+          f"{'TTFT p50 direct':>15}  {'steward':>8}  {'added':>7}  {'steward CPU/token':>17}")
     for row in rows:
         print(f"{row.streams:>7}  {row.direct_tps:>12.1f}  {row.steward_tps:>13.1f}  {row.share:>6.1%}  "
-              f"{row.direct_ttft_ms:>12.1f} ms  {row.steward_ttft_ms:>5.1f} ms  {row.added_ttft_ms:>+4.1f} ms")
+              f"{row.direct_ttft_ms:>12.1f} ms  {row.steward_ttft_ms:>5.1f} ms  {row.added_ttft_ms:>+4.1f} ms  {row.steward_cpu_us_per_token:>14.0f} µs")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
