@@ -254,8 +254,29 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
+# What outlived the session of each pytest-xdist worker, as the workers report it (controller only).
+LEFT_IN_WORKERS: list[str] = []
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """No child process may survive the suite, whichever test (or fixture) started it."""
-    if left := kill_leftovers():
+    """No child process may survive the suite, whichever test (or fixture) started it.
+
+    Under pytest-xdist each worker checks its own descendants and hands what it found to the
+    controller (a worker's exit status does not reach it), which fails the run.
+    """
+    left = [f"{pid} {cmd}" for pid, cmd in kill_leftovers()]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if left and workeroutput is not None:
+        workeroutput["leftovers"] = left
+    left += LEFT_IN_WORKERS
+    if left:
         print(f"\nprocesses outlived the test suite (killed now): {left}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist (controller): a worker finished; keep what outlived its session."""
+    LEFT_IN_WORKERS.extend(f"[{node.gateway.id}] {line}"
+                           for line in getattr(node, "workeroutput", {}).get("leftovers", []))
+
