@@ -349,6 +349,37 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
+# Under pytest-xdist (`--dist loadfile`): these modules run one after the other on one worker,
+# first. Each has a long fixed cost that loads both cores (a real ComfyUI or vLLM started for the
+# module) or measures speeds that a neighbour loading both cores would change (the load tests);
+# beside each other they would slow and skew one another. Started last, any of them would keep
+# a worker busy long after the other ran out of work.
+ONE_WORKER_FIRST = ("test_loadtest.py", "test_loadtest_real.py", "test_real_vllm_supervised.py", "test_real_vllm.py",
+                    "test_real_comfyui.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker sorts alike: xdist checks they collected the same
+        rank = {name: i for i, name in enumerate(ONE_WORKER_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist (controller): `--dist loadfile`, except that ONE_WORKER_FIRST is one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "one worker" if Path(module).name in ONE_WORKER_FIRST else module
+
+    return Scheduling(config, log)
+
+
 # What outlived the session of each pytest-xdist worker, as the workers report it (controller only).
 LEFT_IN_WORKERS: list[str] = []
 
