@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,8 +35,10 @@ become_subreaper()
 
 
 def descendants(pid: int | None = None) -> list[tuple[int, str]]:
-    """Live (non-zombie) descendants of *pid* (default: this process), with their command lines."""
-    return chaos.descendants(os.getpid() if pid is None else pid)
+    """Live (non-zombie) descendants of *pid* (default: this process), with their command lines;
+    the forkserver, part of the test harness, is none of them (it keeps no child of its own: what
+    it forks is this process's child)."""
+    return [d for d in chaos.descendants(os.getpid() if pid is None else pid) if d[0] != FORKSERVER.pid]
 
 
 # Roots of process trees that outlive single tests on purpose: a server started once for a
@@ -79,7 +83,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes] | ForkedProcess, grace: float = 5.0) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds; always reaped."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -140,9 +144,102 @@ class EventTail:
             self._fd = None
 
 
+class ForkedProcess:
+    """What the tests use of subprocess.Popen, for a process that this one adopted rather than
+    spawned: forked by tests/forkserver.py and re-parented here (a subreaper).
+    Only this process reaps it, so its pid is not reused while `returncode` is None."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid, self.args = pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N for a signal, as Popen's
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            if timeout is not None:
+                pidfd = os.pidfd_open(self.pid)  # readable once it has exited
+                try:
+                    if not select.select([pidfd], [], [], timeout)[0]:
+                        raise subprocess.TimeoutExpired(self.args, timeout)
+                finally:
+                    os.close(pidfd)
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Forkserver:
+    """tests/forkserver.py, started on the first process this one asks it for, ended with the
+    session: ``steward run`` without its half second of imports per start, a fake without its fifth."""
+
+    def __init__(self) -> None:
+        self._server: subprocess.Popen[bytes] | None = None
+        self._log: Path | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._server is None else self._server.pid
+
+    def start(self, module: str, args: list[str], *, output: Path) -> ForkedProcess:
+        """``python -m MODULE ARGS`` in ROOT with this environment, stdin from /dev/null, its output into *output*."""
+        if self._server is None or self._server.poll() is not None:
+            self.stop()
+            fd, log = tempfile.mkstemp(prefix="steward-tests-forkserver-", suffix=".log")
+            self._log = Path(log)
+            self._server = subprocess.Popen([sys.executable, "-m", "tests.forkserver"], cwd=ROOT,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd)
+            os.close(fd)
+        assert self._server.stdin is not None and self._server.stdout is not None
+        request = {"module": module, "args": args, "cwd": str(ROOT), "env": dict(os.environ), "output": str(output)}
+        try:
+            self._server.stdin.write(json.dumps(request).encode() + b"\n")
+            self._server.stdin.flush()
+            reply = self._server.stdout.readline()
+        except BrokenPipeError:
+            reply = b""
+        if not reply:
+            assert self._log is not None
+            raise AssertionError(f"the forkserver ended: {self._log.read_text()[-2000:]}")
+        return ForkedProcess(json.loads(reply)["pid"], [sys.executable, "-m", module, *args])
+
+    def stop(self) -> None:
+        if self._server is not None:
+            assert self._server.stdin is not None and self._server.stdout is not None
+            self._server.stdin.close()  # EOF: it ends
+            try:
+                self._server.wait(10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server.stdout.close()
+            self._server = None
+        if self._log is not None:
+            self._log.unlink(missing_ok=True)
+            self._log = None
+
+
+FORKSERVER = Forkserver()
+
+
 @attrs.define
 class RunningSteward:
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     url: str
     events_path: Path
     stderr_path: Path
@@ -229,9 +326,7 @@ def launch_steward(run_dir: Path, models: dict[str, Any], registry: list[Running
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     stderr_path = run_dir / "stderr.log"
-    with open(stderr_path, "wb") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", str(config_path)],
-                                   stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, cwd=ROOT)
+    process = FORKSERVER.start("supervisor.cli", ["run", str(config_path)], output=stderr_path)
     steward = RunningSteward(process, f"http://{config['listen']}", events_path, stderr_path)
     registry.append(steward)
     deadline = time.monotonic() + 20
@@ -254,8 +349,61 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
+# Under pytest-xdist (`--dist loadfile`): these modules run one after the other on one worker,
+# first. Each has a long fixed cost that loads both cores (a real ComfyUI or vLLM started for the
+# module) or measures speeds that a neighbour loading both cores would change (the load tests);
+# beside each other they would slow and skew one another. Started last, any of them would keep
+# a worker busy long after the other ran out of work.
+ONE_WORKER_FIRST = ("test_loadtest.py", "test_loadtest_real.py", "test_real_vllm_supervised.py", "test_real_vllm.py",
+                    "test_real_comfyui.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker sorts alike: xdist checks they collected the same
+        rank = {name: i for i, name in enumerate(ONE_WORKER_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist (controller): `--dist loadfile`, except that ONE_WORKER_FIRST is one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "one worker" if Path(module).name in ONE_WORKER_FIRST else module
+
+    return Scheduling(config, log)
+
+
+# What outlived the session of each pytest-xdist worker, as the workers report it (controller only).
+LEFT_IN_WORKERS: list[str] = []
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """No child process may survive the suite, whichever test (or fixture) started it."""
-    if left := kill_leftovers():
+    """No child process may survive the suite, whichever test (or fixture) started it.
+
+    Under pytest-xdist each worker checks its own descendants and hands what it found to the
+    controller (a worker's exit status does not reach it), which fails the run.
+    """
+    FORKSERVER.stop()
+    left = [f"{pid} {cmd}" for pid, cmd in kill_leftovers()]
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if left and workeroutput is not None:
+        workeroutput["leftovers"] = left
+    left += LEFT_IN_WORKERS
+    if left:
         print(f"\nprocesses outlived the test suite (killed now): {left}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist (controller): a worker finished; keep what outlived its session."""
+    LEFT_IN_WORKERS.extend(f"[{node.gateway.id}] {line}"
+                           for line in getattr(node, "workeroutput", {}).get("leftovers", []))
+

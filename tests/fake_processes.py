@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,7 +10,7 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from tests.conftest import ROOT, free_port, stop_process
+from tests.conftest import FORKSERVER, ForkedProcess, free_port, stop_process
 
 F = TypeVar("F", bound="FakeProcess")
 
@@ -29,7 +27,7 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: 
 class FakeProcess:
     """A fake runtime in its own process; subclasses add what their runtime answers."""
 
-    proc: subprocess.Popen[bytes]
+    proc: ForkedProcess
     port: int
     log_path: Path
     ready_path: str = "/"
@@ -66,15 +64,13 @@ class FakeLauncher:
     """Starts `python -m MODULE --port P ARGS`; every process is stopped (SIGTERM, then SIGKILL) at the end."""
 
     tmp_path: Path
-    started: list[subprocess.Popen[bytes]] = attrs.Factory(list)
+    started: list[ForkedProcess] = attrs.Factory(list)
 
     def launch(self, kind: type[F], module: str, args: list[str], *, ready_path: str, wait: bool = True,
                port: int | None = None) -> F:
         port = free_port() if port is None else port
         log_path = self.tmp_path / f"{module.rsplit('.', 1)[-1]}-{len(self.started)}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = FORKSERVER.start(module, ["--port", str(port), *args], output=log_path)  # python -m MODULE ...
         self.started.append(proc)
         fake = kind(proc, port, log_path, ready_path)
         if wait:

@@ -154,7 +154,7 @@ def is_done(prompt_id: str) -> Callable[[dict[str, Any]], bool]:
 
 
 def test_prompt_to_history(start_comfy: Callable[..., Fake]) -> None:
-    fake = start_comfy("--job-time", "0.4s")
+    fake = start_comfy("--job-time", "2s")  # still running after the four requests below, even beside busy loops
     r = fake.post("/prompt", {"prompt": workflow(), "client_id": "me"})
     body = r.json()
     assert r.status_code == 200 and set(body) == {"prompt_id", "number", "node_errors"}

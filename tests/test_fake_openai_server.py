@@ -209,7 +209,8 @@ def test_models_and_error_shapes_and_no_sleep_without_dev_mode(start_fake: Calla
 
 def test_max_num_seqs_limits_running_the_rest_wait(start_fake: Callable[..., Fake]) -> None:
     fake = start_fake("--max-num-seqs", "2", "--tokens-per-second", "20")
-    threads = [in_thread(lambda: fake.post("/v1/chat/completions", chat_body(max_tokens=10)))
+    # 1.5 s each: all five are sent while the first two run, however busy the machine
+    threads = [in_thread(lambda: fake.post("/v1/chat/completions", chat_body(max_tokens=30)))
                for _ in range(5)]
     wait_until(lambda: fake.metric("vllm:num_requests_waiting", model_name=MODEL) > 0, timeout=20)
     assert fake.metric("vllm:num_requests_running", model_name=MODEL) == 2
