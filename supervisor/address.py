@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
+import urllib.parse
 
 import attrs
 
@@ -78,3 +80,27 @@ class MacAddress:
 
     def __str__(self) -> str:
         return self.octets.hex(":")
+
+
+ANY = "*"  # allowed_hosts / allowed_origins: every one
+
+
+def normalize_origin(origin: str) -> str | None:
+    """``scheme://host:port`` with the default port spelled out; None if it is not an origin."""
+    try:
+        parts = urllib.parse.urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    port = port or (443 if parts.scheme == "https" else 80)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}"
+
+
+def pick_port(host: str) -> int:
+    """A port that is free right now (the engine may still lose a race; then it fails and restarts)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

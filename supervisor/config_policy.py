@@ -18,10 +18,10 @@ from supervisor.accounting.cpu_share import (
 from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
-from supervisor.engines.driver import EngineSpec, HealthChecks
+from supervisor.engines.spec import EngineSpec, HealthChecks
 from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
-from supervisor.nodes.directory import NodeSpec
+from supervisor.nodes.spec import NodeSpec
 from supervisor.scheduler.core import Scheduler
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Iterator
 
 from supervisor.config import Config
-from supervisor.engines.driver import pick_port
+from supervisor.address import pick_port
 from supervisor.observe.events import EventLogUnavailable, open_event_log
 from supervisor.usage.writer import UsageLogUnavailable, open_usage_database
 

@@ -26,7 +26,8 @@ import trio
 
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
-from supervisor.engines.driver import EngineHandle, EngineSpec, serve_engine
+from supervisor.engines.driver import EngineHandle, serve_engine
+from supervisor.engines.spec import EngineSpec
 from supervisor.observe.events import EventLog
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.engines.measurements import MeasurementStore

@@ -16,7 +16,8 @@ import yaml
 from tests.conftest import ROOT
 
 HEAVY = ("numpy", "gguf", "quart", "quart_trio", "hypercorn", "fakes")
-# What only a command that makes a request needs (check plans the engines, whose driver is an httpx client).
+# What only a command that makes a request needs (check plans the engines from their specs, apart from
+# the driver, an httpx client; and reads the nodes from theirs, apart from the directory's client).
 CLIENT = ("httpx", "rich")
 TOOLS_COMMAND_LINE = {"supervisor.tools", "supervisor.tools.commands"}  # the tools' flags, nothing of the tools
 
@@ -55,4 +56,5 @@ def test_check_imports_no_gateway_numpy_or_tools(tmp_path: Path) -> None:
     assert "model chat" in result.stdout
     assert "supervisor.config_policy" in modules
     assert too_heavy(modules) == []
-    assert {"supervisor.serving", "supervisor.tree"} & modules == set()  # what serves: `run` only
+    assert sorted(m for m in modules if m.split(".")[0] in CLIENT) == []
+    assert {"supervisor.serving", "supervisor.tree", "supervisor.engines.driver"} & modules == set()  # `run` only

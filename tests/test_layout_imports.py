@@ -107,7 +107,7 @@ def test_the_rules_read_real_modules() -> None:
     assert {"adapters.base", "adapters.llama_server", "adapters.ollama", "adapters.openai"} <= set(_modules("adapters"))
     assert {"supervisor.config.schema", "supervisor.config.loading"} <= set(_modules("supervisor/config"))
     assert "supervisor.config.schema" in imports_of("adapters.llama_server")
-    assert "supervisor.nodes.directory" in imports_of("supervisor.config_policy")  # the ast reading sees imports
+    assert "supervisor.nodes.spec" in imports_of("supervisor.config_policy")  # the ast reading sees imports
     assert "supervisor.config" in reached("supervisor.config.schema")  # and the packages on the way
 
 

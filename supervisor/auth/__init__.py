@@ -7,23 +7,6 @@
 
 The door (the middleware that checks each request's key) uses ``KeyTable.lookup``, the
 ``ApiKey`` permissions and ``KeyLimiter``; it lives with the gateway.
+
+Nothing is imported here: ``steward keys`` and ``check`` read keys without the watcher's trio.
 """
-
-from supervisor.auth.keys import (
-    ApiKey,
-    KeyCommandError,
-    KeyFile,
-    KeyFileError,
-    KeyTable,
-    add_key,
-    list_keys,
-    load_key_file,
-    remove_key,
-)
-from supervisor.auth.limits import Admission, KeyLimiter, RefusalReason, Refused
-from supervisor.auth.watch import serve_key_file
-
-__all__ = [
-    "Admission", "ApiKey", "KeyCommandError", "KeyFile", "KeyFileError", "KeyLimiter", "KeyTable", "RefusalReason",
-    "Refused", "add_key", "list_keys", "load_key_file", "remove_key", "serve_key_file",
-]

@@ -15,7 +15,7 @@ from typing import Any
 
 
 from supervisor.accounting.cpu_share import THREADED_RUNTIMES, sets_threads
-from supervisor.address import Address
+from supervisor.address import ANY, Address, normalize_origin  # the cross-site guard reads origins the same way
 from supervisor.config.schema import (
     COMFYUI_SCOPE,
     DEFAULT_HEALTH,
@@ -26,7 +26,6 @@ from supervisor.config.schema import (
     ModelConfig,
     OllamaConfig,
 )
-from supervisor.gateway.http.cross_site import ANY, normalize_origin  # the guard's own reading of an origin
 from supervisor.units import format_duration, show
 
 

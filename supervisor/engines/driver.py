@@ -17,7 +17,6 @@ import collections
 import enum
 import functools
 import math
-import socket
 import traceback
 from collections.abc import Awaitable, Callable
 
@@ -25,11 +24,8 @@ import attrs
 import httpx
 import trio
 
-from adapters import LogReader, Residence, Runtime
-from supervisor.accounting.cpu_share import CpuSet
-from supervisor.address import Address
-from supervisor.backoff import Backoff
-from supervisor.observe.events import EventLog
+from adapters import LogReader, Residence
+from supervisor.address import Address, pick_port
 from supervisor.engines.process import (
     ChildProcess,
     SpawnError,
@@ -39,52 +35,11 @@ from supervisor.engines.process import (
     report_reaper,
     stop_child,
 )
+from supervisor.engines.service import ServiceProcess, serve_service_process
+from supervisor.engines.spec import EngineSpec
+from supervisor.observe.events import EventLog
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import Placement
-from supervisor.engines.service import ServiceProcess, serve_service_process
-
-# How often a runtime is asked what it holds and how loaded it is (Ollama's /api/ps,
-# vLLM's /metrics), unless its config says otherwise.
-USAGE_POLL_S = 2.0
-
-
-@attrs.frozen
-class HealthChecks:
-    """How often a ready engine's health is checked, and how long one check may take."""
-
-    interval: float = 10.0
-    timeout: float = 5.0
-    # After a failed check the next comes sooner, so that a frozen engine is found in
-    # seconds, not in several intervals.
-    retry: float = 1.0
-
-
-@attrs.frozen
-class EngineSpec:
-    """Everything needed to run one engine, resolved from the config."""
-
-    name: str
-    runtime: Runtime
-    host: str
-    start_timeout: float
-    stop_grace: float
-    health_interval: float  # readiness polling while it loads
-    tail_lines: int
-    checks: HealthChecks = attrs.Factory(HealthChecks)
-    port: int | None = None  # fixed: configured, or the attached server's; else one is picked per process
-    usage_poll: float = USAGE_POLL_S
-    # A service's restarts, and an attached server's reconnects while it is awaited.
-    retry: Backoff = attrs.Factory(Backoff)
-    devices: tuple[int, ...] | None = None  # models.NAME.devices: where its process may run
-    cpus: CpuSet | None = None  # models.NAME.cpus (cpu_share.py): the CPUs its process may run on
-
-    @property
-    def slots(self) -> int:
-        return self.runtime.slots
-
-    def command(self, port: int | str) -> list[str] | None:
-        return self.runtime.command(self.host, port)  # type: ignore[arg-type]
-
 
 # What arrives in an engine's mailbox: the scheduler's commands (Start, Stop, Check) and the
 # notices of the engine's helper tasks (Ready, Exited, TooSlow), each about one generation.
@@ -187,13 +142,6 @@ class EngineHandle:
         """End the engine's task (a reload removed or changed it; its process is gone): a
         process it keeps (a service) is stopped as the task ends."""
         self._mailbox.close()
-
-
-def pick_port(host: str) -> int:
-    """A port that is free right now (the engine may still lose a race; then it fails and restarts)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @attrs.define(eq=False)

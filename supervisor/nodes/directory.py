@@ -46,31 +46,13 @@ import trio
 from supervisor.config import WakeConfig
 from supervisor.observe.events import EventLog
 from supervisor.nodes.routing import Availability, NodeView
+from supervisor.nodes.spec import NodeSpec
 from supervisor.nodes.state import STATE_PATH, NodeState, NodeStateError, parse_node_state, state_to_json
 from supervisor.nodes.wake import WakeError, send_magic_packet
 from supervisor.supervise import Supervision, supervise
 
 POLL_TIMEOUT = 2.0  # a node on the LAN answers in milliseconds; longer is as good as asleep
 WAKING_POLL = 0.25  # while a node wakes: how soon after it answers a waiting request is sent
-
-
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be more than 0, got {value!r}")
-
-
-def _without_trailing_slash(url: str) -> str:
-    return url.rstrip("/")  # STATE_PATH is appended
-
-
-@attrs.frozen
-class NodeSpec:
-    name: str
-    url: str = attrs.field(converter=_without_trailing_slash)  # http://host:port
-    key: str | None = None  # the node's key text (read from its key_env by the caller)
-    wake: WakeConfig | None = None  # the config's own: mac, broadcast, port, timeout
-    models: tuple[str, ...] | None = None  # configured: wins over what the node said when last awake
-    poll: float = attrs.field(default=2.0, validator=_positive)
 
 
 class Trouble(enum.Enum):

@@ -53,7 +53,9 @@ import trio
 
 from supervisor.config import Config
 from supervisor.config_policy import engine_specs
-from supervisor.engines.driver import EngineSpec, pick_port, placed_command
+from supervisor.address import pick_port
+from supervisor.engines.driver import placed_command
+from supervisor.engines.spec import EngineSpec
 from supervisor.observe.events import EventLog, EventLogUnavailable, open_event_log
 from supervisor.apis import GENERATION, Api
 from supervisor.engines.measurements import ContextCost, EngineSpeed, HostSharing, MeasurementStore, measurement_key

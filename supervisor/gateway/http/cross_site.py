@@ -25,11 +25,10 @@ from typing import Any
 
 import attrs
 
-from supervisor.address import Address
+from supervisor.address import ANY, Address, normalize_origin
 from supervisor.gateway.http.asgi import ASGI, Receive, Scope, Send, header_value, send_error, send_whole
 from supervisor.gateway.errors import ErrorShape
 
-ANY = "*"
 _PREFLIGHT_MAX_AGE = b"600"
 
 
@@ -79,20 +78,6 @@ class CrossSitePolicy:
 
     def cross_origin_allowed(self, origin: str) -> bool:
         return ANY in self.allowed_origins or normalize_origin(origin) in self.allowed_origins
-
-
-def normalize_origin(origin: str) -> str | None:
-    """``scheme://host:port`` with the default port spelled out; None if it is not an origin."""
-    try:
-        parts = urllib.parse.urlsplit(origin.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    port = port or (443 if parts.scheme == "https" else 80)
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}:{port}"
 
 
 def _host_name(host: str) -> str | None:
