@@ -51,6 +51,12 @@ class LogReader(Protocol):
         """device -> component -> bytes, as the engine reported them."""
         ...
 
+    @property
+    def complete(self) -> bool:
+        """Whether the log has said all it says of the load (its output is read apart from the
+        readiness probe, so on a busy host the probe may see the engine ready first)."""
+        ...
+
 
 class Runtime(Protocol):
     """One engine's runtime, made from its config."""

@@ -147,6 +147,10 @@ class BufferSizeReader:
     def summary(self) -> dict[str, dict[str, int]]:
         return self._accumulator.breakdown().devices()
 
+    @property
+    def complete(self) -> bool:
+        return self._accumulator.loaded
+
 
 def _is_decoder(path: str | None) -> bool:
     if path is None:

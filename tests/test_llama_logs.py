@@ -120,3 +120,36 @@ def test_buffer_names_map_to_devices() -> None:
     assert buffer_device("CUDA_Host") == buffer_device("ROCm_Host") == "host"
     assert buffer_device("CUDA0") == "gpu0" and buffer_device("CUDA1") == "gpu1"
     assert buffer_device("ROCm0") == buffer_device("Vulkan0") == buffer_device("MTL0_Mapped") == "gpu0"
+
+
+def test_the_load_is_whole_once_the_log_says_the_model_is_loaded() -> None:
+    acc = LlamaLogAccumulator()
+    acc.feed_text(GEMMA3_CPU)
+    assert not acc.loaded  # a compute buffer line may still come
+    acc.feed("0.00.313.088 I srv  llama_server: model loaded")  # b1-0c1e570's words
+    assert acc.loaded
+    acc.feed("0.00.012.100 I llama_model_loader: loaded meta data with 26 key-value pairs and 80 tensors from /m")
+    assert not acc.loaded  # a new load starts over
+    acc.feed("main: model loaded")  # older llama-server, and the fake
+    assert acc.loaded
+
+
+def test_the_buffers_event_waits_for_the_whole_load_even_when_the_probe_saw_it_ready_first() -> None:
+    from types import SimpleNamespace
+
+    from adapters.llama_server import BufferSizeReader
+    from supervisor.engines.driver import _BuffersReport
+
+    emitted: list[dict[str, object]] = []
+    events = SimpleNamespace(emit=lambda name, level, **fields: emitted.append({"event": name, **fields}))
+    report = _BuffersReport(SimpleNamespace(spec=SimpleNamespace(name="chat"), events=events), BufferSizeReader())
+    *early, last_buffer = [line for line in GEMMA3_CPU.splitlines() if "buffer size" in line]
+    for line in early:
+        report.read(line)
+    report.engine_ready()  # /health answered before the pipe's last lines were read (a busy host)
+    report.read(last_buffer)
+    assert emitted == []
+    report.read("0.00.313.088 I srv  llama_server: model loaded")
+    report.read("main: model loaded")  # once only
+    assert emitted == [{"event": "buffers", "engine": "chat",
+                        "devices": parse_llama_log(GEMMA3_CPU).devices()}]

@@ -34,6 +34,8 @@ _KV_SUMMARY = re.compile(r"size\s*=\s*(?P<mib>[\d.]+)\s*MiB\s*\(\s*(?P<cells>\d+
 _CLIP_MODEL = re.compile(r"model size:\s*(?P<mib>[\d.]+)\s*MiB")
 _CLIP_BACKEND = re.compile(r"CLIP using (?P<name>\S+) backend")
 _NEW_LOAD = re.compile(r"loaded meta data with \d+ key-value pairs")
+# llama-server, after every buffer line of its load ("srv  llama_server: model loaded"; older: "main: model loaded")
+_LOADED = re.compile(r": model loaded\s*$")
 _KINDS = {"model": "weights", "KV": "kv", "RS": "recurrent", "compute": "compute", "output": "output"}
 
 
@@ -99,11 +101,16 @@ class LlamaLogAccumulator:
         self._buffers: dict[tuple[str, str], int] = {}
         self._kv: list[KvCacheSummary] = []
         self._clip_backend = "CPU"
+        self.loaded = False  # the log said the load is over: every buffer of it is in
 
     def feed(self, line: str) -> None:
         if _NEW_LOAD.search(line):
             self._buffers = {k: v for k, v in self._buffers.items() if k[0].startswith("mmproj")}
             self._kv = []
+            self.loaded = False
+            return
+        if _LOADED.search(line):
+            self.loaded = True
             return
         match = _BUFFER.search(line)
         if match:

@@ -264,12 +264,12 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
     report_reaper(process, engine.events, spec.name)
     address = Address(spec.host, port)
     log_reader = spec.runtime.log_reader()
+    buffers = _BuffersReport(engine, log_reader)
 
     def on_line(line: str) -> None:
         handle.output_tail.append(line)
-        if log_reader is not None:
-            log_reader.feed(line)
         engine.events.emit("engine_output", "debug", engine=spec.name, line=line)
+        buffers.read(line)
 
     stop_requested = False
     try:
@@ -286,7 +286,7 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
                 return f"{describe_exit(process.returncode)}; last output: {_tail(handle)}"
 
             ended = await _serve_generation(engine, generation, address, lambda: process.pid, nursery, stop,
-                                            exited, log_reader)
+                                            exited, buffers)
             if ended.kind is EndKind.TOO_SLOW:
                 await stop_child(process, spec.stop_grace)
             stop_requested = ended.kind.requested
@@ -342,9 +342,37 @@ async def _run_kept(engine: _Engine, generation: int) -> Ended:
     return ended
 
 
+@attrs.define(eq=False)
+class _BuffersReport:
+    """The ``buffers`` event: the engine's own account of its memory, from its log, once it is
+    ready and its log has told the whole load (the output is read apart from the readiness
+    probe: on a busy host the probe may see it ready before the last buffer line is read)."""
+
+    engine: _Engine
+    reader: LogReader | None
+    ready: bool = False
+    sent: bool = False
+
+    def read(self, line: str) -> None:
+        if self.reader is not None:
+            self.reader.feed(line)
+            self._send_when_whole()
+
+    def engine_ready(self) -> None:
+        self.ready = True
+        self._send_when_whole()
+
+    def _send_when_whole(self) -> None:
+        if self.sent or not self.ready or self.reader is None or not self.reader.complete:
+            return
+        self.sent = True
+        if devices := self.reader.summary():
+            self.engine.events.emit("buffers", "info", engine=self.engine.spec.name, devices=devices)
+
+
 async def _serve_generation(engine: _Engine, generation: int, address: Address, pid: Callable[[], int | None],
                             nursery: trio.Nursery, unload: Callable[[], Awaitable[Ended]], exited: Callable[[str], str],
-                            log_reader: LogReader | None) -> Ended:
+                            buffers: _BuffersReport) -> Ended:
     """Wait until the engine is ready, serve until it is unloaded or gone; returns why it ended."""
     spec, handle = engine.spec, engine.handle
     engine.unhealthy = False
@@ -365,9 +393,7 @@ async def _serve_generation(engine: _Engine, generation: int, address: Address, 
                 engine.asleep = False
                 engine.scheduler.report_ready(spec.name, generation, address, pid())
                 watch.ready.set()
-                if log_reader is not None and (buffers := log_reader.summary()):
-                    # The engine's own account of its memory, from its log: the measured breakdown.
-                    engine.events.emit("buffers", "info", engine=spec.name, devices=buffers)
+                buffers.engine_ready()
             case Check():
                 watch.check_now()
             case TooSlow() if not ready:
