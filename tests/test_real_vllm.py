@@ -92,7 +92,7 @@ def test_vllm_never_sees_more_than_parallel_and_the_rest_wait_in_class_order(
     done = threading.Event()
 
     def sample() -> None:
-        while not done.is_set():
+        while not done.wait(0.01):  # paced: on a refused connection too, it must not spin
             try:
                 load = read_vllm_load(httpx.get(f"{vllm.base_url}/metrics", timeout=10).text)
             except httpx.HTTPError:
@@ -114,22 +114,24 @@ def test_vllm_never_sees_more_than_parallel_and_the_rest_wait_in_class_order(
             time.sleep(0.01)
 
     dispatched, queued = len(steward.events("dispatch")), len(steward.events("enqueue"))
-    sampler = threading.Thread(target=sample)
+    sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     threads = []
-    for i, model in enumerate([f"{NAME}@batch"] * 4 + [NAME] * 2):  # the interactive ones arrive last
-        threads.append(threading.Thread(target=ask, args=(model,)))
-        threads[-1].start()
-        wait_for("enqueue", queued + i + 1)
-    wait_for("dispatch", dispatched + 2)
-    health = steward.health()
-    assert health["classes"]["batch"] == {"queued": 2, "running": 2}
-    assert health["classes"]["interactive"] == {"queued": 2, "running": 0}
-    assert httpx.post(f"{vllm.base_url}/wake_up", timeout=60).status_code == 200
-    for thread in threads:
-        thread.join(300)
-    done.set()
-    sampler.join(30)
+    try:
+        for i, model in enumerate([f"{NAME}@batch"] * 4 + [NAME] * 2):  # the interactive ones arrive last
+            threads.append(threading.Thread(target=ask, args=(model,), daemon=True))
+            threads[-1].start()
+            wait_for("enqueue", queued + i + 1)
+        wait_for("dispatch", dispatched + 2)
+        health = steward.health()
+        assert health["classes"]["batch"] == {"queued": 2, "running": 2}
+        assert health["classes"]["interactive"] == {"queued": 2, "running": 0}
+    finally:  # whatever failed above, vLLM is woken for the tests after this one, and the sampler ends
+        assert httpx.post(f"{vllm.base_url}/wake_up", timeout=60).status_code == 200
+        for thread in threads:
+            thread.join(300)
+        done.set()
+        sampler.join(30)
     assert statuses == [200] * 6
     # vLLM's own gauges never show more than 2 inside it; alone (--max-num-seqs 4) it would
     # have held all 6. (On a machine with busy cores its gauges were once 0 throughout, so

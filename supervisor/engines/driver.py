@@ -333,7 +333,8 @@ async def _run_kept(engine: _Engine, generation: int) -> Ended:
             # Ollama says what it holds itself (its runners are not ours to name); others are measured.
             return service.pid if service is not None and spec.runtime.measured else None
 
-        ended = await _serve_generation(engine, generation, address, pid, nursery, unload, exited, None)
+        no_log = _BuffersReport(engine, None)  # a kept service's output is not steward's to read
+        ended = await _serve_generation(engine, generation, address, pid, nursery, unload, exited, no_log)
         nursery.cancel_scope.cancel(reason="load ended")
     if ended.kind in (EndKind.EXITED, EndKind.TOO_SLOW) and engine.service is not None:
         # A failed wake or start: the next load gets a fresh process, which is awake.
