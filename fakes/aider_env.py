@@ -16,6 +16,7 @@ from fakes.llama_binary import cache_root
 
 AIDER_VERSION = "0.86.2"
 
+
 def aider_path() -> Path:
     """The `aider` executable, or FileNotFoundError saying what is missing and how to install it."""
     hint = "run `sh deploy/install-aider.sh` (or `sh deploy/install.sh test`) to install it"
