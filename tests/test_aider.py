@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import time
@@ -47,7 +48,7 @@ def test_a_dictated_reply_is_the_json_string_after_the_words() -> None:
     assert said(ChatMessage("user", 'Reply exactly: ["a"]')) is None
 
 
-def aider_command(base_url: str, workdir: Path, task: str) -> list[str]:
+def aider_command(base_url: str, workdir: Path, task: str, stream: bool) -> list[str]:
     metadata = workdir.parent / "model-metadata.json"
     metadata.write_text(json.dumps({f"openai/{MODEL}": {
         "max_input_tokens": SLOT_CTX, "max_output_tokens": SLOT_CTX, "input_cost_per_token": 0,
@@ -56,7 +57,7 @@ def aider_command(base_url: str, workdir: Path, task: str) -> list[str]:
             "--model-metadata-file", str(metadata), "--edit-format", "whole", "--message", task,
             "--yes-always", "--no-git", "--no-auto-commits", "--no-show-model-warnings", "--no-check-update",
             "--no-analytics", "--no-show-release-notes", "--no-pretty", "--no-fancy-input", "--map-tokens", "0",
-            "notes.txt"]
+            "--stream" if stream else "--no-stream", "notes.txt"]
 
 
 def aider_env(home: Path, key: str) -> dict[str, str]:
@@ -83,7 +84,8 @@ def usage_row(db: Path, request_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_aider_edits_a_file_through_steward(start_steward: StewardFactory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_aider_edits_a_file_through_steward(start_steward: StewardFactory, tmp_path: Path, stream: bool) -> None:
     try:
         aider_path()
     except FileNotFoundError as missing:
@@ -100,7 +102,7 @@ def test_aider_edits_a_file_through_steward(start_steward: StewardFactory, tmp_p
     edit = f"notes.txt\n```\n{NEW_TEXT}```\n"
     task = f"Change notes.txt as I say. Reply exactly: {json.dumps(edit)}"
 
-    ran = subprocess.run(aider_command(steward.base_url, workdir, task), cwd=workdir,
+    ran = subprocess.run(aider_command(steward.base_url, workdir, task, stream), cwd=workdir,
                          env=aider_env(tmp_path / "home", key), stdin=subprocess.DEVNULL, capture_output=True,
                          text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout + ran.stderr
@@ -109,8 +111,11 @@ def test_aider_edits_a_file_through_steward(start_steward: StewardFactory, tmp_p
 
     (request,) = [event for event in steward.events("request") if event["route"] == "/v1/chat/completions"]
     assert (request["model"], request["status"], request["key"]) == (MODEL, 200, "aider")
-    # aider streams without asking for usage (its "Tokens: ... sent" are its own count): steward's are the engine's
     assert request["completion_tokens"] == len(pieces(edit)) + 1  # the edit and the end-of-generation token
+    told = re.search(r"Tokens: (\d+) sent, (\d+) received", ran.stdout)
+    assert told is not None, ran.stdout
+    if not stream:  # streamed, aider asks for no usage and counts for itself
+        assert told.groups() == (str(request["prompt_tokens"]), str(request["completion_tokens"]))
     row = usage_row(usage_db, request["request_id"])
     assert (row["route"], row["model"], row["status"], row["key"]) == ("/v1/chat/completions", MODEL, 200, "aider")
     assert (row["prompt_tokens"], row["completion_tokens"]) == (request["prompt_tokens"], request["completion_tokens"])
