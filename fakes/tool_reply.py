@@ -13,6 +13,11 @@ Deterministic rules, on a ``Chat`` whose request offers tools (and whose ``tool_
   user's text, when there is one; else every required property of the tool's schema with a
   plausible value of its type (``path``: ``README.md``, an enum's first value, ...);
 * else nothing: the fake model talks as it does without tools.
+
+One more rule, with tools or without: the latest user message says ``Reply exactly:`` and then a
+JSON string (``Reply exactly: "Done."``) -> the answer is that string, to the character
+(``dictated_reply``): a model that does as it is told, for a test that dictates, say, the edit
+aider's edit format asks for (a file's name on a line, then its new text in a fenced block).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from fakes.chat_template import Chat, ChatMessage, ToolCall
 
 _ALNUM = string.ascii_letters + string.digits
 _EXCERPT_CHARS = 80
+_DICTATED = re.compile(r"Reply exactly:\s*")
 # Plausible strings by property name: an agent's usual arguments.
 _STRING_EXAMPLES = (("path", "README.md"), ("file", "README.md"), ("dir", "."), ("command", "ls"),
                     ("url", "https://example.com"), ("pattern", "TODO"), ("query", "TODO"), ("glob", "*.py"),
@@ -115,3 +121,16 @@ def _result_answer(messages: tuple[ChatMessage, ...], result: ChatMessage) -> st
     first = result.content.strip().split("\n", 1)[0]
     excerpt = first if len(first) <= _EXCERPT_CHARS else first[:_EXCERPT_CHARS] + "..."
     return f"{name} returned: {excerpt}" if excerpt else f"{name} returned nothing."
+
+
+def dictated_reply(chat: Chat) -> str | None:
+    """The JSON string after ``Reply exactly:`` in the latest user message, if it has one."""
+    text = next((message.content for message in reversed(chat.messages) if message.role == "user"), "")
+    marker = _DICTATED.search(text)
+    if marker is None:
+        return None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, marker.end())
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None

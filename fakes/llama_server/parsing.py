@@ -9,7 +9,8 @@ The fake model's answer (``Job.answer``): without ``max_tokens`` (``n_predict``)
 ``--max-tokens-default`` words and then an end-of-generation token (finish "stop"), as a model
 ends its reply long before llama-server's unlimited default; with a budget it talks until the
 budget (or the context) runs out ("length"). A chat that offers tools gets a tool call or an
-answer about a tool's result where ``fakes.tool_reply`` says so.
+answer about a tool's result where ``fakes.tool_reply`` says so; a chat that dictates its
+answer ("Reply exactly: ...") gets it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from fakes.http11 import Request
 from fakes.llama_server.cli import Config
 from fakes.llama_server.errors import invalid_request
 from fakes.llama_server.formats import token_piece
-from fakes.tool_reply import tool_reply
+from fakes.tool_reply import dictated_reply, tool_reply
 
 ERROR_HOOK = "FAKE_ERROR_MIDSTREAM"
 CONTINUED_ERROR_HOOK = "FAKE_ERROR_CONTINUING"  # ERROR_HOOK, only in a request that continues a prefill
@@ -116,7 +117,7 @@ def chat_job(chat: Chat, body: dict[str, Any], cfg: Config) -> Job:
     """The job of a request converted to *chat*; *body* holds its chat parameters (max_tokens, stream)."""
     prompt = chat.prompt
     job = build_job(body, cfg, prompt, count_tokens(prompt))
-    reply = tool_reply(chat)
+    reply = tool_reply(chat) or dictated_reply(chat)
     if isinstance(reply, ToolCall):
         hidden = ("",) * len(pieces(call_head(reply.name)))
         return attrs.evolve(job, answer=(*hidden, *pieces(reply.arguments), *("",) * len(pieces(CALL_TAIL))),
