@@ -1,0 +1,149 @@
+"""The real coding agents, Claude Code and Codex, each run one non-interactive task with one tool
+call through steward, with the settings the README gives for them.
+
+Steward stands in front of the fake llama-server, whose model calls the tool the user asks for
+and then answers with the tool's result (fakes/tool_reply.py): the agent's own tool runs in its
+own working folder, on a file holding a secret the fake can only quote if the tool's result came
+back through steward. The CLIs are the npm packages pinned in fakes/agent_clis.py
+(`sh deploy/install-agent-clis.sh`); no request may leave the machine (their telemetry and
+update checks are off; nothing but loopback is reachable anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+
+from fakes.agent_clis import AgentCli, agent_cli
+from tests.conftest import RunningSteward, StewardFactory, fake_model
+
+pytestmark = pytest.mark.slow
+
+MODEL = "agent"  # steward's name for the model both agents use
+# The model's slot context (one slot). An agent's first prompt is 10-20k tokens; Claude Code compacts
+# a conversation at no less than 100k tokens, so a model it uses needs a context above that.
+CONTEXT = 131072
+MAX_OUTPUT_TOKENS = 4096
+CLI_TIMEOUT_S = 120
+
+
+def require_cli(cli: AgentCli) -> Path:
+    """The CLI, or the test fails saying how to install it (skips only with STEWARD_SKIP_AGENT_CLIS=1)."""
+    try:
+        return agent_cli(cli)
+    except FileNotFoundError as exc:
+        if os.environ.get("STEWARD_SKIP_AGENT_CLIS") == "1":
+            pytest.skip(f"STEWARD_SKIP_AGENT_CLIS=1: {exc}")
+        pytest.fail(str(exc), pytrace=False)
+
+
+@attrs.frozen
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
+
+
+def run_cli(args: list[str], *, env: dict[str, str], cwd: Path) -> CliRun:
+    """*args* in their own process group (what they start goes with them), stdin closed."""
+    process = subprocess.Popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=CLI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{args[0]} ran past {CLI_TIMEOUT_S} s: {stdout[-3000:]} {stderr[-3000:]}") from None
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # anything it left in its group
+        except ProcessLookupError:
+            pass
+    return CliRun(process.returncode, stdout, stderr)
+
+
+def base_env(home: Path) -> dict[str, str]:
+    """A bare environment: the agents' state goes into *home*, none of the caller's settings leak in."""
+    home.mkdir()
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8", "TERM": "dumb"}
+
+
+@pytest.fixture
+def steward(start_steward: StewardFactory) -> RunningSteward:
+    return start_steward({MODEL: fake_model("1GiB", parallel=1, tps=0, extra=["-c", str(CONTEXT)])})
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> tuple[Path, str]:
+    """The agent's working folder, holding notes.txt with a secret line."""
+    secret = f"the secret is {secrets.token_hex(8)}"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text(f"{secret}\nsecond line\n")
+    return work, secret
+
+
+def agent_requests(steward: RunningSteward, route: str) -> list[dict[str, Any]]:
+    return [e for e in steward.events("request") if e["route"] == route]
+
+
+# --------------------------------------------------------------------------- Claude Code
+
+
+def claude_code_env(steward: RunningSteward, home: Path) -> dict[str, str]:
+    """The README's settings for Claude Code."""
+    return {**base_env(home),
+            "ANTHROPIC_BASE_URL": steward.url,
+            "ANTHROPIC_API_KEY": "sk-unused",  # steward without keys: any; with keys, a steward key
+            "ANTHROPIC_MODEL": MODEL,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS),
+            "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(CONTEXT),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"}
+
+
+def test_claude_code_reads_a_file_through_steward(steward: RunningSteward, workdir: tuple[Path, str],
+                                                  tmp_path: Path) -> None:
+    work, secret = workdir
+    notes = work / "notes.txt"
+    prompt = f'Use the Read tool with {{"file_path": "{notes}"}}'
+    debug_log = tmp_path / "claude-debug.log"
+    run = run_cli([str(require_cli(AgentCli.CLAUDE_CODE)), "-p", prompt, "--output-format", "stream-json",
+                   "--verbose", "--allowedTools", "Read", "--debug-file", str(debug_log)],
+                  env=claude_code_env(steward, tmp_path / "home"), cwd=work)
+    lines = run.json_lines()
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    contents = [block for line in lines if line.get("type") in ("assistant", "user")
+                for block in line["message"]["content"] if isinstance(block, dict)]
+    calls = [block for block in contents if block["type"] == "tool_use"]
+    assert [(call["name"], call["input"]) for call in calls] == [("Read", {"file_path": str(notes)})], contents
+    results = [block for block in contents if block["type"] == "tool_result"]
+    assert len(results) == 1 and results[0]["tool_use_id"] == calls[0]["id"], results
+    assert secret in json.dumps(results[0]["content"]), results  # Claude Code read the file
+    final = lines[-1]
+    assert final["type"] == "result" and not final["is_error"], final
+    assert final["result"] == f"Read returned: 1\t{secret}", final  # the fake saw it (Read numbers lines)
+    # it compacts before the model's context is full: its window less the room for an answer
+    assert f"effectiveWindow={CONTEXT - MAX_OUTPUT_TOKENS}" in debug_log.read_text()
+
+    requests = agent_requests(steward, "/v1/messages")
+    assert len(requests) >= 2, steward.events("request")
+    assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
+    assert all(r["prompt_tokens"] > 5000 for r in requests), requests  # its system prompt and tools
+    slots = httpx.get(steward.engine_endpoint(MODEL) + "/slots", timeout=5).json()
+    assert slots[0]["params"]["n_predict"] == MAX_OUTPUT_TOKENS, slots  # its max_tokens
