@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -147,3 +148,52 @@ def test_claude_code_reads_a_file_through_steward(steward: RunningSteward, workd
     assert all(r["prompt_tokens"] > 5000 for r in requests), requests  # its system prompt and tools
     slots = httpx.get(steward.engine_endpoint(MODEL) + "/slots", timeout=5).json()
     assert slots[0]["params"]["n_predict"] == MAX_OUTPUT_TOKENS, slots  # its max_tokens
+
+
+# --------------------------------------------------------------------------- Codex
+
+
+def codex_config(steward: RunningSteward) -> str:
+    """The README's config.toml for Codex: steward as a custom provider on the Responses API."""
+    return f"""\
+model = "{MODEL}"
+model_provider = "steward"
+model_context_window = {CONTEXT}
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.steward]
+name = "steward"
+base_url = "{steward.base_url}"
+wire_api = "responses"
+env_key = "STEWARD_API_KEY"
+"""
+
+
+def test_codex_runs_a_command_through_steward(steward: RunningSteward, workdir: tuple[Path, str],
+                                              tmp_path: Path) -> None:
+    work, secret = workdir
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(codex_config(steward))
+    env = {**base_env(tmp_path / "home"), "CODEX_HOME": str(codex_home), "STEWARD_API_KEY": "sk-unused"}
+    prompt = 'Use the exec_command tool with {"cmd": "cat notes.txt"}'
+    run = run_cli([str(require_cli(AgentCli.CODEX)), "exec", "--json", "--skip-git-repo-check", prompt],
+                  env=env, cwd=work)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    items = [line["item"] for line in run.json_lines() if line["type"] == "item.completed"]
+    commands = [item for item in items if item["type"] == "command_execution"]
+    assert len(commands) == 1 and commands[0]["command"].endswith("'cat notes.txt'"), items
+    assert commands[0]["exit_code"] == 0 and secret in commands[0]["aggregated_output"], commands  # it ran
+    answers = [item["text"] for item in items if item["type"] == "agent_message"]
+    # The fake quotes the first line of the call's output as Codex sent it back: its "Chunk ID: ..." header.
+    assert len(answers) == 1 and re.fullmatch(r"exec_command returned: Chunk ID: \w+", answers[0]), items
+
+    requests = agent_requests(steward, "/v1/responses")
+    assert len(requests) == 2, steward.events("request")  # the call, then the answer after its output
+    assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
+    assert requests[1]["prompt_tokens"] > requests[0]["prompt_tokens"] > 5000, requests
