@@ -15,14 +15,15 @@ cd "$(dirname "$0")/.."
 log() { echo "install-agent-clis: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-claude=$(sed -n 's/^CLAUDE_CODE_VERSION *= *"\([^"]*\)".*/\1/p' fakes/agent_clis.py)
-codex=$(sed -n 's/^CODEX_VERSION *= *"\([^"]*\)".*/\1/p' fakes/agent_clis.py)
+pin() { sed -n "s/^$1 *= *\"\([^\"]*\)\".*/\1/p" fakes/agent_clis.py; }
+claude=$(pin CLAUDE_CODE_VERSION)
+codex=$(pin CODEX_VERSION)
 [ -n "$claude" ] && [ -n "$codex" ] || die "cannot read the versions from fakes/agent_clis.py"
 
 . deploy/install-lib.sh
-dest="$cache_root/agent-clis-$claude-$codex"
-done_mark="$dest/.complete"
-claim_install "agent-clis-$claude-$codex" "$done_mark" "$dest/node_modules/.bin/codex" "$dest"
+name="agent-clis-$claude-$codex"
+claim_install "$name" "$cache_root/$name/.complete" "$cache_root/$name/node_modules/.bin/codex" "$cache_root/$name"
+dest="$cache_root/$name"
 
 if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
     as_root=""
@@ -53,6 +54,6 @@ case $("$dest/node_modules/.bin/claude" --version) in
     "$claude "*) ;;
     *) die "claude --version does not say $claude (its postinstall did not put the native binary in place?)" ;;
 esac
-: >"$done_mark"
+: >"$dest/.complete"
 log "installed in $(( $(date +%s) - started )) s"
 echo "$dest"

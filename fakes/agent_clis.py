@@ -11,9 +11,10 @@ use instead of the cached one.
 """
 from __future__ import annotations
 
-import enum
 import os
 from pathlib import Path
+
+import attrs
 
 from fakes.llama_binary import cache_root
 
@@ -23,21 +24,17 @@ CODEX_VERSION = "0.171.0"
 INSTALL_HINT = "run `sh deploy/install-agent-clis.sh` (or `sh deploy/install.sh test`) to install it"
 
 
-class AgentCli(enum.Enum):
-    """A CLI: its value is its executable's name in ``node_modules/.bin``."""
+@attrs.frozen
+class AgentCli:
+    """A CLI the tests run: its executable in ``node_modules/.bin``, its npm package, its override."""
 
-    CLAUDE_CODE = "claude"
-    CODEX = "codex"
+    executable: str
+    package: str  # name@version, as npm installs it
+    override_var: str  # names an executable to run instead of the cached one
 
-    @property
-    def override_var(self) -> str:
-        return "STEWARD_CLAUDE_CODE" if self is AgentCli.CLAUDE_CODE else "STEWARD_CODEX"
 
-    @property
-    def package(self) -> str:
-        if self is AgentCli.CLAUDE_CODE:
-            return f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
-        return f"@openai/codex@{CODEX_VERSION}"
+CLAUDE_CODE = AgentCli("claude", f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}", "STEWARD_CLAUDE_CODE")
+CODEX = AgentCli("codex", f"@openai/codex@{CODEX_VERSION}", "STEWARD_CODEX")
 
 
 def install_dir() -> Path:
@@ -47,7 +44,7 @@ def install_dir() -> Path:
 def agent_cli(cli: AgentCli) -> Path:
     """The CLI's executable, or FileNotFoundError saying what is missing and how to install it."""
     override = os.environ.get(cli.override_var)
-    path = Path(override) if override else install_dir() / "node_modules" / ".bin" / cli.value
+    path = Path(override) if override else install_dir() / "node_modules" / ".bin" / cli.executable
     complete = override or (install_dir() / ".complete").exists()
     if not (path.is_file() and complete):
         source = cli.override_var if override else "the install cache"

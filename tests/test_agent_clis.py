@@ -17,6 +17,7 @@ import re
 import secrets
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import attrs
 import httpx
 import pytest
 
-from fakes.agent_clis import AgentCli, agent_cli
+from fakes.agent_clis import CLAUDE_CODE, CODEX, AgentCli, agent_cli
 from tests.conftest import RunningSteward, StewardFactory, fake_model
 
 pytestmark = pytest.mark.slow
@@ -82,6 +83,16 @@ def base_env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def claude_code() -> Path:
+    return require_cli(CLAUDE_CODE)
+
+
+@pytest.fixture
+def codex() -> Path:
+    return require_cli(CODEX)
+
+
+@pytest.fixture
 def steward(start_steward: StewardFactory) -> RunningSteward:
     return start_steward({MODEL: fake_model("1GiB", parallel=1, tps=0, extra=["-c", str(CONTEXT)])})
 
@@ -96,8 +107,14 @@ def workdir(tmp_path: Path) -> tuple[Path, str]:
     return work, secret
 
 
-def agent_requests(steward: RunningSteward, route: str) -> list[dict[str, Any]]:
-    return [e for e in steward.events("request") if e["route"] == route]
+def agent_requests(steward: RunningSteward, route: str, count: int) -> list[dict[str, Any]]:
+    """The `request` events of *route*, once there are *count* (steward logs one as its answer ends,
+    which may be after the agent read that answer and exited)."""
+    deadline = time.monotonic() + 10
+    while len(found := [e for e in steward.events("request") if e["route"] == route]) < count:
+        assert time.monotonic() < deadline, steward.events("request")
+        time.sleep(0.02)
+    return found
 
 
 # --------------------------------------------------------------------------- Claude Code
@@ -118,13 +135,13 @@ def claude_code_env(steward: RunningSteward, home: Path) -> dict[str, str]:
             "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"}
 
 
-def test_claude_code_reads_a_file_through_steward(steward: RunningSteward, workdir: tuple[Path, str],
-                                                  tmp_path: Path) -> None:
+def test_claude_code_reads_a_file_through_steward(claude_code: Path, steward: RunningSteward,
+                                                  workdir: tuple[Path, str], tmp_path: Path) -> None:
     work, secret = workdir
     notes = work / "notes.txt"
     prompt = f'Use the Read tool with {{"file_path": "{notes}"}}'
     debug_log = tmp_path / "claude-debug.log"
-    run = run_cli([str(require_cli(AgentCli.CLAUDE_CODE)), "-p", prompt, "--output-format", "stream-json",
+    run = run_cli([str(claude_code), "-p", prompt, "--output-format", "stream-json",
                    "--verbose", "--allowedTools", "Read", "--debug-file", str(debug_log)],
                   env=claude_code_env(steward, tmp_path / "home"), cwd=work)
     lines = run.json_lines()
@@ -142,8 +159,7 @@ def test_claude_code_reads_a_file_through_steward(steward: RunningSteward, workd
     # it compacts before the model's context is full: its window less the room for an answer
     assert f"effectiveWindow={CONTEXT - MAX_OUTPUT_TOKENS}" in debug_log.read_text()
 
-    requests = agent_requests(steward, "/v1/messages")
-    assert len(requests) >= 2, steward.events("request")
+    requests = agent_requests(steward, "/v1/messages", 2)  # the call, then the answer after its result
     assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
     assert all(r["prompt_tokens"] > 5000 for r in requests), requests  # its system prompt and tools
     slots = httpx.get(steward.engine_endpoint(MODEL) + "/slots", timeout=5).json()
@@ -174,7 +190,7 @@ env_key = "STEWARD_API_KEY"
 """
 
 
-def test_codex_runs_a_command_through_steward(steward: RunningSteward, workdir: tuple[Path, str],
+def test_codex_runs_a_command_through_steward(codex: Path, steward: RunningSteward, workdir: tuple[Path, str],
                                               tmp_path: Path) -> None:
     work, secret = workdir
     codex_home = tmp_path / "codex-home"
@@ -182,7 +198,7 @@ def test_codex_runs_a_command_through_steward(steward: RunningSteward, workdir: 
     (codex_home / "config.toml").write_text(codex_config(steward))
     env = {**base_env(tmp_path / "home"), "CODEX_HOME": str(codex_home), "STEWARD_API_KEY": "sk-unused"}
     prompt = 'Use the exec_command tool with {"cmd": "cat notes.txt"}'
-    run = run_cli([str(require_cli(AgentCli.CODEX)), "exec", "--json", "--skip-git-repo-check", prompt],
+    run = run_cli([str(codex), "exec", "--json", "--skip-git-repo-check", prompt],
                   env=env, cwd=work)
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
     items = [line["item"] for line in run.json_lines() if line["type"] == "item.completed"]
@@ -193,7 +209,6 @@ def test_codex_runs_a_command_through_steward(steward: RunningSteward, workdir: 
     # The fake quotes the first line of the call's output as Codex sent it back: its "Chunk ID: ..." header.
     assert len(answers) == 1 and re.fullmatch(r"exec_command returned: Chunk ID: \w+", answers[0]), items
 
-    requests = agent_requests(steward, "/v1/responses")
-    assert len(requests) == 2, steward.events("request")  # the call, then the answer after its output
+    requests = agent_requests(steward, "/v1/responses", 2)  # the call, then the answer after its output
     assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
     assert requests[1]["prompt_tokens"] > requests[0]["prompt_tokens"] > 5000, requests
