@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from fakes.agent_clis import CLAUDE_CODE, CODEX, AgentCli, agent_cli
+from supervisor.auth.keys import add_key
 from tests.conftest import RunningSteward, StewardFactory, fake_model
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,7 @@ MODEL = "agent"  # steward's name for the model both agents use
 # a conversation at no less than 100k tokens, so a model it uses needs a context above that.
 CONTEXT = 131072
 MAX_OUTPUT_TOKENS = 4096
+ALIASES = ("claude-opus-4-1",)  # a name Claude Code remaps to its current Opus unless told not to
 CLI_TIMEOUT_S = 120
 
 
@@ -92,9 +94,20 @@ def codex() -> Path:
     return require_cli(CODEX)
 
 
+@attrs.frozen
+class Door:
+    """Steward in front of the fake model, with a key file holding one key for the agents."""
+
+    steward: RunningSteward
+    key: str
+
+
 @pytest.fixture
-def steward(start_steward: StewardFactory) -> RunningSteward:
-    return start_steward({MODEL: fake_model("1GiB", parallel=1, tps=0, extra=["-c", str(CONTEXT)])})
+def door(start_steward: StewardFactory, tmp_path: Path) -> Door:
+    keys_file = tmp_path / "keys.json"
+    key = add_key(keys_file, "agents", known_models=[MODEL, *ALIASES])
+    model = fake_model("1GiB", parallel=1, tps=0, extra=["-c", str(CONTEXT)], aliases=list(ALIASES))
+    return Door(start_steward({MODEL: model}, auth={"keys_file": str(keys_file)}), key)
 
 
 @pytest.fixture
@@ -120,11 +133,11 @@ def agent_requests(steward: RunningSteward, route: str, count: int) -> list[dict
 # --------------------------------------------------------------------------- Claude Code
 
 
-def claude_code_env(steward: RunningSteward, home: Path) -> dict[str, str]:
+def claude_code_env(door: Door, home: Path) -> dict[str, str]:
     """The README's settings for Claude Code."""
     return {**base_env(home),
-            "ANTHROPIC_BASE_URL": steward.url,
-            "ANTHROPIC_API_KEY": "sk-unused",  # steward without keys: any; with keys, a steward key
+            "ANTHROPIC_BASE_URL": door.steward.url,
+            "ANTHROPIC_API_KEY": door.key,  # sent as x-api-key
             "ANTHROPIC_MODEL": MODEL,
             "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
             "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL,
@@ -135,21 +148,26 @@ def claude_code_env(steward: RunningSteward, home: Path) -> dict[str, str]:
             "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"}
 
 
-def test_claude_code_reads_a_file_through_steward(claude_code: Path, steward: RunningSteward,
-                                                  workdir: tuple[Path, str], tmp_path: Path) -> None:
-    work, secret = workdir
-    notes = work / "notes.txt"
+def claude_code_reads(claude_code: Path, notes: Path, env: dict[str, str], *args: str) -> CliRun:
+    """Claude Code in print mode, asked to read *notes* with its Read tool (allowed without asking)."""
     prompt = f'Use the Read tool with {{"file_path": "{notes}"}}'
+    return run_cli([str(claude_code), "-p", prompt, "--output-format", "stream-json", "--verbose",
+                    "--allowedTools", "Read", *args], env=env, cwd=notes.parent)
+
+
+def test_claude_code_reads_a_file_through_steward(claude_code: Path, door: Door, workdir: tuple[Path, str],
+                                                  tmp_path: Path) -> None:
+    steward, (work, secret) = door.steward, workdir
     debug_log = tmp_path / "claude-debug.log"
-    run = run_cli([str(claude_code), "-p", prompt, "--output-format", "stream-json",
-                   "--verbose", "--allowedTools", "Read", "--debug-file", str(debug_log)],
-                  env=claude_code_env(steward, tmp_path / "home"), cwd=work)
+    run = claude_code_reads(claude_code, work / "notes.txt", claude_code_env(door, tmp_path / "home"),
+                            "--debug-file", str(debug_log))
     lines = run.json_lines()
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
     contents = [block for line in lines if line.get("type") in ("assistant", "user")
                 for block in line["message"]["content"] if isinstance(block, dict)]
     calls = [block for block in contents if block["type"] == "tool_use"]
-    assert [(call["name"], call["input"]) for call in calls] == [("Read", {"file_path": str(notes)})], contents
+    assert [(call["name"], call["input"]) for call in calls] == [("Read", {"file_path": str(work / "notes.txt")})], \
+        contents
     results = [block for block in contents if block["type"] == "tool_result"]
     assert len(results) == 1 and results[0]["tool_use_id"] == calls[0]["id"], results
     assert secret in json.dumps(results[0]["content"]), results  # Claude Code read the file
@@ -160,10 +178,32 @@ def test_claude_code_reads_a_file_through_steward(claude_code: Path, steward: Ru
     assert f"effectiveWindow={CONTEXT - MAX_OUTPUT_TOKENS}" in debug_log.read_text()
 
     requests = agent_requests(steward, "/v1/messages", 2)  # the call, then the answer after its result
-    assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
+    assert {(r["model"], r["status"], r["key"]) for r in requests} == {(MODEL, 200, "agents")}, requests
     assert all(r["prompt_tokens"] > 5000 for r in requests), requests  # its system prompt and tools
     slots = httpx.get(steward.engine_endpoint(MODEL) + "/slots", timeout=5).json()
     assert slots[0]["params"]["n_predict"] == MAX_OUTPUT_TOKENS, slots  # its max_tokens
+
+
+@pytest.mark.parametrize("remap_off", [False, True], ids=["remapped", "kept"])
+def test_claude_code_sends_a_legacy_opus_name_only_with_its_remap_off(claude_code: Path, door: Door,
+                                                                      workdir: tuple[Path, str], tmp_path: Path,
+                                                                      remap_off: bool) -> None:
+    env = {**claude_code_env(door, tmp_path / "home"), "ANTHROPIC_MODEL": ALIASES[0]}
+    for tier in ("OPUS", "SONNET", "HAIKU"):
+        del env[f"ANTHROPIC_DEFAULT_{tier}_MODEL"]  # the remap's target is then Claude Code's own Opus
+    if remap_off:
+        env["CLAUDE_CODE_DISABLE_LEGACY_MODEL_REMAP"] = "1"
+    run = claude_code_reads(claude_code, workdir[0] / "notes.txt", env)
+    result = run.json_lines()[-1]
+    if remap_off:  # the alias reached steward
+        assert run.returncode == 0 and not result["is_error"], (run.stdout[-3000:], run.stderr[-3000:])
+        requests = agent_requests(door.steward, "/v1/messages", 2)
+        assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
+    else:  # it asked steward for its current Opus, which steward does not know
+        assert result["is_error"] and result["api_error_status"] == 404, result
+        assert "(claude-opus-5-5)" in result["result"], result
+        requests = agent_requests(door.steward, "/v1/messages", 1)
+        assert {(r["status"], r["error"]) for r in requests} == {(404, "model_not_found")}, requests
 
 
 # --------------------------------------------------------------------------- Codex
@@ -190,13 +230,13 @@ env_key = "STEWARD_API_KEY"
 """
 
 
-def test_codex_runs_a_command_through_steward(codex: Path, steward: RunningSteward, workdir: tuple[Path, str],
+def test_codex_runs_a_command_through_steward(codex: Path, door: Door, workdir: tuple[Path, str],
                                               tmp_path: Path) -> None:
-    work, secret = workdir
+    steward, (work, secret) = door.steward, workdir
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(codex_config(steward))
-    env = {**base_env(tmp_path / "home"), "CODEX_HOME": str(codex_home), "STEWARD_API_KEY": "sk-unused"}
+    env = {**base_env(tmp_path / "home"), "CODEX_HOME": str(codex_home), "STEWARD_API_KEY": door.key}
     prompt = 'Use the exec_command tool with {"cmd": "cat notes.txt"}'
     run = run_cli([str(codex), "exec", "--json", "--skip-git-repo-check", prompt],
                   env=env, cwd=work)
@@ -210,5 +250,5 @@ def test_codex_runs_a_command_through_steward(codex: Path, steward: RunningStewa
     assert len(answers) == 1 and re.fullmatch(r"exec_command returned: Chunk ID: \w+", answers[0]), items
 
     requests = agent_requests(steward, "/v1/responses", 2)  # the call, then the answer after its output
-    assert {(r["model"], r["status"]) for r in requests} == {(MODEL, 200)}, requests
+    assert {(r["model"], r["status"], r["key"]) for r in requests} == {(MODEL, 200, "agents")}, requests
     assert requests[1]["prompt_tokens"] > requests[0]["prompt_tokens"] > 5000, requests
