@@ -37,6 +37,7 @@ if [ "${1:-}" = "test" ]; then
     sh deploy/fetch-smollm2.sh >/dev/null
     sh deploy/install-vllm.sh >/dev/null
     sh deploy/install-aider.sh >/dev/null
+    sh deploy/install-agent-clis.sh >/dev/null
     if [ -n "${STEWARD_COMFYUI_SRC:-}" ]; then
         sh deploy/install-comfyui.sh >/dev/null
     fi

@@ -1,7 +1,8 @@
 """The fake model as an agent sees it: a tool call when asked for one, an answer after its result.
 
 Deterministic rules, on a ``Chat`` whose request offers tools (and whose ``tool_choice`` is not
-``none``):
+``none``), by its last message other than a system message (Claude Code sends its environment as a
+system message after the user's):
 
 * the last message is a tool result -> a text answer that names the tool and quotes the result's
   first line ("read_file returned: ...");
@@ -48,7 +49,7 @@ def tool_reply(chat: Chat) -> ToolCall | str | None:
     """The fake model's answer to *chat*: a tool call, a text about a tool's result, or None (no tool work)."""
     if not chat.tools or chat.tool_choice.mode == "none" or not chat.messages:
         return None
-    last = chat.messages[-1]
+    last = next((m for m in reversed(chat.messages) if m.role != "system"), chat.messages[-1])
     if last.role == "tool":
         return _result_answer(chat.messages, last)
     if last.role != "user":

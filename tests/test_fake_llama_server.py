@@ -214,6 +214,9 @@ def test_models_props_slots_metrics(start_fake: Callable[..., Fake]) -> None:
         assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 500
         slots = client.get("/slots").json()
         assert [(s["id"], s["n_ctx"], s["is_processing"]) for s in slots] == [(0, 500, False), (1, 500, False)]
+        client.post("/v1/messages", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        # the params of each slot's last task: Claude Code's max_tokens show here
+        assert sorted(s["params"]["n_predict"] for s in client.get("/slots").json()) == [-1, 3]
         metrics = client.get("/metrics").text
         assert "llamacpp:requests_processing 0" in metrics and "llamacpp:requests_deferred 0" in metrics
 

@@ -205,6 +205,16 @@ def test_a_call_needs_offered_tools_and_a_named_one_or_a_choice() -> None:
     assert json.loads(written.arguments) == {"pattern": "TODO"}
 
 
+def test_system_messages_after_the_last_turn_do_not_hide_it() -> None:
+    # Claude Code sends its environment as a system message after the user's request.
+    asked = Chat((ChatMessage("user", "use read_file"), ChatMessage("system", "cwd: /work")), (READ_FILE,))
+    assert tool_reply(asked).name == "read_file"
+    call = ToolCall("read_file", "{}", "c1")
+    done = Chat((*asked.messages, ChatMessage("assistant", tool_calls=(call,)),
+                 ChatMessage("tool", "hello", tool_call_id="c1"), ChatMessage("system", "reminder")), (READ_FILE,))
+    assert tool_reply(done) == "read_file returned: hello"
+
+
 def test_arguments_fill_the_schema_s_required_properties_with_values_of_their_types() -> None:
     assert example_value(GREP["function"]["parameters"]) == {"pattern": "TODO", "mode": "content", "context": 2,
                                                             "globs": []}

@@ -94,7 +94,7 @@ class Engine:
             n_target, finished = 0, False  # an empty prompt gives an empty answer
         hook_at = min(HOOK_AFTER_TOKENS, n_target) if (job.error_hook or job.crash_hook) else -1
         self.stats.started += 1
-        slot.n_remain = n_target
+        slot.n_remain, slot.n_predict = n_target, job.budget
         interval = self.cfg.token_interval
         start = trio.current_time()
         pieces: list[str] = []

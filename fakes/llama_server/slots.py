@@ -19,6 +19,7 @@ class Slot:
     id_task: int = -1
     n_decoded: int = 0
     n_remain: int = -1
+    n_predict: int = -1  # the last task's budget: llama-server's /slots shows the params of a slot's last task
 
     @property
     def is_processing(self) -> bool:
@@ -27,7 +28,8 @@ class Slot:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "id_task": self.id_task, "n_ctx": self.n_ctx, "speculative": False,
-            "is_processing": self.is_processing, "params": default_params(), "prompt": "",
+            "is_processing": self.is_processing, "prompt": "",
+            "params": {**default_params(), "n_predict": self.n_predict, "max_tokens": self.n_predict},
             "next_token": {"has_next_token": self.is_processing, "has_new_line": False,
                            "n_remain": self.n_remain, "n_decoded": self.n_decoded},
         }
