@@ -27,7 +27,8 @@ from fakes.llama_binary import llama_server_path
 from supervisor.tools.demo import banner
 from tests.conftest import ROOT
 
-RANDOM_WEIGHTS = "The tiny models are random weights written on the fly: their answers are gibberish by"
+REAL_CHAT = "SmolLM2-135M-Instruct answers under the chat names (gemma4-12b, gemma4-e4b, gemma4-e2b)"
+SYSTEM = "You are a helpful assistant."  # tests/test_real_model.py's: SmolLM2 names Paris with it
 
 
 @attrs.frozen
@@ -111,7 +112,7 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
         image = client.images.generate(model="sketch", prompt="a lighthouse", size="64x64",
                                        response_format="b64_json")
         Image.open(io.BytesIO(base64.b64decode(image.data[0].b64_json or ""))).verify()
-        assert RANDOM_WEIGHTS not in demo.banner  # fake engines answer in words
+        assert REAL_CHAT not in demo.banner
     assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
 
@@ -121,25 +122,38 @@ def binary() -> str:
 
 
 @pytest.mark.slow
-def test_the_real_demo_answers_with_the_models_name_and_says_its_weights_are_random(binary: str) -> None:
+def test_the_real_demo_answers_in_words_under_the_chat_names(binary: str) -> None:
     with running_demo("--real") as demo:
-        assert RANDOM_WEIGHTS in " ".join(demo.banner.split())
+        assert REAL_CHAT in " ".join(demo.banner.split())
         client = demo.client()
-        reply = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}],
-                                               max_tokens=4)
+        reply = client.chat.completions.create(model="gpt-4o", max_tokens=24, temperature=0, messages=[
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}])
         assert reply.model == "gemma4-12b"  # the model gpt-4o names, not the path of its GGUF
+        assert "Paris" in (reply.choices[0].message.content or "")
+        # The banner's first example, as it is written there: an answer a person reads, which ends.
+        hello = client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hello"}])
+        assert hello.choices[0].finish_reason == "stop" and re.search(r"[A-Za-z]{2,} [A-Za-z]{2,}",
+                                                                       hello.choices[0].message.content or "")
         stream = client.chat.completions.create(model="gemma4-e2b", stream=True, max_tokens=2,
                                                 messages=[{"role": "user", "content": "hi"}])
         assert {chunk.model for chunk in stream} == {"gemma4-e2b"}
         completion = client.completions.create(model="gemma4-e4b", prompt="hi", max_tokens=2)
         assert completion.model == "gemma4-e4b"
         answers_the_agent_apis(demo, "gemma4-e2b")
+        # A slot holds the model's trained context, and a longer prompt is told so.
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="gemma4-e2b", max_tokens=1,
+                                           messages=[{"role": "user", "content": "word " * 9000}])
+        assert caught.value.code == "context_length_exceeded" and "a slot of it holds 8,192" in caught.value.message
+        assert caught.value.message.endswith("shorten the prompt (a slot already holds the model's trained context, "
+                                             "8,192)")
     assert not demo.event_log.parent.exists()
 
 
-def test_only_the_real_demos_banner_says_its_weights_are_random(tmp_path: Path) -> None:
+def test_the_real_demos_banner_names_its_model_its_slots_and_its_random_embedder(tmp_path: Path) -> None:
     real = " ".join(banner("http://127.0.0.1:8080", tmp_path, real=True).split())
-    assert RANDOM_WEIGHTS in real and "gibberish by design" in real
+    assert REAL_CHAT in real and "Each slot holds 8,192 tokens, the model's trained context" in real
+    assert "The embedder (nomic-embed) is a tiny model of random weights" in real
     assert "random" not in banner("http://127.0.0.1:8080", tmp_path)
 
 

@@ -172,7 +172,7 @@ def test_unknown_route_and_wrong_method_are_openai_errors(steward: RunningStewar
 
 
 @pytest.mark.slow
-def test_context_overflow_comes_back_from_the_engine_unchanged(client: openai.OpenAI) -> None:
+def test_context_overflow_keeps_the_engines_counts_in_steward_words(client: openai.OpenAI) -> None:
     long_prompt = "token " * 400  # the fake's slot context is 512 / 2 = 256 tokens
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as caught:
@@ -180,8 +180,8 @@ def test_context_overflow_comes_back_from_the_engine_unchanged(client: openai.Op
                                                     messages=[{"role": "user", "content": long_prompt}])
             if stream:
                 list(result)
-        error = caught.value.body
-        assert error["type"] == "exceed_context_size_error"
+        error = caught.value.body  # the message, on each API: tests/test_context_refusal.py
+        assert error["type"] == "invalid_request_error" and error["code"] == "context_length_exceeded"
         assert error["n_ctx"] == 256 and error["n_prompt_tokens"] > 256
 
 

@@ -113,7 +113,9 @@ def test_class_given_three_ways(steward: RunningSteward, how: str) -> None:
     assert [d["class"] for d in steward.events("dispatch")[before:]] == ["batch"]
 
 
-def test_context_overflow_comes_back_in_openais_shape_streaming_or_not(steward: RunningSteward) -> None:
+def test_context_overflow_names_the_model_its_slot_and_the_keys_to_change(steward: RunningSteward) -> None:
+    """The real llama-server's refusal (n_prompt_tokens, n_ctx), in steward's words on OpenAI's
+    and Anthropic's routes, streaming or not (every route: tests/test_context_refusal.py)."""
     prompt = "word " * 600  # more than the 256-token slot context (-c 512, two slots)
     for stream in (False, True):
         response = httpx.post(f"{steward.base_url}/chat/completions", timeout=60, json={
@@ -122,9 +124,18 @@ def test_context_overflow_comes_back_in_openais_shape_streaming_or_not(steward: 
             "stream": stream, "messages": [{"role": "user", "content": prompt}]})
         assert response.status_code == direct.status_code == 400
         error, theirs = response.json()["error"], direct.json()["error"]
-        assert error["type"] == "exceed_context_size_error"
-        # What llama-server said (n_prompt_tokens, n_ctx), in OpenAI's shape: its HTTP status out of `code`.
-        assert error == {**theirs, "code": None, "param": None} and theirs["code"] == 400
+        assert theirs["type"] == "exceed_context_size_error" and theirs["n_ctx"] == 256
+        n = theirs["n_prompt_tokens"]
+        assert error == {"message": f"prompt is too long: model 'chat' took {n:,} prompt tokens; a slot of it holds "
+                                    "256 (--ctx-size 512 / parallel 2 in its config); raise --ctx-size in "
+                                    "models.chat.args, lower models.chat.parallel, or shorten the prompt",
+                         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded",
+                         "n_prompt_tokens": n, "n_ctx": 256}
+        messages = httpx.post(f"{steward.base_url}/messages", timeout=60, json={
+            "model": "chat", "stream": stream, "max_tokens": 8, "messages": [{"role": "user", "content": prompt}]})
+        assert messages.status_code == 400
+        assert messages.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                              "message": error["message"]}}
 
 
 def test_hundreds_of_requests_over_fresh_connections_give_no_502(steward: RunningSteward) -> None:

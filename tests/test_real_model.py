@@ -165,3 +165,19 @@ def test_the_anthropic_sdk_messages_stream_helper(steward: RunningSteward, quest
     text = "".join(block.text for block in final.content if block.type == "text")
     assert final.model == "smollm2" and final.usage.output_tokens > 0 and text
     assert says_paris(text) or question != QUESTION, text
+
+
+def test_a_prompt_longer_than_a_slot_names_the_model_its_slot_and_its_trained_context(steward: RunningSteward) -> None:
+    """The real llama-server's refusal (-c 2048, one slot), in steward's words: the model's trained
+    context (8,192, read from its GGUF) is above the slot, so raising --ctx-size is advised."""
+    response = httpx.post(f"{steward.base_url}/chat/completions", timeout=120, json={
+        "model": "gpt-4o-mini", "max_tokens": 1, "messages": [{"role": "user", "content": "word " * 3000}]})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["n_ctx"] == 2048
+    assert error["message"] == (
+        f"prompt is too long: model 'smollm2' took {error['n_prompt_tokens']:,} prompt tokens; a slot of it holds "
+        "2,048 (--ctx-size 2048 / parallel 1 in its config); raise --ctx-size in models.smollm2.args, or shorten "
+        "the prompt")
+    event = steward.wait_event("context_exceeded", request_id=response.headers["x-request-id"])
+    assert event["trained"] == 8192 and event["slot_tokens"] == 2048 and event["model"] == "smollm2"

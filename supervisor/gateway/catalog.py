@@ -12,6 +12,7 @@ from adapters import model_apis, model_runtime
 from supervisor.apis import Api
 from supervisor.config import Config, ImageModelConfig
 from supervisor.gateway.relay.chunked import CUT_RUNTIME
+from supervisor.gateway.relay.context_refusal import SlotConfig, slot_config
 from supervisor.gateway.comfy.workflow import Workflow, load_workflow
 
 
@@ -30,6 +31,9 @@ class ModelCatalog:
     # model -> the steps of N tokens its lower-class generations are cut into (gateway/chunked.py):
     # scheduler.step_tokens on a runtime that continues a prefill (llama-server), else 0: never cut.
     step_tokens: dict[str, int] = attrs.Factory(dict)
+    # model -> its slot context as its config sets it (llama-server's models): what a refusal of a
+    # prompt too long for a slot names (gateway/relay/context_refusal.py).
+    contexts: dict[str, SlotConfig] = attrs.Factory(dict)
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
     # Every accepted name, of an engine's model or an image model -> its model: what a key's
     # model list is read with (a key may name an alias).
@@ -48,11 +52,14 @@ class ModelCatalog:
         apis = {name: model_apis(model) for name, model in config.models.items()}
         step_tokens = {name: config.scheduler.step_tokens if model.runtime == CUT_RUNTIME else 0
                        for name, model in config.models.items()}
+        contexts = {name: context for name, model in config.models.items()
+                    if (context := slot_config(name, model)) is not None}
         images = _image_models(config)
         names = {**aliases, **{alias: model.name for alias, model in images.items()}}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
-                           (self.step_tokens, step_tokens), (self.images, images), (self.names, names)):
+                           (self.step_tokens, step_tokens), (self.contexts, contexts), (self.images, images),
+                           (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)

@@ -263,6 +263,8 @@ class StewardMetrics:
                                   buckets=SLOWDOWN_BUCKETS, registry=r)
         self.tokens = Counter("steward_tokens", "Tokens in answered requests, per model and kind", ["model", "kind"],
                               registry=r)
+        self.context_exceeded = Counter("steward_context_exceeded", "Prompts an engine refused as too long for a "
+                                        "slot of their model (the event context_exceeded)", ["model"], registry=r)
         self.alerts = Counter("steward_alerts", "Alerts sent to the webhook, or failed", ["kind", "outcome"],
                               registry=r)
         self.usage_failures = Counter("steward_usage_write_failures", "Times the usage log could not be written",
@@ -351,6 +353,8 @@ class StewardMetrics:
                 self.connections_refused.labels(f["listener"], f["reason"]).inc()
             case "cross_site_refused":
                 self.connections_refused.labels(f["listener"], "cross_site").inc()
+            case "context_exceeded":
+                self.context_exceeded.labels(f["model"]).inc()
             case "connection_error":
                 self.connection_errors.labels(f["listener"]).inc()
             case "internal_error":

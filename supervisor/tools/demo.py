@@ -4,11 +4,12 @@ Needs no GPU, no model files and no config: four fake llama-servers shaped like 
 GridCore article's models (research: seeds/gridcore-article.md) and one always-on fake
 vLLM behind one gateway and one queue, and a fake Ollama and a fake ComfyUI on the same
 GPU; ``sketch`` is an image model (a ComfyUI workflow) for ``/v1/images/generations``.
-``--real``: the same four names on real llama-server engines (CPU) with tiny models
-written on the fly; their memory is estimated, then measured. Each is served under its
-name (``--alias``), so answers say ``gemma4-12b``, not the path of a GGUF in a temporary
-folder. The tiny models' weights are random: their answers are gibberish by design, and
-the banner says so.
+``--real``: the same four names on real llama-server engines (CPU). The three chat names
+serve a real instruct model, SmolLM2-135M-Instruct (fakes/real_model.py, fetched once into
+the cache), each slot at its trained context (8,192 tokens: less than the 16k an agent
+would like, and the banner says so); the embedder is a tiny model of random weights written
+on the fly (another architecture: a BERT). Their memory is estimated, then measured. Each
+is served under its name (``--alias``), so answers say ``gemma4-12b``, not the path of a GGUF.
 """
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ DEMO_WORKFLOW = {
     "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "steward"}},
 }
 
+# A chat slot's context in both demos: SmolLM2-135M-Instruct's trained context, the most a slot
+# of the real demo's chat engines can hold (llama-server caps a slot there).
+CHAT_SLOT_CONTEXT = 8192
+CHAT_SLOTS = 2
 # name: (memory, slots, context, fake flags, extra config). The fake and the real demo give an engine
-# the same context (-c, shared by its slots: 2,048 tokens a slot for a chat model, 512 for the
+# the same context (-c, split between its slots: 8,192 tokens a slot for a chat model, 512 for the
 # embedder), so a prompt the real engine refuses (400 exceed_context_size_error) the fake refuses too.
 DEMO_MODELS: dict[str, dict[str, object]] = {
-    "gemma4-12b": {"memory": "8.3GiB", "parallel": 2, "ctx": 4096, "aliases": ["gpt-4o"],
-                   "fake": ["--load-time", "2s", "--tokens-per-second", "40"]},
-    "gemma4-e4b": {"memory": "4.0GiB", "parallel": 2, "ctx": 4096, "aliases": ["gpt-4o-mini"],
-                   "fake": ["--load-time", "1s", "--tokens-per-second", "80"]},
-    "gemma4-e2b": {"memory": "2.8GiB", "parallel": 2, "ctx": 4096,
+    "gemma4-12b": {"memory": "8.3GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
+                   "aliases": ["gpt-4o"], "fake": ["--load-time", "2s", "--tokens-per-second", "40"]},
+    "gemma4-e4b": {"memory": "4.0GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
+                   "aliases": ["gpt-4o-mini"], "fake": ["--load-time", "1s", "--tokens-per-second", "80"]},
+    "gemma4-e2b": {"memory": "2.8GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
                    "fake": ["--load-time", "0.7s", "--tokens-per-second", "120"]},
     "nomic-embed": {"memory": "0.4GiB", "parallel": 4, "ctx": 2048, "pinned": True,
                     "aliases": ["text-embedding-3-small"], "fake": ["--load-time", "0.3s", "--embeddings", "--embedding-dim", "64"]},
@@ -127,14 +132,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# name: (tiny architecture, writer overrides, engine args); same names (and contexts) as the fake demo.
-REAL_MODELS: dict[str, tuple[str, dict[str, object], list[str]]] = {
-    "gemma4-12b": ("llama", {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2}, []),
-    "gemma4-e4b": ("qwen3moe", {}, []),
-    "gemma4-e2b": ("gemma3", {}, []),
+# The real demo's chat names serve SmolLM2-135M-Instruct; the other names, tiny models of random
+# weights written on the fly, of the architecture the name needs: name -> (architecture, writer
+# overrides, engine args). Same names (and contexts) as the fake demo.
+REAL_CHAT_MODEL = "SmolLM2-135M-Instruct"
+TINY_MODELS: dict[str, tuple[str, dict[str, object], list[str]]] = {
     "nomic-embed": ("bert", {}, ["--embeddings"]),
 }
-REAL_BUDGET = "1GiB"
+# Three chat engines of 8,192-token slots (their KV cache estimated whole) and the embedder fit at once.
+REAL_BUDGET = "2GiB"
 
 
 class RealEnginesUnavailable(Exception):
@@ -142,21 +148,27 @@ class RealEnginesUnavailable(Exception):
 
 
 def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
-    """Real llama-server engines on this host's CPU, with tiny models written into *workdir*."""
+    """Real llama-server engines on this host's CPU: SmolLM2 under the chat names, the tiny
+    models written into *workdir* under the others."""
     from fakes.llama_binary import llama_server_path
+    from fakes.real_model import smollm2_gguf
     from fakes.tiny_gguf import write_tiny_model
 
     try:
         binary = str(llama_server_path())
+        chat_model = str(smollm2_gguf())
     except FileNotFoundError as exc:
         raise RealEnginesUnavailable(str(exc)) from None
     models_dir = workdir / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
     models = {}
-    for name, (arch, overrides, args) in REAL_MODELS.items():
-        written = write_tiny_model(models_dir / f"{name}.gguf", arch, **overrides)
-        fake = DEMO_MODELS[name]
-        models[name] = {"command": binary, "model": str(written.path), "parallel": fake["parallel"],
+    for name, fake in DEMO_MODELS.items():
+        if name in TINY_MODELS:
+            arch, overrides, args = TINY_MODELS[name]
+            model = str(write_tiny_model(models_dir / f"{name}.gguf", arch, **overrides).path)
+        else:
+            model, args = chat_model, []
+        models[name] = {"command": binary, "model": model, "parallel": fake["parallel"],
                         "aliases": fake.get("aliases", []), "pinned": fake.get("pinned", False),
                         "args": ["-c", str(fake["ctx"]), *args, "--threads", "1", "--alias", name]}
     return {
@@ -186,7 +198,7 @@ def open_workdir(kind: str, *, keep: bool) -> Iterator[Path]:
 
 def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, ollama: str | None = None,
            comfyui: str | None = None) -> str:
-    kind = ("real llama-server engines on this CPU, tiny models" if real
+    kind = (f"real llama-server engines on this CPU, {REAL_CHAT_MODEL}" if real
             else "a simulated 16 GiB GPU, fake llama-servers, an always-on fake vLLM, a fake Ollama and a fake ComfyUI")
     base = f"{url}/v1"
     services = ""
@@ -204,9 +216,12 @@ def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, o
         tries += f"""  curl -s {comfyui}/prompt -H 'content-type: application/json' -d '{{"prompt": {{"3": {{"class_type": "KSampler", "inputs": {{}}}}, "9": {{"class_type": "SaveImage", "inputs": {{"images": ["3", 0]}}}}}}}}'
 """
     stops = f" and keeps {workdir}" if keep else f" and removes {workdir} (--keep keeps it)"
-    random_weights = "" if not real else """
-The tiny models are random weights written on the fly: their answers are gibberish by
-design. They show steward at work (queue, loads, measured memory), not a model.
+    chat_names = ", ".join(name for name in DEMO_MODELS if name not in TINY_MODELS)
+    real_models = "" if not real else f"""
+{REAL_CHAT_MODEL} answers under the chat names ({chat_names}): a real
+instruct model, if a small one. Each slot holds {CHAT_SLOT_CONTEXT:,} tokens, the model's trained
+context: an agent that wants 16k or more needs a bigger model. The embedder ({', '.join(TINY_MODELS)})
+is a tiny model of random weights written on the fly: its vectors are noise by design.
 """
     images = "" if real else f"""  curl -s {base}/images/generations -H 'content-type: application/json' \\
        -d '{{"model": "{IMAGE_MODEL}", "prompt": "a lighthouse", "response_format": "b64_json"}}'   # via ComfyUI
@@ -216,7 +231,7 @@ design. They show steward at work (queue, loads, measured memory), not a model.
 """
     return f"""
 gpu-steward demo: one front door ({kind}).
-{random_weights}
+{real_models}
   OpenAI base URL   {base}
 {services}  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
   usage log         {workdir / 'usage.db'}   (steward usage --db {workdir / 'usage.db'} --by model)

@@ -42,7 +42,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes, catalog.apis, catalog.step_tokens)
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

@@ -44,6 +44,7 @@ from supervisor.gateway.granted import answer_job_failed, serve_granted
 from supervisor.gateway.relay.proxy import Failed, UpstreamRequest, relay
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.relay.reshaped import reading_answer
+from supervisor.gateway.relay.context_refusal import ContextWall, SlotConfig
 from supervisor.gateway.routed import NotHere, RoutedRequest, route_request
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.request_class import RequestClass
@@ -70,6 +71,9 @@ class InferenceHandler:
     # model -> its lower-class generations longer than this many tokens are cut into steps of it
     # (chunked.py); a model missing here, or 0: never.
     step_tokens: Mapping[str, int] = attrs.Factory(dict)
+    # model -> its slot context as its config sets it: what a refusal of a prompt too long for it names
+    # (context_refusal.py); a model missing here: the engine's refusal as it came, in the route's shape.
+    contexts: Mapping[str, SlotConfig] = attrs.Factory(dict)
 
     async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
                               exchange: Exchange) -> None:
@@ -107,6 +111,10 @@ class InferenceHandler:
                 self.events.emit("bad_request", "debug", path=scope["path"], status=exc.status, code=exc.code,
                                  detail=exc.message)
             await self._refuse(send, exc, route, exchange)
+
+    def _context_wall(self, model: str) -> ContextWall | None:
+        config = self.contexts.get(model)
+        return None if config is None else ContextWall(config, self.events)
 
     def _check_served(self, model: str, route: ApiRoute) -> None:
         served = self.apis.get(model)
@@ -153,7 +161,7 @@ class InferenceHandler:
             exchange.engine = lease.grant.engine
             await self._proxy(scope, routed, reading_answer(
                 tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                stream=routed.stream, model=routed.model), lease)
+                stream=routed.stream, model=routed.model, context=self._context_wall(routed.model)), lease)
 
         await serve_granted(self.scheduler, exchange, send, disconnect, model=routed.model, klass=routed.klass,
                             shape=routed.route.error_shape, answering=answering)
@@ -207,7 +215,7 @@ class InferenceHandler:
         tracked = TrackedSend(send)
         # The steps read the generation's usage themselves (chunked.py): the client's tap need not.
         client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=False, stream=routed.stream,
-                                model=routed.model)
+                                model=routed.model, context=self._context_wall(routed.model))
         answer: StreamedSteps | JoinedSteps = (
             StreamedSteps(client, generation, routed.route.stream_error, exchange.count_tokens,
                           usage_kept=routed.keep_usage_chunk) if routed.stream

@@ -13,6 +13,8 @@
   event (Ollama's, when the model fails mid-answer) gets one too.
   Both tell the request's ``Exchange`` the engine's own error before it is reshaped: the usage
   row records the engine's code, not the type the client got (stream_errors.py has the rule).
+* a context refusal (llama-server's 400 ``exceed_context_size_error``) of a model whose slot config
+  is known is said in steward's words on every route (context_refusal.py) before it is shaped.
 * ``MessagesUsageRead``: a Messages stream's token counts, which it gives in two events
   (``message_start``: the input, ``message_delta``: the output), for the usage log.
 
@@ -43,15 +45,18 @@ from supervisor.gateway.errors import (
     responses_error_event,
     responses_failed_event,
 )
-from supervisor.gateway.relay.sse import EVENT_END, WholeEvents, event_data, event_name, json_events
+from supervisor.gateway.relay.sse import EVENT_END, WholeEvents, event_data, event_name, json_bytes, json_events
 from supervisor.gateway.relay.stream_errors import ENGINE_ERROR, Failure, failure_of_event
+from supervisor.gateway.relay.context_refusal import ContextWall
 from supervisor.gateway.relay.conforming import (
     AnswerConformed,
+    ErrorWriter,
     Fix,
     Noted,
     chunks_conformed,
     conformed_chat,
     conformed_completion,
+    openai_error,
 )
 from supervisor.gateway.relay.responses_events import conformed_response, response_events_conformed
 from supervisor.gateway.relay.stream_start import OPENING, StreamOpened
@@ -64,24 +69,26 @@ _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 
 
 def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usage_chunk: bool, stream: bool,
-                   model: str | None = None) -> AnswerTap:
+                   model: str | None = None, context: ContextWall | None = None) -> AnswerTap:
     """The tap on *send* with what reads the answer on its way: the usage it carries (the usage chunk
     steward asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and
     the error events of Messages and Responses streams), a Messages or Responses stream's opening
     event where the engine left it out (stream_start.py), and what OpenAI's spec requires of an
     answer, its stream's events and its errors where the engine left it out (conforming.py,
     responses_events.py). What it reads goes to *exchange*. Only what the route needs is on it:
-    a chat stream whose client asked for its usage reads only the events that hold an error."""
+    a chat stream whose client asked for its usage reads only the events that hold an error.
+    *context*: the model's slot config, which a context refusal is explained by (context_refusal.py)."""
     counted = exchange.count_tokens
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
     readers: list[Reader] = []  # from the upstream's side: the usage is read before the stream is opened
     if stream and route.api in STREAM_ENDS:
         readers.append(StreamErrorsReshaped(route.api, exchange.engine_failed, model or ""))
-    if route.anthropic:
-        readers.append(errors_reshaped(route.error_shape, exchange.engine_failed))
-    else:
-        readers.append(AnswerConformed(_whole_fix(route, model or ""), exchange.engine_failed))
+    errors: ErrorWriter = functools.partial(_reshaped_error, route.error_shape) if route.anthropic else openai_error
+    if context is not None:
+        errors = functools.partial(_context_explained, errors, context, route.api, exchange)
+    readers.append(AnswerConformed(None if route.anthropic else _whole_fix(route, model or ""), exchange.engine_failed,
+                                   errors=errors))
     if route.api is Api.MESSAGES and stream:
         readers.append(MessagesUsageRead(counted))
     if keep_usage_chunk:
@@ -115,6 +122,15 @@ def _whole_fix(route: ApiRoute, model: str) -> Fix | None:
 def errors_reshaped(shape: ErrorShape, noted: Noted = lambda failure: None) -> AnswerConformed:
     """A reader: an engine's error answer in the route's *shape* (see the module docstring)."""
     return AnswerConformed(None, noted, errors=functools.partial(_reshaped_error, shape))
+
+
+def _context_explained(errors: ErrorWriter, context: ContextWall, api: Api, exchange: Exchange, status: int,
+                       value: dict[str, Any]) -> bytes | None:
+    """*errors*, for a context refusal in steward's words (context_refusal.py)."""
+    explained = context.explained(status, value, api=api, request_id=exchange.request_id, klass=exchange.klass)
+    if explained is None:
+        return errors(status, value)
+    return errors(status, explained) or json_bytes(explained)  # None: it is in OpenAI's shape already
 
 
 def _reshaped_error(shape: ErrorShape, status: int, value: dict[str, Any]) -> bytes | None:
