@@ -258,3 +258,20 @@ def test_the_checker_is_strict_on_what_the_spec_requires() -> None:
     with pytest.raises(SpecViolation):
         check_event({"type": "response.output_text.delta", "item_id": "m", "delta": "x", "sequence_number": 0,
                      "logprobs": [], "content_index": 0})  # no output_index
+
+
+def test_a_response_repeats_its_requests_settings_and_keeps_its_usage_last() -> None:
+    from supervisor.gateway.relay.responses_events import conformed_response, request_echo
+
+    tools = [{"type": "function", "name": f"tool_{n}", "parameters": {"type": "object", "properties": {}},
+              "description": "x" * 500} for n in range(40)]  # an agent's: ~25 KB, past the usage log's tail
+    request = {"model": "m", "input": "hi", "tools": tools, "tool_choice": "none", "temperature": 0.2,
+               "top_p": None, "stream": True}
+    response = {"id": "resp_1", "object": "response", "status": "completed", "temperature": None,
+                "usage": {"input_tokens": 7, "output_tokens": 2, "total_tokens": 9}, "output": []}
+    assert conformed_response(response, model="m", created_at=1, echo=request_echo(request))
+    assert response["tools"] == [{"strict": None, **tool} for tool in tools]  # strict: required in a response
+    assert (response["tool_choice"], response["temperature"], response["top_p"]) == ("none", 0.2, None)
+    assert list(response)[-1] == "usage" and response["usage"]["input_tokens"] == 7
+    written = json.dumps(response)
+    assert len(written) > 8192 and written.rfind('"input_tokens"') > len(written) - 300

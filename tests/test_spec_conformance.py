@@ -76,7 +76,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
                                                                "--free-delay", "0.1s", "--job-time", "0.1s"],
                                 ready_path="/system_stats")
         models = {
-            "chat": fake_model("1GiB", gpu_dir=gpu, extra=["-c", "256", "--mmproj", "/models/mmproj.gguf",
+            "chat": fake_model("1GiB", gpu_dir=gpu, extra=["-c", "1024", "--mmproj", "/models/mmproj.gguf",
                                                            "--max-tokens-default", "6"]),
             "embed": fake_model("0.5GiB", gpu_dir=gpu, extra=["--embeddings"]),
             "vllm": {"runtime": "openai", "memory": "2GiB", "parallel": 4, "command": [
@@ -190,15 +190,25 @@ def test_embeddings(door: Door, engine: str) -> None:
 @pytest.mark.parametrize("engine", ["llama", "ollama"])
 @STREAMED
 def test_responses(door: Door, engine: str, stream: bool) -> None:
-    body = {"model": CHAT_MODEL[engine], "input": "hi", "instructions": "be brief", "max_output_tokens": 4,
-            "stream": stream}
-    answer = door.post(engine, "/responses", json=body)
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    settings = {"instructions": "be brief", "max_output_tokens": 4, "temperature": 0.25, "top_p": 0.5,
+                "tools": [tool], "tool_choice": "none", "metadata": {"run": "7"}}
+    answer = door.post(engine, "/responses", json={"model": CHAT_MODEL[engine], "input": "hi", "stream": stream,
+                                                   **settings})
     if stream:
         events = check_responses_stream(answer)
         assert events[-1]["type"] == "response.completed"
+        responses = [event["response"] for event in events if "response" in event]
     else:
         assert answer.status_code == 200, answer.text
         check(answer.json(), "Response")
+        responses = [answer.json()]
+    # The settings it was made with, as OpenAI's own answers repeat them: llama-server leaves every
+    # one out; Ollama says its own tool_choice, metadata and tools (kept: the engine's word).
+    repeated = ({**settings, "tools": [{**tool, "strict": None}]} if engine == "llama"
+                else {key: settings[key] for key in ("temperature", "top_p")})
+    for response in responses:
+        assert {key: response[key] for key in repeated} == repeated, response
 
 
 @pytest.mark.parametrize("hook", ["FAKE_SPLIT_UTF8", "FAKE_ERROR_MIDSTREAM"])
@@ -277,7 +287,7 @@ def test_steward_s_own_errors(door: Door) -> None:
 
 
 def test_engines_own_errors(door: Door) -> None:
-    long = " ".join(["word"] * 300)  # past the fake llama-server's -c 256
+    long = " ".join(["word"] * 1200)  # past a slot of the fake llama-server's -c 1024
     check_error(door.post("llama", "/chat/completions", json=chat_body("chat", True, long)), 400)
     check_error(door.post("llama", "/responses", json={"model": "chat", "input": long}), 400)
     check_error(door.post("llama", "/completions", json={"model": "embed", "prompt": "x"}), 400)

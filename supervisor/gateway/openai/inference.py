@@ -161,7 +161,8 @@ class InferenceHandler:
             exchange.engine = lease.grant.engine
             await self._proxy(scope, routed, reading_answer(
                 tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                stream=routed.stream, model=routed.model, context=self._context_wall(routed.model)), lease)
+                stream=routed.stream, model=routed.model, context=self._context_wall(routed.model),
+                request=routed.payload), lease)
 
         await serve_granted(self.scheduler, exchange, send, disconnect, model=routed.model, klass=routed.klass,
                             shape=routed.route.error_shape, answering=answering)
@@ -215,7 +216,7 @@ class InferenceHandler:
         tracked = TrackedSend(send)
         # The steps read the generation's usage themselves (chunked.py): the client's tap need not.
         client = reading_answer(tracked, routed.route, exchange, keep_usage_chunk=False, stream=routed.stream,
-                                model=routed.model, context=self._context_wall(routed.model))
+                                model=routed.model, context=self._context_wall(routed.model), request=routed.payload)
         answer: StreamedSteps | JoinedSteps = (
             StreamedSteps(client, generation, routed.route.stream_error, exchange.count_tokens,
                           usage_kept=routed.keep_usage_chunk) if routed.stream

@@ -29,7 +29,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -58,7 +58,12 @@ from supervisor.gateway.relay.conforming import (
     conformed_completion,
     openai_error,
 )
-from supervisor.gateway.relay.responses_events import conformed_response, response_events_conformed
+from supervisor.gateway.relay.responses_events import (
+    NO_ECHO,
+    conformed_response,
+    request_echo,
+    response_events_conformed,
+)
 from supervisor.gateway.relay.stream_start import OPENING, StreamOpened
 from supervisor.gateway.relay.stream_usage import UsageChunkKept
 
@@ -69,7 +74,8 @@ _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 
 
 def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usage_chunk: bool, stream: bool,
-                   model: str | None = None, context: ContextWall | None = None) -> AnswerTap:
+                   model: str | None = None, context: ContextWall | None = None,
+                   request: Mapping[str, Any] | None = None) -> AnswerTap:
     """The tap on *send* with what reads the answer on its way: the usage it carries (the usage chunk
     steward asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and
     the error events of Messages and Responses streams), a Messages or Responses stream's opening
@@ -77,7 +83,8 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     answer, its stream's events and its errors where the engine left it out (conforming.py,
     responses_events.py). What it reads goes to *exchange*. Only what the route needs is on it:
     a chat stream whose client asked for its usage reads only the events that hold an error.
-    *context*: the model's slot config, which a context refusal is explained by (context_refusal.py)."""
+    *context*: the model's slot config, which a context refusal is explained by (context_refusal.py);
+    *request*: the request's JSON object, whose settings a Responses answer repeats."""
     counted = exchange.count_tokens
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
@@ -87,8 +94,9 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     errors: ErrorWriter = functools.partial(_reshaped_error, route.error_shape) if route.anthropic else openai_error
     if context is not None:
         errors = functools.partial(_context_explained, errors, context, route.api, exchange)
-    readers.append(AnswerConformed(None if route.anthropic else _whole_fix(route, model or ""), exchange.engine_failed,
-                                   errors=errors))
+    echo = request_echo(request) if route.api is Api.RESPONSES else NO_ECHO
+    readers.append(AnswerConformed(None if route.anthropic else _whole_fix(route, model or "", echo),
+                                   exchange.engine_failed, errors=errors))
     if route.api is Api.MESSAGES and stream:
         readers.append(MessagesUsageRead(counted))
     if keep_usage_chunk:
@@ -98,7 +106,7 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     if stream and route.api in OPENING:
         readers.append(StreamOpened(route.api, model or ""))  # nearer the client: the usage read sees the engine's
     if stream and route.api is Api.RESPONSES:
-        readers.append(response_events_conformed(model or ""))  # nearest: it numbers every event the client gets
+        readers.append(response_events_conformed(model or "", echo))  # nearest: it numbers every event sent
     return AnswerTap(send, readers)
 
 
@@ -106,7 +114,7 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
 _CHUNK_FIXES: dict[Api, Fix | None] = {Api.CHAT: None, Api.COMPLETIONS: conformed_completion}
 
 
-def _whole_fix(route: ApiRoute, model: str) -> Fix | None:
+def _whole_fix(route: ApiRoute, model: str, echo: Mapping[str, Any]) -> Fix | None:
     """How a route's whole JSON answer is put right (conforming.py); None: only its errors are."""
     if not route.does_work:
         return None  # a count of tokens: no answer of the API's
@@ -115,7 +123,7 @@ def _whole_fix(route: ApiRoute, model: str) -> Fix | None:
     if route.api is Api.COMPLETIONS:
         return conformed_completion
     if route.api is Api.RESPONSES:
-        return lambda answer: conformed_response(answer, model=model, created_at=int(time.time()))
+        return lambda answer: conformed_response(answer, model=model, created_at=int(time.time()), echo=echo)
     return None
 
 

@@ -25,14 +25,18 @@ an opening event where the engine sent none, stream_start.py; an error event and
 repeated opening event; it derives an event's ``output_index`` from the output item it names
 (the items in the order they were added) and ``content_index`` from the content parts added
 to that item; it gives the response object its required keys with their null or empty
-defaults, and keeps its ``id`` the one its first event named (the SDK checks that it stays).
-What an engine did send is kept.
+defaults, or the request's own values for the settings a response repeats (``instructions``,
+``tools``, ``tool_choice``, ``temperature``, ``top_p``, ``parallel_tool_calls``, ``metadata``,
+``max_output_tokens``: ``request_echo``), and keeps its ``id`` the one its first event named
+(the SDK checks that it stays). What an engine did send is kept, but for a null where the
+request gave a value.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -48,10 +52,38 @@ _IN_A_PART = frozenset({"response.content_part.done", "response.output_text.delt
 _WITH_LOGPROBS = frozenset({"response.output_text.delta", "response.output_text.done"})
 
 
-def conformed_response(response: dict[str, Any], *, model: str, created_at: float) -> bool:
-    """A response object (``Response``) put right in place: its required keys, its usage and its
-    output's parts as the spec requires them; True if anything changed."""
-    missing = {key: value() for key, value in _RESPONSE_DEFAULTS.items() if key not in response}
+# The settings a response object repeats of its request (OpenAI's own answers do).
+_ECHOED = ("instructions", "tools", "tool_choice", "temperature", "top_p", "parallel_tool_calls", "metadata",
+           "max_output_tokens")
+NO_ECHO: Mapping[str, Any] = {}
+
+
+def request_echo(request: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """What a response to *request* (a Responses request's JSON object) repeats of it."""
+    if not request:
+        return NO_ECHO
+    echo = {key: request[key] for key in _ECHOED if request.get(key) is not None}
+    if isinstance(tools := echo.get("tools"), list):
+        echo["tools"] = [_as_answered(tool) for tool in tools]
+    return echo
+
+
+def _as_answered(tool: object) -> object:
+    """A request's tool as a response names it: a function tool's ``strict`` and ``parameters``,
+    which a request may leave out, are required there (null: not said)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {"strict": None, "parameters": None, **tool}
+
+
+def conformed_response(response: dict[str, Any], *, model: str, created_at: float,
+                       echo: Mapping[str, Any] = NO_ECHO) -> bool:
+    """A response object (``Response``) put right in place: its required keys (*echo*'s values, the
+    request's, before the defaults), its usage and its output's parts as the spec requires them;
+    True if anything changed."""
+    missing = {key: value for key, value in echo.items() if response.get(key) is None}
+    missing.update({key: value() for key, value in _RESPONSE_DEFAULTS.items()
+                    if key not in response and key not in missing})
     missing.update({key: value for key, value in (("model", model), ("created_at", created_at))
                     if key not in response})
     if response.get("output", missing.get("output")) is None:
@@ -65,6 +97,8 @@ def conformed_response(response: dict[str, Any], *, model: str, created_at: floa
         changed = True
     elif isinstance(response.get("usage"), dict):
         changed |= _conformed_usage(response["usage"])
+    if missing and "usage" in response:
+        response["usage"] = response.pop("usage")  # last still: the usage log reads it off a stream's tail
     return changed
 
 
@@ -109,10 +143,11 @@ def _put(value: dict[str, Any], key: str, default: Any) -> bool:
     return True
 
 
-def response_events_conformed(model: str) -> EventsRewritten:
+def response_events_conformed(model: str, echo: Mapping[str, Any] = NO_ECHO) -> EventsRewritten:
     """A reader (answer.py): a Responses stream's events as the spec requires them (see the module
-    docstring); *model* is what a response object that names none is given."""
-    return EventsRewritten(ResponseEvents(model).rewrite)
+    docstring); *model* is what a response object that names none is given, *echo* what it repeats
+    of its request (``request_echo``)."""
+    return EventsRewritten(ResponseEvents(model, echo).rewrite)
 
 
 @attrs.define(eq=False)
@@ -121,6 +156,7 @@ class ResponseEvents:
     takes knowing of the events before it."""
 
     model: str
+    echo: Mapping[str, Any] = NO_ECHO
     _next: int = 0  # the sequence_number of the next event sent
     _opened: set[str] = attrs.Factory(set)  # the opening events sent
     _id: str | None = None  # the response's id, as its first event named it
@@ -154,7 +190,7 @@ class ResponseEvents:
         if self._created_at is None:
             created_at = response.get("created_at")
             self._created_at = created_at if isinstance(created_at, int | float) else int(time.time())
-        conformed_response(response, model=self.model, created_at=self._created_at)
+        conformed_response(response, model=self.model, created_at=self._created_at, echo=self.echo)
 
     def _place(self, kind: str, value: dict[str, Any]) -> None:
         """The event's output_index and content_index where it has none, from the item it names."""
