@@ -35,6 +35,7 @@ import trio
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable
 from supervisor.auth.limits import KeyLimiter, Refused
 from supervisor.observe.events import EventLog
+from supervisor.gateway.answer_tail import AnswerTail
 from supervisor.gateway.http.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
 from supervisor.gateway.errors import ErrorShape, error_headers
 from supervisor.gateway.relay.answer import ANSWER_HEAD, AnswerHead, Framing
@@ -55,13 +56,7 @@ PROBE = ("HEAD", "/")
 # Paths whose last part is itself the credential (an image's URL, as OpenAI hands them out):
 # open without a key, and never written whole into a log.
 CAPABILITY_PREFIX = "/v1/images/files/"
-_TAIL = 8192  # the answer's last bytes, where its usage is (the final chunk of a stream, or the body's end)
 _ERROR_HEAD = 16384  # of an error answer: enough for its error object
-# The last event of a whole stream (OpenAI's SSE, Ollama's NDJSON, Anthropic's message_stop, the
-# Responses API's response.completed): a client may rightly close on it before the relay's own
-# end of the body, and that answer was still served in full.
-_STREAM_END = re.compile(rb'(data: \[DONE\]|"done":\s*true[^\n]*|data: \{"type":\s*"message_stop"\}'
-                         rb'|"type":\s*"response\.(completed|incomplete|failed)"[^\n]*)\r?\n(\r?\n)?$')
 # Token counts as OpenAI, Ollama and Anthropic name them; an escaped quote is inside a string, not a key.
 _TOKENS = re.compile(rb'(?<!\\)"(prompt_tokens|completion_tokens|prompt_eval_count|eval_count|input_tokens|'
                      rb'output_tokens|cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d{1,12})')
@@ -105,7 +100,7 @@ class Exchange:
     request_bytes: int = 0
     response_bytes: int = 0
     _framing: Framing = Framing.OTHER  # the tail is kept of any other (JSON, an event stream, NDJSON)
-    _tail: bytes = b""
+    _tail: AnswerTail = attrs.Factory(AnswerTail)
     _tail_tokens: tuple[int | None, int | None] | None = None  # read from the tail once, when asked
     _error_head: bytes = b""
 
@@ -149,9 +144,11 @@ class Exchange:
         self.last_byte = now
         self.response_bytes += len(chunk)
         if self._framing is not Framing.OTHER:
-            self._tail = (self._tail + chunk)[-_TAIL:]
+            self._tail.add(chunk)
             self._tail_tokens = None
-            if self.status == 200 and _STREAM_END.search(self._tail):
+            # The last event of a whole stream: a client may rightly close on it before the relay's
+            # own end of the body, and that answer was still served in full.
+            if self.status == 200 and self._tail.at_stream_end:
                 self.complete = True
         if (self.status or 0) >= 400 and len(self._error_head) < _ERROR_HEAD:
             self._error_head += chunk[:_ERROR_HEAD - len(self._error_head)]
@@ -163,7 +160,8 @@ class Exchange:
         without timings, such as one steward cut into steps: gateway/chunked.py)."""
         end = self.last_byte if self.last_byte is not None else now
         streamed = self._framing in _STREAMS and self.first_byte is not None
-        counted, spent = _DECODED.findall(self._tail), _DECODE_MS.findall(self._tail)
+        tail = self._tail.bytes()
+        counted, spent = _DECODED.findall(tail), _DECODE_MS.findall(tail)
         if counted and spent:
             seconds = float(spent[-1]) / 1000
             start = self.first_byte if streamed and self.first_byte is not None else end - seconds
@@ -202,7 +200,7 @@ class Exchange:
     def tail_tokens(self) -> tuple[int | None, int | None]:
         """The token counts at the answer's end, read once (the answer ended: its tail is whole)."""
         if self._tail_tokens is None:
-            self._tail_tokens = _read_tokens(self._tail)
+            self._tail_tokens = _read_tokens(self._tail.bytes())
         return self._tail_tokens
 
     def failure(self) -> Failure | None:
@@ -211,9 +209,9 @@ class Exchange:
         if self.engine_failure is not None:
             return self.engine_failure
         if self._framing is Framing.EVENT_STREAM:
-            return final_failure(self._tail, lines=False)
+            return final_failure(self._tail.bytes(), lines=False)
         if self._framing is Framing.NDJSON:
-            return final_failure(self._tail, lines=True)
+            return final_failure(self._tail.bytes(), lines=True)
         return None
 
 
