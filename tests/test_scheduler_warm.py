@@ -158,17 +158,21 @@ def test_a_warm_load_an_admin_asks_for_is_no_longer_stopped_for_others() -> None
     assert acts(effects) == [] and emitted(effects, "warm_cancelled") == []
 
 
-def test_a_warmed_engine_is_cold_until_used_so_a_lower_class_may_evict_it() -> None:
+def test_a_warmed_engine_hot_before_the_image_job_keeps_the_hot_time_it_had_left() -> None:
+    # Issue 30: this was "cold until used", so an agent evicted the chat model the moment an
+    # image job was over. The job pauses the hot clock instead (rule 8): as before the job,
+    # only interactive work may evict it until its hot time is over.
     s = make(model("a"), model("b"), budget=8)
     loaded(s, "a", "interactive", 1, 0.0, 1.0)
-    s.finish(1, 2.0)  # a is hot: only interactive work may evict it...
-    image_job(s, 2, 3.0)
-    assert acts(s.finish(2, 10.0)) == [StartEngine("a", 2)]  # ...and it is the likeliest needed
+    s.finish(1, 2.0)  # a is hot until 302.0: only interactive work may evict it...
+    image_job(s, 2, 3.0)  # ...but an image job does, with 299 s of hot time left
+    assert acts(s.finish(2, 10.0)) == [StartEngine("a", 2)]  # the likeliest needed
     ready(s, "a", 11.0)
-    assert not s.engines["a"].hot(11.0, s.policy.hot_window)
-    # Loaded for no one, it takes no memory from an agent that the image job did not: the
-    # agent's request evicts it at once, as it would have loaded into that memory.
+    assert s.snapshot().engines[0].hot_until == 309.0
     effects = s.submit(3, "b", "background", 20.0)
+    assert acts(effects) == [] and emitted(effects, "evict") == []
+    assert acts(s.tick(308.0)) == []
+    effects = s.tick(309.0)
     assert acts(effects) == [StopEngine("a", 2)]
     [evict] = emitted(effects, "evict")
     assert (evict["engine"], evict["hot"]) == ("a", False)

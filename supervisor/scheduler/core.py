@@ -74,6 +74,9 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
 8. An exclusive job (the whole GPU) at the head of its class stops new work of that
    class and below, lets running work drain, unloads engines, runs, and then lets
    everything resume.
+   The job pauses hot_window's clock of the engines it evicted while hot: when it ends, each
+   is hot again for the time it had left (a `hot_resumed` event), so the chat model that was
+   hot before an image job is not the first thing a batch request evicts after it.
 9. Swaps: within a class, a load that would evict another engine is held, for at most
    ``swap_hold`` after its request arrived, while the class's other work keeps loaded (or
    loading) engines busy and the engines it would evict were used lately: younger requests
@@ -97,7 +100,8 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    another engine, an exclusive job, a pinned or an admin load needs its memory, so they
    wait for its exit as they would for an idle engine's eviction, never for the rest of its
    load (left to finish, rule 6 would let nobody evict it until ready). Once ready, until a
-   step runs on it, it counts as cold and as costing nothing to evict (ReloadCost.unused_warm):
+   step runs on it, it counts as cold (but one an exclusive job evicted while hot keeps the
+   hot time it had left, rule 8) and as costing nothing to evict (ReloadCost.unused_warm):
    it was loaded for no one, so any class may evict it, first, and no load is held for it
    (rule 9); the free memory it took would have been theirs.
 

@@ -197,6 +197,7 @@ def load(s: CoreState, engine: EngineState, placement: Placement, now: float, re
     engine.status = EngineStatus.STARTING
     engine.start_decided_at = now
     engine.waking = waking
+    engine.hot_resumed = False  # its hot time after an exclusive job is kept by this load, or not
     engine.ready_at = None
     engine.measured = 0
     s.emit("restart" if restart else "wake" if waking else "load", "info",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import heapq
 
-from supervisor.scheduler.exclusive import exclusive_owner
+from supervisor.scheduler.exclusive import exclusive_owner, resume_hot_time
 from supervisor.scheduler.guard import end_turn_step
 from supervisor.scheduler.placing import most_memory
 from supervisor.scheduler.state import STEP_SAMPLES, CoreState, rounded
@@ -78,6 +78,7 @@ def finish(s: CoreState, job_id: int, status: int | None, now: float) -> None:
             s.unqueue(waiting)
             s.emit("withdraw", "debug", job=job_id, model=waiting.model, **{"class": waiting.klass},
                    waited_s=rounded(now - waiting.submitted))
+            resume_hot_time(s, job_id, now)
         return
     klass = job.klass
     s.running_by_class[klass] -= 1
@@ -95,6 +96,7 @@ def finish(s: CoreState, job_id: int, status: int | None, now: float) -> None:
         s.ledger.release(exclusive_owner(job_id))
         s.exclusive_holder = None
         s.warm_cause = WarmCause.EXCLUSIVE_JOB
+        resume_hot_time(s, job_id, now)
     else:
         engine = s.engines[job.model]  # type: ignore[index]
         if job.engine_generation == engine.generation and engine.serving:
@@ -118,6 +120,7 @@ def expire(s: CoreState, now: float) -> None:
         s.unqueue(job)
         s.emit("timeout", "warning", job=job.id, model=job.model, **{"class": job.klass},
                waited_s=rounded(now - job.submitted))
+        resume_hot_time(s, job.id, now)
         s.effects.append(Fail(job.id, 503, "queue_timeout",
                               f"no capacity for {_what(job)} within {job.deadline - job.submitted:g}s",
                               retry_after=1.0))

@@ -117,6 +117,15 @@ class Placement:
         return len(self.shares) > 1
 
 
+@attrs.frozen
+class HotKept:
+    """The hot time an engine had left when it was evicted for exclusive job *job*: an image job
+    pauses its hot_window's clock, so the chat model comes back as hot as it left."""
+
+    job: int
+    left: float  # seconds of hot_window left when its eviction was decided
+
+
 @attrs.define
 class EngineState:
     profile: EngineProfile
@@ -170,6 +179,10 @@ class EngineState:
     warm_generation: int | None = None
     # When it was last stopped for being idle (idle_unload): not warmed until it is used again.
     idle_unloaded_at: float | None = None
+    # Evicted while hot for an exclusive job: the hot time it had left, given back when the job
+    # ends (exclusive.py); then True until its next warm load, which keeps that hot time.
+    hot_kept: HotKept | None = None
+    hot_resumed: bool = False
 
     @property
     def unhealthy(self) -> bool:

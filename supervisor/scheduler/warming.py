@@ -8,6 +8,8 @@ it is (a warm load never evicts, nor takes memory promised to a waiting load); t
 once the last is ready, until nothing more fits and no memory is on its way out. Never a
 sleeping engine, one in its backoff, or one unloaded for being idle and unused since. A
 warm load still starting is stopped (``cancel_warm``) the moment real work needs its memory.
+A warmed engine is cold until a step runs on it, except one an exclusive job evicted while
+hot: it comes back with the hot time it had left (exclusive.py).
 
 ``warm_order`` is the pure part: the core hands over the engines it may warm now and
 ``scheduler.warm``; it puts them in order and says why. The list comes first because a
@@ -85,7 +87,8 @@ def warm(s: CoreState, now: float, promised: dict[int, int]) -> None:
         option = place(s, engine, now, promised, {}, NO_DEMAND, idle_only=True)
         if option is not None and option.fits:
             s.emit("warm", "info", **choice.fields(cause, rank))
-            engine.last_interactive = -math.inf  # loaded for no one: cold until a step runs on it
+            if not engine.hot_resumed:  # back after an exclusive job, it keeps the hot time it had left
+                engine.last_interactive = -math.inf  # loaded for no one: cold until a step runs on it
             load(s, engine, option.placement, now, LoadReason("warm", choice.why(cause, rank)))
             engine.warm_generation = engine.generation
             return
