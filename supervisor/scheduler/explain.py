@@ -22,7 +22,17 @@ import attrs
 from supervisor.scheduler.classes import engines_bounded, lower_class_busy, lower_engines_full
 from supervisor.scheduler.eviction import place
 from supervisor.scheduler.exclusive import exclusive_rank
-from supervisor.scheduler.guard import Gate, gate, guard_turn, in_turn, lane_class, lane_due_at, starved_since
+from supervisor.scheduler.gaps import left_to_gaps
+from supervisor.scheduler.guard import (
+    Gate,
+    gate,
+    guard_turn,
+    in_turn,
+    lane_class,
+    lane_due_at,
+    starved_since,
+    turn_order,
+)
 from supervisor.scheduler.state import CoreState, Demand
 from supervisor.scheduler.swaps import swap_hold
 from supervisor.request_class import ALL_CLASSES, RequestClass
@@ -137,20 +147,23 @@ def _held_by_higher(s: CoreState, job: Job) -> tuple[WaitReason, str]:
         own_due = since + limit
         due = lane_due_at(s, since, klass) if beside else own_due
         lane = lane_class(s) if beside else (klass if in_turn(s, klass) else None)
+        turns = _model_turns(s, job)
         if lane is not None:
             due = max(due, _next_turn_not_before(s, lane, klass))
             held = (f"the starvation guard lets one lower-class turn run at a time, and a {lane} turn has the lane"
                     if beside else f"a {klass} turn of the starvation guard runs")
             if now >= own_due:
-                return WaitReason.GUARD_SHARE, f"{held}; the next: not before {_clock(s, due)}"
+                return WaitReason.GUARD_SHARE, f"{held}; the next: not before {_clock(s, due)}{turns}"
         elif now >= due:
             first = guard_turn(s, now)
             if first is not None and first != klass:
-                return WaitReason.GUARD_SHARE, f"a {first} turn of the starvation guard was due first; its own is next"
+                return WaitReason.GUARD_SHARE, (f"a {first} turn of the starvation guard was due first; "
+                                                f"its own is next{turns}")
+            until = due + s.policy.guard_gap_wait
             return WaitReason.GUARD_SHARE, (f"its starvation guard turn is due and waits for a moment no interactive "
-                                            f"step computes (for up to {format_elapsed(s.policy.guard_gap_wait)})")
+                                            f"step computes, until {_clock(s, until)} at the latest{turns}")
         them = "it" if not beside else "them" if s.running_by_class[RequestClass.INTERACTIVE] else "chats"
-        guard = f"; the starvation guard lets one step through beside {them}, not before {_clock(s, due)}"
+        guard = f"; the starvation guard lets one step through beside {them}, not before {_clock(s, due)}{turns}"
     if beside:
         if s.running_by_class[RequestClass.INTERACTIVE]:
             cause = f"{s.running_by_class[RequestClass.INTERACTIVE]} interactive step(s) running"
@@ -162,6 +175,25 @@ def _held_by_higher(s: CoreState, job: Job) -> tuple[WaitReason, str]:
         return WaitReason.INTERACTIVE_WINDOW, cause + guard
     higher = [k for k in job.klass.higher if s.running_by_class[k] or s.queues[k].size]
     return WaitReason.HIGHER_CLASS, f"{' and '.join(higher)} work goes first{guard}"
+
+
+def _model_turns(s: CoreState, job: Job) -> str:
+    """Which models' lines the guard's next turns of *job*'s class go to before its own
+    (guard.turn_order, round-robin among the models that wait), in words; "" if its own is next."""
+    order = [h.model for h in turn_order(s, job.klass, s.now)]
+    if job.model not in order or order[0] == job.model:
+        return ""
+    first, mine = order[0], job.model
+    last = s.turns.last_turn[job.klass]
+    if left_to_gaps(s, s.queues[job.klass].line(mine)[0], s.now):
+        because = f"{mine}'s steps are short: the gaps between chats serve them first"
+    elif last.get(first, 0) == last.get(mine, 0):
+        because = f"the request for {first} is older"
+    else:
+        because = f"{mine} had the last" if last.get(mine) == s.turns.turn_count else f"{mine} had one since {first}"
+    ahead = ", then to ".join(order[:order.index(mine)])
+    return (f"; the guard's next {job.klass} turn goes to {ahead} ({because}; the turns go round-robin among "
+            f"the models that wait), then to {mine}")
 
 
 def _next_turn_not_before(s: CoreState, lane: RequestClass, klass: RequestClass) -> float:

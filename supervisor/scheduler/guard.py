@@ -8,7 +8,11 @@ has made no progress for its ``starvation`` time, one of its steps runs beside t
 classes' work, the oldest that can actually run now. Beside interactive work both lower
 classes share one lane, one turn at a time, the class due first first, within
 ``guard_share`` of the time, waiting up to ``guard_gap_wait`` for a moment no interactive
-step computes; with ``guard_fill`` a turn fills its engine's free slots. A turn obeys rule
+step computes; with ``guard_fill`` a turn fills its engine's free slots. Within a class the
+turns are shared round-robin among the models whose steps wait (``turn_order``): the model
+whose last turn is the oldest (never had one: first) goes first, the oldest request on a
+tie; so one client that sends many steps for one model (an indexer's embeddings) cannot
+take every turn while another model's steps (an agent's) wait. A turn obeys rule
 3c; when the lower classes' own steps hold what it needs it claims them (4b: no other
 lower-class step starts there until it has), and a due turn may evict what a higher lower
 class wants (4d). A turn that would evict waits for the window to close, for up to
@@ -230,11 +234,9 @@ def serve_guard(s: CoreState, klass: RequestClass, now: float, promised: dict[in
     if not may_start_new:
         return
     rank = klass.rank
-    # Oldest first, and the first that can actually run now: resident with a free
-    # slot, or loadable at once into free memory or over idle cold engines. With gap
-    # steps, the lines whose steps are short are left to the gaps while there are any.
-    heads = [h for h in s.queues[klass].heads() if h.model is not None]
-    for head in sorted(heads, key=lambda h: (left_to_gaps(s, h, now), h.seq)):
+    # In turn_order, the first that can actually run now: resident with a free slot, or
+    # loadable at once into free memory or over idle cold engines.
+    for head in turn_order(s, klass, now):
         engine = s.engines[head.model]  # type: ignore[index]
         if lower_engines_full(s, klass, head.model, now):
             continue  # a second lower-class engine beside a hot chat's (rule 3c)
@@ -261,6 +263,16 @@ def serve_guard(s: CoreState, klass: RequestClass, now: float, promised: dict[in
         return
 
 
+def turn_order(s: CoreState, klass: RequestClass, now: float) -> list[Job]:
+    """The heads of *klass*'s lines in the order its guard turns take them: round-robin
+    among the models whose steps wait, the model whose last turn is the oldest first (never
+    had one: first), the oldest request on a tie. With gap steps, the lines whose steps are
+    short come last while the gaps serve them (left_to_gaps)."""
+    last = s.turns.last_turn[klass]
+    heads = [h for h in s.queues[klass].heads() if h.model is not None]
+    return sorted(heads, key=lambda h: (left_to_gaps(s, h, now), last.get(h.model, 0), h.seq))  # type: ignore[arg-type]
+
+
 def _guard_wanted(klass: RequestClass, wanted: dict[str, Demand]) -> dict[str, Demand]:
     """Rule 4d: the demand a due turn of *klass* leaves standing when memory holds it: the
     interactive class's and its own class's, not that of the lower classes above it."""
@@ -268,6 +280,8 @@ def _guard_wanted(klass: RequestClass, wanted: dict[str, Demand]) -> dict[str, D
 
 
 def _start_turn(s: CoreState, head: Job, engine: EngineState, now: float) -> None:
+    s.turns.turn_count += 1
+    s.turns.last_turn[head.klass][engine.name] = s.turns.turn_count  # the model's turn: the next goes to another
     dispatch(s, head, engine, now, by_guard=True)
     for job in _turn_fill(s, head, engine):
         dispatch(s, job, engine, now, by_guard=True, fill=True)

@@ -55,6 +55,10 @@ class GuardTurns:
     fill: dict[RequestClass, set[int]] = attrs.Factory(lambda: {k: set() for k in RequestClass})
     started: dict[RequestClass, float] = attrs.Factory(lambda: dict.fromkeys(RequestClass, -math.inf))
     resume_at: float = -math.inf  # the guard's share of the GPU: no guard step before this
+    # The lane's fair share among a class's models (guard.turn_order): per class, the number
+    # of each model's last turn (turns are counted from 1), and the last number given.
+    last_turn: dict[RequestClass, dict[str, int]] = attrs.Factory(lambda: {k: {} for k in RequestClass})
+    turn_count: int = 0
     # A due guard turn that waits for the lower classes' own steps, and on which engines (rule
     # 4b): no other lower-class step starts there until it has.
     claim: GuardClaim | None = None
