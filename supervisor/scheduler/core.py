@@ -33,7 +33,10 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    lower-class engines at most, whatever let them start.
 4. Starvation guard: when the head of a lower class has made no progress for its
    ``starvation`` time, one of its steps may run beside the higher classes' work: the
-   oldest of its waiting jobs that can actually run now, not simply the oldest. Beside
+   first of its waiting jobs that can actually run now, not simply the oldest, its turns
+   shared round-robin among the class's models that wait (the model whose last turn is the
+   oldest first, never had one: first; the oldest request on a tie): one client's many
+   steps for one model (an indexer's embeddings) do not take every turn. Beside
    interactive work it is one turn at a time for both lower classes (the lane), the class
    due first first (starved since, plus its starvation time; background on a tie), used at
    most ``guard_share`` of the time, waiting up to ``guard_gap_wait`` for a moment no
