@@ -1,12 +1,15 @@
 """``steward ps`` and ``steward load|unload|pin|unpin NAME`` against a real steward over fake
 llama-servers: each verb's output and exit status, the rules steward keeps (a pinned engine is
-not unloaded), the missing or wrong key, and the table as text."""
+not unloaded), the missing or wrong key, Ctrl-C during a wait, and the table as text."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -16,7 +19,7 @@ import pytest
 from supervisor.auth.keys import add_key
 from supervisor.cli import main
 from supervisor.control.table import format_engines
-from tests.conftest import StewardFactory, fake_model, free_port
+from tests.conftest import ROOT, StewardFactory, fake_model, free_port
 
 GIB = 1024**3
 
@@ -47,7 +50,7 @@ def test_the_table_says_state_memory_slots_queue_idle_and_why_an_engine_is_kept(
         engine("chat", "ready", reserved=4 * GIB, in_flight=1, queued=3, hot=True, hot_until=1_800_000_000.0),
         engine("embed", "ready", reserved=GIB + GIB // 2, idle_s=754.2, pinned=True),
         engine("coder", "ready", reserved=GIB, idle_s=3.21, healthy=False, draining=True),
-        engine("image", "stopped")]})
+        engine("image", "stopped", idle_s=20.0)]})
     got = rows(table)
     assert got["chat"][:6] == ["chat", "ready", "4.0 GiB", "1/2", "3", "-"]
     assert got["chat"][6].startswith("hot until ")
@@ -119,3 +122,21 @@ def test_with_keys_the_verbs_and_reload_say_which_key_they_need(start_steward: S
     status, _, err = steward_command("reload", config, env=no_key)
     assert status == 1 and "answered 401: steward has API keys: pass --key or set STEWARD_KEY (an admin key)" in err
     assert steward_command("reload", config, env={"STEWARD_KEY": admin}) == (0, "reloaded: nothing changed\n", "")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_load_is_waited_for_stops_the_wait_not_the_load(start_steward: StewardFactory) -> None:
+    steward = start_steward({"chat": fake_model("1GiB", load_time="30s")}, gpu={"probe": "none", "budget": "8GiB"})
+    waiting = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "load", "chat", "--url", steward.url],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        steward.wait_event("admin", timeout=30, engine="chat")  # steward took the load: the command now waits for ready
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert (waiting.returncode, out) == (130, "") and err == (
+        "steward load: stopped waiting; steward goes on with it (`steward ps` shows how it goes)\n")
+    assert rows(steward_command("ps", "--url", steward.url)[1])["chat"][1] == "starting"

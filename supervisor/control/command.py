@@ -17,6 +17,7 @@ CONTROL_COMMANDS = frozenset({PS, *(action.value for action in EngineAction)})
 EXIT_OK = 0
 EXIT_NOT_DONE = 1  # unreachable, refused by steward's rules, failed, or not done in time
 EXIT_REFUSED = 2  # the admin API refused the key (as top), or the address is not usable
+EXIT_INTERRUPTED = 130  # as a shell says of a command ended by Ctrl-C
 DEFAULT_WAIT_S = 300.0
 # What an action waits for: the engine in one of these states (none: done once steward accepts it).
 DONE_AT: dict[EngineAction, frozenset[EngineStatus]] = {
@@ -76,6 +77,9 @@ def run_control(args: argparse.Namespace) -> int:
     except (Unreachable, ActionNotDone) as exc:
         _say(command, str(exc))
         return EXIT_NOT_DONE
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the action was asked for and goes on in steward
+        _say(command, "stopped waiting; steward goes on with it (`steward ps` shows how it goes)")
+        return EXIT_INTERRUPTED
     engine = done.engine
     pinned = "pinned, " if engine.get("pinned") else ""
     took = f" ({done.took_s:.1f}s)" if DONE_AT[action] else ""

@@ -14,8 +14,9 @@ COLUMNS = ("NAME", "STATE", "MEMORY", "SLOTS", "QUEUE", "IDLE", "KEPT")
 def format_engines(state: Mapping[str, Any]) -> str:
     """A table of the engines in *state* (``GET /admin/state``), aligned, one row each.
 
-    MEMORY is what steward holds for the engine now (0 when it holds none: ``-``); SLOTS
-    in use/total; IDLE since its last request (``-`` while it works or never has); KEPT
+    MEMORY is what steward holds for the engine now (``-``: none); SLOTS in use/total; IDLE
+    since its last request, of an engine that holds memory (``-`` while it works, or holds
+    none: a stopped engine's idle time means nothing); KEPT
     says why it is not evicted: ``pinned``, or hot and until when."""
     engines = state.get("engines") or []
     if not engines:
@@ -36,7 +37,7 @@ def _row(engine: Mapping[str, Any]) -> tuple[str, ...]:
     idle = engine.get("idle_s")
     return (str(engine.get("name", "?")), status, format_size(reserved) if reserved else "-",
             f"{engine.get('in_flight', 0)}/{engine.get('slots', 0)}", str(engine.get("queued", 0)),
-            "-" if idle is None else format_elapsed(idle), _kept(engine))
+            "-" if idle is None or not reserved else format_elapsed(idle), _kept(engine))
 
 
 def _kept(engine: Mapping[str, Any]) -> str:
