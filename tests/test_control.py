@@ -140,3 +140,13 @@ def test_ctrl_c_while_a_load_is_waited_for_stops_the_wait_not_the_load(start_ste
     assert (waiting.returncode, out) == (130, "") and err == (
         "steward load: stopped waiting; steward goes on with it (`steward ps` shows how it goes)\n")
     assert rows(steward_command("ps", "--url", steward.url)[1])["chat"][1] == "starting"
+
+
+@pytest.mark.slow
+def test_a_load_that_fails_says_why_from_the_engines_last_output(start_steward: StewardFactory) -> None:
+    broken = {"command": [sys.executable, "-c", "print('no model file at /models/chat.gguf'); raise SystemExit(3)"],
+              "memory": "1GiB"}
+    steward = start_steward({"broken": broken}, gpu={"probe": "none", "budget": "8GiB"})
+    assert steward_command("load", "broken", "--url", steward.url) == (1, "", (
+        "steward load: broken failed to start: exited with status 3; last output: no model file at "
+        "/models/chat.gguf\n"))

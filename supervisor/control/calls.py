@@ -46,10 +46,11 @@ async def act(url: str, key: str | None, name: str, action: EngineAction, done_a
             raise ActionNotDone(error_message(response))
         check_answer(response, url, has_key="authorization" in client.headers, command=action.value)
         engine: dict[str, Any] = response.json()
+        state: dict[str, Any] = {}
         with trio.move_on_after(wait_s):
             while done_at and engine["status"] not in done_at:
                 if engine["status"] == EngineStatus.FAILED:
-                    raise ActionNotDone(f"{name} failed to start: steward's log says why (its `exit` event)")
+                    raise ActionNotDone(f"{name} failed to start: {_crash(state, name)}")
                 await trio.sleep(POLL_S)
                 state = await fetch_state(client, url, command=action.value)
                 found = [e for e in state["engines"] if e["name"] == name]
@@ -58,3 +59,9 @@ async def act(url: str, key: str | None, name: str, action: EngineAction, done_a
                 engine = found[0]
             return ActionDone(engine, trio.current_time() - started)
     raise ActionNotDone(f"{name} is still {engine['status']} after {wait_s:g}s; `steward ps` shows how it goes on")
+
+
+def _crash(state: dict[str, Any], name: str) -> str:
+    """Why *name* failed, as its last ``crash`` event in the state says (its exit and last output)."""
+    crashes = [e for e in state.get("events", []) if e.get("event") == "crash" and e.get("engine") == name]
+    return str(crashes[-1].get("detail")) if crashes else "steward's log says why (its `crash` event)"
