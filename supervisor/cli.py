@@ -16,9 +16,10 @@ from pathlib import Path
 
 from supervisor.auth.commands import add_keys_parser, run_keys
 from supervisor.config import Config, load_config_for_command
+from supervisor.control.command import CONTROL_COMMANDS, add_control_parsers, run_control
 from supervisor.exit_status import EXIT_CONFIG
 from supervisor.tools.commands import TOOL_COMMANDS, add_tool_parsers, run_tool
-from supervisor.top.command import add_top_parser, run_top
+from supervisor.top.command import add_top_parser, admin_key, run_top
 from supervisor.usage.commands import add_usage_parser, run_usage
 
 
@@ -32,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("config", help="path to the YAML config")
     reload = commands.add_parser("reload", help="make a running steward read its config again (as SIGHUP does)")
     reload.add_argument("config", help="path to the YAML config the steward runs (its file is read again)")
-    reload.add_argument("--key", default=os.environ.get("STEWARD_KEY"),
-                        help="an admin key, once keys are configured (default: $STEWARD_KEY)")
+    reload.add_argument("--key", help="an admin key, once keys are configured (default: $STEWARD_KEY)")
     add_tool_parsers(commands)
     estimate = commands.add_parser("estimate", help="memory a llama-server would take: GGUF header + its flags",
                                    usage="steward estimate [--json] [--device {gpu,cpu}] [--gpus N] "
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     add_keys_parser(commands)
     add_usage_parser(commands)
     add_top_parser(commands)
+    add_control_parsers(commands)
     args = parser.parse_args(argv)
 
     if args.command in TOOL_COMMANDS:
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_usage(args)
     if args.command == "top":
         return run_top(args)
+    if args.command in CONTROL_COMMANDS:
+        return run_control(args)
     config = load_config_for_command(args.config)
     if config is None:
         return EXIT_CONFIG
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_check(config)
     if args.command == "reload":
-        return _reload(config, args.key)
+        return _reload(config, admin_key(args.key))
     from supervisor.serving import run_until_signalled  # the gateway: only to serve
 
     return run_until_signalled(config, on_ready=None, config_path=Path(args.config))
@@ -97,6 +100,8 @@ def _reload(config: Config, key: str | None) -> int:
           f"{config.listen.port}/admin/reload"
     import httpx  # only this command makes a request: --version and check start without it
 
+    from supervisor.top.client import error_message, refusal_hint
+
     try:
         answer = httpx.post(url, headers={"authorization": f"Bearer {key}"} if key else {}, timeout=60)
     except httpx.HTTPError as exc:
@@ -115,8 +120,10 @@ def _reload(config: Config, key: str | None) -> int:
         for problem in body.get("problems", []):
             print(f"  {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"steward: {url} answered {answer.status_code}: {body.get('error', {}).get('message', answer.text)}",
-          file=sys.stderr)
+    said = error_message(answer)
+    if answer.status_code in (401, 403):
+        said = f"{refusal_hint(answer.status_code, has_key=key is not None, command='reload')} (steward says: {said})"
+    print(f"steward: {url} answered {answer.status_code}: {said}", file=sys.stderr)
     return 1
 
 

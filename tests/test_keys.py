@@ -525,3 +525,20 @@ async def test_a_changed_key_is_reloaded(tmp_path: Path) -> None:
         await wait_until(lambda: tables[-1].get("agents").rpm == 20)  # type: ignore[union-attr]
         nursery.cancel_scope.cancel()
     assert events_named(events, "keys_loaded")[-1]["changed"] == ["agents"]
+
+
+def test_the_first_key_warns_that_loopback_and_the_tools_need_a_key_now(config_path: str,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert keys_command("add", "app", "--config", config_path) == 0
+    err = capsys.readouterr().err
+    assert ("steward: this is the first key: from now on every client needs a key, loopback clients too, and so do "
+            "`steward top`, `ps`, `load`, `unload`, `pin`, `unpin` and `reload` (an admin key).\n") in err
+    assert ("steward: those tools find the key in $STEWARD_KEY (or --key): export STEWARD_KEY=<an admin key>; this key "
+            "is not one: make one with `steward keys add NAME --admin --config CONFIG`\n") in err
+    assert keys_command("add", "ops", "--config", config_path, "--admin") == 0
+    assert "first key" not in capsys.readouterr().err  # said once, with the first key only
+    assert keys_command("remove", "app", "--config", config_path) == 0
+    assert keys_command("remove", "ops", "--config", config_path) == 0
+    assert keys_command("add", "ops", "--config", config_path, "--admin") == 0
+    err = capsys.readouterr().err
+    assert err.endswith("those tools find the key in $STEWARD_KEY (or --key): export STEWARD_KEY=<an admin key>\n")

@@ -295,8 +295,8 @@ def test_once_needs_an_admin_key_once_keys_are_configured(start_steward: Steward
                             auth={"keys_file": str(keys)})
     status, out, err = top_here("--once", steward.url)
     assert (status, out) == (2, "") and err == (
-        f"steward top: {steward.url} refused the admin API (401): steward needs an admin key: give it with --key KEY "
-        "or in $STEWARD_KEY (steward says: This request needs an API key: send `Authorization: Bearer KEY` or "
+        f"steward top: {steward.url} refused the admin API (401): steward has API keys: pass --key or set "
+        "STEWARD_KEY (an admin key) (steward says: This request needs an API key: send `Authorization: Bearer KEY` or "
         "`x-api-key: KEY`.)\n")
     status, _, err = top_here("--once", steward.url, "--key", user)
     assert status == 2 and "(403): top needs an admin key: make one with `steward keys add NAME --admin" in err

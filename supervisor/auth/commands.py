@@ -49,6 +49,7 @@ def run_keys(args: argparse.Namespace) -> int:
     path = config.auth.keys_file
     try:
         if args.keys_command == "add":
+            first = not list_keys(path)
             known = {**config.alias_table(), **config.image_alias_table(),
                      **({COMFYUI_SCOPE: COMFYUI_SCOPE} if config.comfyui is not None else {})}
             text = add_key(path, args.name, models=args.models, classes=args.classes,
@@ -56,6 +57,9 @@ def run_keys(args: argparse.Namespace) -> int:
                            admin=args.admin, known_models=known, ollama=config.ollama is not None)
             print(text)
             _say(f"key {args.name!r} added to {path}. Store it now: it is not shown again.")
+            if first:
+                for line in first_key_warning(admin=args.admin):
+                    _say(line)
             if args.models and config.ollama is not None and (unknown := unknown_models(args.models, known)):
                 _say(f"note: not a model or alias in the config: {', '.join(unknown)}; accepted as Ollama's own "
                      f"model names")
@@ -69,6 +73,14 @@ def run_keys(args: argparse.Namespace) -> int:
             _say(line)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def first_key_warning(*, admin: bool) -> list[str]:
+    """What the first key changes: no request is let in without a key any more, loopback's neither."""
+    return ["this is the first key: from now on every client needs a key, loopback clients too, and so do "
+            "`steward top`, `ps`, `load`, `unload`, `pin`, `unpin` and `reload` (an admin key).",
+            "those tools find the key in $STEWARD_KEY (or --key): export STEWARD_KEY=<an admin key>" +
+            ("" if admin else "; this key is not one: make one with `steward keys add NAME --admin --config CONFIG`")]
 
 
 def format_key_table(keys: Sequence[ApiKey]) -> str:

@@ -50,12 +50,13 @@ def open_admin_client(key: str | None) -> httpx.AsyncClient:
     return httpx.AsyncClient(headers=headers, timeout=_TIMEOUT_S, trust_env=False)
 
 
-async def fetch_state(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top") -> dict[str, Any]:
+    """``GET /admin/state`` for ``steward COMMAND``: the state, or AdminRefused/Unreachable."""
     try:
         response = await client.get(url + STATE_PATH)
     except httpx.HTTPError as exc:
-        raise Unreachable(_unreachable(url, exc)) from None
-    _check(response, url, has_key="authorization" in client.headers)
+        raise Unreachable(unreachable(url, exc)) from None
+    check_answer(response, url, has_key="authorization" in client.headers, command=command)
     try:
         state = response.json()
     except ValueError:
@@ -73,12 +74,12 @@ async def follow_events(client: httpx.AsyncClient, url: str, on_event: Callable[
         async with client.stream("GET", url + EVENTS_PATH, timeout=timeout) as response:
             if response.status_code != 200:
                 await response.aread()
-            _check(response, url, has_key="authorization" in client.headers)
+            check_answer(response, url, has_key="authorization" in client.headers)
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
                     on_event(_record(line[6:]))
     except httpx.HTTPError as exc:
-        raise Unreachable(_unreachable(url, exc)) from None
+        raise Unreachable(unreachable(url, exc)) from None
 
 
 def _record(data: str) -> dict[str, Any]:
@@ -93,23 +94,28 @@ def _record(data: str) -> dict[str, Any]:
     return record
 
 
-def _check(response: httpx.Response, url: str, *, has_key: bool) -> None:
+def check_answer(response: httpx.Response, url: str, *, has_key: bool, command: str = "top") -> None:
+    """AdminRefused for 401/403 (with what to do, for *command*), Unreachable for any other answer but 200."""
     if response.status_code in (401, 403):
-        said = _message(response)
-        if response.status_code == 403:
-            hint = "top needs an admin key: make one with `steward keys add NAME --admin --config CONFIG`"
-        elif has_key:
-            hint = "the key given (--key or $STEWARD_KEY) is not one steward knows"
-        else:
-            hint = "steward needs an admin key: give it with --key KEY or in $STEWARD_KEY"
-        raise AdminRefused(f"{url} refused the admin API ({response.status_code}): {hint}" +
+        said = error_message(response)
+        raise AdminRefused(f"{url} refused the admin API ({response.status_code}): "
+                           f"{refusal_hint(response.status_code, has_key=has_key, command=command)}" +
                            (f" (steward says: {said})" if said else ""))
     if response.status_code != 200:
-        said = _message(response)
+        said = error_message(response)
         raise Unreachable(f"{url}{response.url.path} answered {response.status_code}" + (f": {said}" if said else ""))
 
 
-def _message(response: httpx.Response) -> str:
+def refusal_hint(status: int, *, has_key: bool, command: str) -> str:
+    """What to do when the admin API answers *status* (401 or 403) to ``steward COMMAND``."""
+    if status == 403:
+        return f"{command} needs an admin key: make one with `steward keys add NAME --admin --config CONFIG`"
+    if has_key:
+        return "the key given (--key or $STEWARD_KEY) is not one steward knows"
+    return "steward has API keys: pass --key or set STEWARD_KEY (an admin key)"
+
+
+def error_message(response: httpx.Response) -> str:
     try:
         body = response.json()
         return str(body["error"]["message"])
@@ -117,7 +123,7 @@ def _message(response: httpx.Response) -> str:
         return response.text[:200].strip()
 
 
-def _unreachable(url: str, exc: httpx.HTTPError) -> str:
+def unreachable(url: str, exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.TimeoutException):
         reason = "no answer in time"
     elif isinstance(exc, httpx.ConnectError):

@@ -30,16 +30,23 @@ def add_top_parser(commands: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def run_top(args: argparse.Namespace) -> int:
-    url = _target(args.url, args.config)
+    url = steward_url(args.url, args.config)
     if url is None:
         return EXIT_USAGE
     from supervisor.top.app import print_once, run_live
 
-    key = args.key or os.environ.get(KEY_ENV) or None
+    key = admin_key(args.key)
     return print_once(url, key) if args.once else run_live(url, key)
 
 
-def _target(url: str | None, config_path: str | None) -> str | None:
+def admin_key(given: str | None) -> str | None:
+    """The key a command sends to the admin API: --key, else $STEWARD_KEY, else none."""
+    return given or os.environ.get(KEY_ENV) or None
+
+
+def steward_url(url: str | None, config_path: str | None, command: str = "top") -> str | None:
+    """The root URL of the steward ``steward COMMAND`` talks to: *url* as given, else the
+    listen address of the config at *config_path*, else DEFAULT_URL; None (said) if neither works."""
     if url is None and config_path is not None:
         config = load_config_for_command(config_path)
         if config is None:
@@ -53,5 +60,5 @@ def _target(url: str | None, config_path: str | None) -> str | None:
     try:
         return admin_url(url or DEFAULT_URL)
     except ValueError as exc:
-        print(f"steward top: {exc}", file=sys.stderr)
+        print(f"steward {command}: {exc}", file=sys.stderr)
         return None
