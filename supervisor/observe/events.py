@@ -106,6 +106,17 @@ class EventLog:
             # The writer has finished: shutdown's last words go to the terminal only.
             print(event.to_line(), file=sys.stderr)
 
+    def count(self, name: str, **fields: Any) -> None:
+        """Told to the listeners only (the metrics count it), never written nor kept in ``recent``:
+        what steward causes itself every few seconds (its polls' lines in an engine's access log,
+        a front door's polls of a node), which would bury the events worth reading."""
+        event = Event(name=name, level="debug", fields=fields, wall=time.time(), mono=_now())
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - as in emit
+                self._listener_failed(listener, event, exc)
+
     def close(self) -> None:
         self._send.close()
 

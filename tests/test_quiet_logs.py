@@ -1,0 +1,72 @@
+"""Steward's own polls stay out of the logs: the lines an engine's access log writes for
+steward's health checks and ``GET /metrics`` reads, and a front door's ``GET /steward/state``
+polls of a node, are counted in /metrics, not written as events or usage rows; the engine's
+other lines are kept. Against a real steward and the fake vLLM (uvicorn's access log)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+
+from supervisor.observe.engine_output import own_poll_path
+from tests.conftest import StewardFactory
+from tests.test_openai_engines import ask, fake_vllm, wait_until
+
+POLLS = frozenset({"/health", "/metrics"})
+
+
+@pytest.mark.parametrize(("line", "path"), [
+    ('INFO:     127.0.0.1:40312 - "GET /metrics HTTP/1.1" 200 OK', "/metrics"),
+    ('INFO:     127.0.0.1:40312 - "GET /health?x=1 HTTP/1.1" 200 OK', "/health"),
+    ('[GIN] 2025/01/01 - 10:00:00 | 200 |      1.203ms |       127.0.0.1 | GET      "/api/ps"', "/api/ps"),
+    # Kept: a failed poll, someone else's request, a path steward does not poll, the engine's own words.
+    ('INFO:     127.0.0.1:40312 - "GET /health HTTP/1.1" 500 Internal Server Error', None),
+    ('INFO:     127.0.0.1:40312 - "POST /v1/chat/completions HTTP/1.1" 200 OK', None),
+    ('INFO:     127.0.0.1:40312 - "GET /v1/models HTTP/1.1" 200 OK', None),
+    ('INFO 12-01 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, GET /metrics', None),
+    ('[GIN] 2025/01/01 - 10:00:00 | 404 |      0.2ms |       127.0.0.1 | GET      "/api/ps"', None),
+])
+def test_a_line_is_steward_s_own_poll_only_if_it_logs_a_successful_get_of_a_polled_path(line: str,
+                                                                                        path: str | None) -> None:
+    assert own_poll_path(line, POLLS | {"/api/ps"}) == path
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    found = re.search(rf"^{name}_total\{{{re.escape(wanted)}\}} (\S+)$", httpx.get(f"{url}/metrics").text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+@pytest.mark.slow
+def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactory, sim_gpu: object,
+                                                     tmp_path: Path) -> None:
+    gpu = sim_gpu("16GiB")  # type: ignore[operator]
+    steward = start_steward({"shared": {"runtime": "openai", "command": fake_vllm("shared", gpu, "2GiB"),
+                                        "memory": "2GiB", "always_on": True}},
+                            gpu={"probe": "simulated", "simulated_dir": str(gpu)},
+                            engines={"health_check_interval": "0.1s"}, usage={"db": str(tmp_path / "usage.db")})
+    steward.wait_event("ready", engine="shared", timeout=30)
+    # Its usage poll reads /metrics every 2 s; its health checks every 0.1 s.
+    wait_until(lambda: metric(steward.url, "steward_engine_poll_lines", engine="shared", path="/metrics") >= 2
+               and metric(steward.url, "steward_engine_poll_lines", engine="shared", path="/health") >= 5,
+               "steward's polls of the engine counted")
+    assert ask(steward.base_url, "shared").status_code == 200
+    # The engine's other lines are kept: its startup, and the access-log line of a client's request.
+    wait_until(lambda: any('"POST /v1/chat/completions HTTP/1.1" 200' in e["line"]
+                           for e in steward.events("engine_output")), "the chat's access-log line")
+    lines = [e["line"] for e in steward.events("engine_output")]
+    assert any("vLLM API server version" in line for line in lines)
+    assert not [line for line in lines if '"GET /metrics ' in line or '"GET /health ' in line]
+
+    # A front door's polls of this node: answered, counted, no request event, no usage row.
+    for _ in range(3):
+        assert httpx.get(f"{steward.url}/steward/state", timeout=10).status_code == 200
+    assert metric(steward.url, "steward_polls_answered", listener="openai", path="/steward/state") == 3
+    steward.stop()
+    assert [e["route"] for e in steward.events("request")] == ["/v1/chat/completions"]
+    with sqlite3.connect(tmp_path / "usage.db") as db:
+        assert [route for (route,) in db.execute("SELECT route FROM requests")] == ["/v1/chat/completions"]
