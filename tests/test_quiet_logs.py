@@ -5,18 +5,26 @@ other lines are kept. Against a real steward and the fake vLLM (uvicorn's access
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
 
+import attrs
 import httpx
 import pytest
 
 from supervisor.observe.engine_output import own_poll_path
+from supervisor.observe.events import Event
+from supervisor.request_class import RequestClass
+from supervisor.scheduler.eviction import LoadReason
+from supervisor.scheduler.types import Job
+from supervisor.tools.demo import banner
 from tests.conftest import StewardFactory
 from tests.test_openai_engines import ask, fake_vllm, wait_until
 
 POLLS = frozenset({"/health", "/metrics"})
+GIB = 1024**3
 
 
 @pytest.mark.parametrize(("line", "path"), [
@@ -50,6 +58,7 @@ def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactor
                             gpu={"probe": "simulated", "simulated_dir": str(gpu)},
                             engines={"health_check_interval": "0.1s"}, usage={"db": str(tmp_path / "usage.db")})
     steward.wait_event("ready", engine="shared", timeout=30)
+    assert steward.wait_event("listening")["pid"] == steward.process.pid
     # Its usage poll reads /metrics every 2 s; its health checks every 0.1 s.
     wait_until(lambda: metric(steward.url, "steward_engine_poll_lines", engine="shared", path="/metrics") >= 2
                and metric(steward.url, "steward_engine_poll_lines", engine="shared", path="/health") >= 5,
@@ -70,3 +79,28 @@ def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactor
     assert [e["route"] for e in steward.events("request")] == ["/v1/chat/completions"]
     with sqlite3.connect(tmp_path / "usage.db") as db:
         assert [route for (route,) in db.execute("SELECT route FROM requests")] == ["/v1/chat/completions"]
+
+
+def test_every_size_in_the_file_has_its_words_beside_the_bytes() -> None:
+    record = json.loads(Event("load", "info", {"engine": "chat", "memory": 8912057139, "free": 0, "need": None,
+                                               "per_device": [4 * GIB, 5 * GIB], "size_bytes": 512 * 1024**2},
+                              0.0, 0.0).to_json())
+    assert record["memory"] == 8912057139 and record["memory_text"] == "8.3 GiB"  # the bytes stay exact
+    assert record["free_text"] == "0 B" and "need_text" not in record
+    assert record["per_device_text"] == "[4.0 GiB, 5.0 GiB]" and record["size_text"] == "512.0 MiB"
+    # Where a field's name says the wrong thing (a count of jobs), no words; a field already there is kept.
+    released = json.loads(Event("image_force_release", "warning", {"released": 2}, 0.0, 0.0).to_json())
+    assert "released_text" not in released
+    kept = json.loads(Event("evict", "info", {"memory": GIB, "memory_text": "theirs"}, 0.0, 0.0).to_json())
+    assert kept["memory_text"] == "theirs"
+
+
+def test_a_why_reads_as_a_sentence() -> None:
+    job = Job(id=7, model="chat", klass=RequestClass.INTERACTIVE, seq=1, submitted=0.0, deadline=1.0)
+    assert LoadReason.of(job).words == "an interactive request waits for it"
+    assert LoadReason.of(attrs.evolve(job, klass=RequestClass.BATCH), guard=True).words == \
+        "the starvation guard lets a batch step run"
+
+
+def test_the_demo_banner_names_steward_top(tmp_path: Path) -> None:
+    assert "steward top http://127.0.0.1:8080" in banner("http://127.0.0.1:8080", tmp_path)

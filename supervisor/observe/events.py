@@ -57,7 +57,7 @@ class Event:
         written as its escape), and a value JSON cannot hold (a loop, a key that is no string)
         as its text rather than an event lost."""
         record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "v": SCHEMA_VERSION, "event": self.name,
-                  "level": self.level, **self.fields}
+                  "level": self.level, **self.fields, **_size_texts(self.name, self.fields)}
         try:
             return json.dumps(record, separators=(",", ":"), default=str)
         except (TypeError, ValueError, RecursionError):
@@ -170,6 +170,19 @@ def _terminal_value(event: str, key: str, value: Any) -> str:
     if key == "argv" and isinstance(value, list) and all(isinstance(word, str) for word in value):
         return _cut(shlex.join(value).translate(_CONTROLS), _ARGV_WIDTH)
     return _cut(_render(value, sizes=_SIZE_EXCEPTIONS.get((event, key), _is_size_field(key))), _TEXT_WIDTH)
+
+
+def _size_texts(event: str, fields: Mapping[str, Any]) -> dict[str, str]:
+    """Beside each size in bytes, its words for a person reading the file: ``memory`` ->
+    ``memory_text: "8.3 GiB"``, ``size_bytes`` -> ``size_text`` (never over a field of that name)."""
+    texts = {}
+    for key, value in fields.items():
+        if value is None or isinstance(value, bool | str) or not _SIZE_EXCEPTIONS.get((event, key), _is_size_field(key)):
+            continue
+        name = f"{key.removesuffix('_bytes')}_text"
+        if name not in fields:
+            texts[name] = _render(value, sizes=True)
+    return texts
 
 
 def _is_size_field(key: str) -> bool:
