@@ -104,3 +104,12 @@ def test_a_why_reads_as_a_sentence() -> None:
 
 def test_the_demo_banner_names_steward_top(tmp_path: Path) -> None:
     assert "steward top http://127.0.0.1:8080" in banner("http://127.0.0.1:8080", tmp_path)
+
+
+def test_a_record_read_back_reads_on_a_terminal_as_it_was_sent() -> None:
+    """steward top draws the records of /admin/events with the terminal's line: the words are not said twice."""
+    sent = Event("image_acquired", "info", {"job": 3, "memory": 6 * GIB, "outside": 512 * 1024**2}, 0.0, 0.0)
+    record = json.loads(sent.to_json())
+    fields = {key: value for key, value in record.items() if key not in ("ts", "mono", "v", "event", "level")}
+    assert Event(sent.name, sent.level, fields, 0.0, 0.0).to_line() == sent.to_line()
+    assert sent.to_line().endswith("image_acquired job=3 memory=6.0 GiB outside=512.0 MiB")
