@@ -50,11 +50,13 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sleeps", [False, True])  # with sleep, its process is a service kept between loads
 def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactory, sim_gpu: object,
-                                                     tmp_path: Path) -> None:
+                                                     tmp_path: Path, sleeps: bool) -> None:
     gpu = sim_gpu("16GiB")  # type: ignore[operator]
+    sleep = {"sleep": {"level": 1}, "env": {"VLLM_SERVER_DEV_MODE": "1"}} if sleeps else {}
     steward = start_steward({"shared": {"runtime": "openai", "command": fake_vllm("shared", gpu, "2GiB"),
-                                        "memory": "2GiB", "always_on": True}},
+                                        "memory": "2GiB", "always_on": True, **sleep}},
                             gpu={"probe": "simulated", "simulated_dir": str(gpu)},
                             engines={"health_check_interval": "0.1s"}, usage={"db": str(tmp_path / "usage.db")})
     steward.wait_event("ready", engine="shared", timeout=30)

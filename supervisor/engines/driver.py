@@ -177,8 +177,9 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
             if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
                 service.on_spawn = functools.partial(setattr, handle, "pid")
             env = {**spec.runtime.env, **device_env(spec.devices)}  # a kept process stays where it started
-            engine.service = await nursery.start(serve_service_process, spec.name, argv, env, events,
-                                                 spec.retry, service, poll_paths=spec.runtime.poll_paths)
+            engine.service = await nursery.start(functools.partial(
+                serve_service_process, spec.name, argv, env, events, spec.retry, service,
+                poll_paths=spec.runtime.poll_paths))
         task_status.started(handle)
         async for message in receive:
             match message:
