@@ -73,10 +73,13 @@ def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactor
     assert any("vLLM API server version" in line for line in lines)
     assert not [line for line in lines if '"GET /metrics ' in line or '"GET /health ' in line]
 
-    # A front door's polls of this node: answered, counted, no request event, no usage row.
-    for _ in range(3):
-        assert httpx.get(f"{steward.url}/steward/state", timeout=10).status_code == 200
-    assert metric(steward.url, "steward_polls_answered", listener="openai", path="/steward/state") == 3
+    # A real front door polls this node every 0.1 s: answered, counted, no request event, no usage row.
+    door = start_steward({}, nodes={"node": {"url": steward.url, "poll": "0.1s"}},
+                         gpu={"probe": "none", "budget": "1GiB"})
+    door.wait_event("node_state", node="node")
+    wait_until(lambda: metric(steward.url, "steward_polls_answered", listener="openai", path="/steward/state") >= 5,
+               "the front door's polls counted on the node")
+    door.stop()
     steward.stop()
     assert [e["route"] for e in steward.events("request")] == ["/v1/chat/completions"]
     with sqlite3.connect(tmp_path / "usage.db") as db:
