@@ -20,7 +20,7 @@ from supervisor.request_class import RequestClass
 from supervisor.scheduler.eviction import LoadReason
 from supervisor.scheduler.types import Job
 from supervisor.tools.demo import banner
-from tests.conftest import StewardFactory
+from tests.conftest import StewardFactory, fake_model
 from tests.test_openai_engines import ask, fake_vllm, wait_until
 
 POLLS = frozenset({"/health", "/metrics"})
@@ -31,6 +31,9 @@ GIB = 1024**3
     ('INFO:     127.0.0.1:40312 - "GET /metrics HTTP/1.1" 200 OK', "/metrics"),
     ('INFO:     127.0.0.1:40312 - "GET /health?x=1 HTTP/1.1" 200 OK', "/health"),
     ('[GIN] 2025/01/01 - 10:00:00 | 200 |      1.203ms |       127.0.0.1 | GET      "/api/ps"', "/api/ps"),
+    ("srv  log_server_r: request: GET /health 127.0.0.1 200", "/health"),
+    ("srv  log_server_r: request: GET /health 127.0.0.1 503", None),  # loading: worth seeing
+    ("srv  log_server_r: request: POST /completion 127.0.0.1 200", None),
     # Kept: a failed poll, someone else's request, a path steward does not poll, the engine's own words.
     ('INFO:     127.0.0.1:40312 - "GET /health HTTP/1.1" 500 Internal Server Error', None),
     ('INFO:     127.0.0.1:40312 - "POST /v1/chat/completions HTTP/1.1" 200 OK', None),
@@ -118,3 +121,16 @@ def test_a_record_read_back_reads_on_a_terminal_as_it_was_sent() -> None:
     fields = {key: value for key, value in record.items() if key not in ("ts", "mono", "v", "event", "level")}
     assert Event(sent.name, sent.level, fields, 0.0, 0.0).to_line() == sent.to_line()
     assert sent.to_line().endswith("image_acquired job=3 memory=6.0 GiB outside=512.0 MiB")
+
+
+@pytest.mark.slow
+def test_a_verbose_llama_server_s_health_check_lines_are_counted_not_logged(start_steward: StewardFactory) -> None:
+    steward = start_steward({"chat": fake_model("1GiB", extra=["--verbose"])}, gpu={"probe": "none", "budget": "4GiB"},
+                            engines={"health_check_interval": "0.1s"})
+    assert ask(steward.base_url, "chat").status_code == 200
+    wait_until(lambda: metric(steward.url, "steward_engine_poll_lines", engine="chat", path="/health") >= 5,
+               "its health checks counted")
+    wait_until(lambda: any("request: POST /v1/chat/completions" in e["line"] for e in steward.events("engine_output")),
+               "the chat's line kept")
+    assert not [e for e in steward.events("engine_output") if "request: GET /health" in e["line"]
+                and e["line"].endswith(" 200")]

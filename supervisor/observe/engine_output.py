@@ -4,8 +4,9 @@ second, Ollama's ``GET /api/ps``), which would bury the rest: those are counted
 (``steward_engine_poll_lines``), not logged. A poll that failed (not 2xx) is logged as any line.
 
 The access-log formats read: uvicorn's (vLLM, SGLang), ``INFO:     127.0.0.1:40312 - "GET
-/metrics HTTP/1.1" 200 OK``, and gin's (Ollama), ``[GIN] 2025/01/01 - 10:00:00 | 200 |
-1.2ms | 127.0.0.1 | GET      "/api/ps"``.
+/metrics HTTP/1.1" 200 OK``; gin's (Ollama), ``[GIN] 2025/01/01 - 10:00:00 | 200 |
+1.2ms | 127.0.0.1 | GET      "/api/ps"``; llama-server's with ``--verbose``, ``srv
+log_server_r: request: GET /health 127.0.0.1 200``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from supervisor.observe.events import EventLog
 _ACCESS_LINES = (
     re.compile(r'^INFO:\s+\S+ - "GET (?P<path>[^ "?]+)\S* HTTP/[\d.]+" 2\d\d\b'),
     re.compile(r'^\[GIN\] [^|]*\|\s*2\d\d\s*\|[^|]*\|[^|]*\|\s*GET\s+"(?P<path>[^"?]+)[^"]*"\s*$'),
+    re.compile(r'^srv\s+log_server_r: request: GET (?P<path>[^ ?]+)\S* \S+ 2\d\d\s*$'),
 )
 
 
