@@ -75,6 +75,9 @@ class Runtime(Protocol):
     measured: bool
     # Whether it splits one model over several devices when told how (a model no single one holds).
     splits: bool
+    # The paths steward GETs of it on its own (readiness, health, usage): its access log's lines
+    # for them are counted, not logged (supervisor/observe/engine_output.py).
+    poll_paths: frozenset[str]
 
     @property
     def apis(self) -> frozenset[Api]:

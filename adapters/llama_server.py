@@ -59,6 +59,7 @@ class LlamaServerRuntime:
     checks_model_name = False  # it answers whatever name it is sent
     sleeps = False
     splits = True
+    poll_paths = frozenset({"/health"})
 
     def command(self, host: str, port: int) -> list[str]:
         model = self.model

@@ -35,6 +35,7 @@ class OllamaRuntime:
     checks_model_name = False  # its models are the names clients send
     sleeps = False
     splits = False  # it spreads its models over the GPUs it sees by itself
+    poll_paths = frozenset({"/api/version", "/api/ps"})
 
     def __init__(self, config: OllamaConfig) -> None:
         self.config = config

@@ -44,6 +44,10 @@ class OpenAIRuntime:
         self.sleeps = model.sleep is not None
         self._metrics = True  # until the server shows it has none
 
+    @property
+    def poll_paths(self) -> frozenset[str]:
+        return frozenset({self.model.health, "/metrics"})
+
     def command(self, host: str, port: int) -> list[str] | None:
         if self.model.command is None:
             return None

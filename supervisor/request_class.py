@@ -31,6 +31,11 @@ class RequestClass(enum.StrEnum):
         member.use_weight = use_weight
         return member
 
+    @property
+    def with_article(self) -> str:
+        """``an interactive``, ``a background``: its name in a sentence (a why)."""
+        return f"{'an' if self.value[0] in 'aeiou' else 'a'} {self.value}"
+
     @classmethod
     def named(cls, name: str) -> RequestClass | None:
         """The class called *name* (a header's, a key's), or None: there is none."""

@@ -304,7 +304,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         steward.urls = urls["openai"]
         steward.ollama_urls = urls.get("ollama", [])
         steward.comfyui_urls = urls.get("comfyui", [])
-        events.emit("listening", "info", urls=steward.urls, models=list(config.models),
+        events.emit("listening", "info", urls=steward.urls, pid=os.getpid(), models=list(config.models),
                     ollama=steward.ollama_urls or None, comfyui=steward.comfyui_urls or None)
         task_status.started(steward)
 

@@ -51,7 +51,7 @@ def test_every_record_carries_the_schema_version_after_its_times() -> None:
     record = json.loads(Event("load", "info", {"engine": "chat", "memory": 8 * GIB}, WALL, 2.5).to_json())
     assert list(record)[:5] == ["ts", "mono", "v", "event", "level"]
     assert record == {"ts": WALL, "mono": 2.5, "v": 1, "event": "load", "level": "info", "engine": "chat",
-                      "memory": 8 * GIB}  # the JSON keeps the exact bytes
+                      "memory": 8 * GIB, "memory_text": "8.0 GiB"}  # the JSON keeps the exact bytes, words beside
     assert SCHEMA_VERSION == 1
 
 

@@ -37,6 +37,7 @@ from supervisor.engines.process import (
 )
 from supervisor.engines.service import ServiceProcess, serve_service_process
 from supervisor.engines.spec import EngineSpec
+from supervisor.observe.engine_output import output_to_events
 from supervisor.observe.events import EventLog
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import Placement
@@ -176,8 +177,9 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
             if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
                 service.on_spawn = functools.partial(setattr, handle, "pid")
             env = {**spec.runtime.env, **device_env(spec.devices)}  # a kept process stays where it started
-            engine.service = await nursery.start(serve_service_process, spec.name, argv, env, events,
-                                                 spec.retry, service)
+            engine.service = await nursery.start(functools.partial(
+                serve_service_process, spec.name, argv, env, events, spec.retry, service,
+                poll_paths=spec.runtime.poll_paths))
         task_status.started(handle)
         async for message in receive:
             match message:
@@ -266,9 +268,11 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
     log_reader = spec.runtime.log_reader()
     buffers = _BuffersReport(engine, log_reader)
 
+    to_events = output_to_events(engine.events, spec.name, spec.runtime.poll_paths)
+
     def on_line(line: str) -> None:
         handle.output_tail.append(line)
-        engine.events.emit("engine_output", "debug", engine=spec.name, line=line)
+        to_events(line)
         buffers.read(line)
 
     stop_requested = False

@@ -6,12 +6,13 @@ up, and it is restarted with backoff if it exits.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import attrs
 import trio
 
 from supervisor.backoff import Backoff
+from supervisor.observe.engine_output import output_to_events
 from supervisor.observe.events import EventLog
 from supervisor.engines.process import (
     ChildProcess,
@@ -58,9 +59,12 @@ class ServiceProcess:
 
 async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str, str], events: EventLog,
                                 backoff: Backoff, service: ServiceProcess | None = None, *,
+                                poll_paths: Collection[str] = (),
                                 task_status: trio.TaskStatus[ServiceProcess] = trio.TASK_STATUS_IGNORED) -> None:
-    """*service*: its callbacks set by the caller before the first process starts."""
+    """*service*: its callbacks set by the caller before the first process starts; *poll_paths*:
+    what steward GETs of it itself (its access log's lines for them are counted, not logged)."""
     service = service or ServiceProcess()
+    to_events = output_to_events(events, name, poll_paths)
     task_status.started(service)
     delays = backoff.delays()
     while True:
@@ -77,7 +81,7 @@ async def serve_service_process(name: str, argv: Sequence[str], env: Mapping[str
 
             def on_line(line: str) -> None:
                 service.on_line(line)
-                events.emit("engine_output", "debug", engine=name, line=line)
+                to_events(line)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(pump_lines, process.output, on_line)

@@ -41,14 +41,19 @@ from supervisor.gateway.errors import ErrorShape, error_headers
 from supervisor.gateway.relay.answer import ANSWER_HEAD, AnswerHead, Framing
 from supervisor.gateway.relay.stream_errors import Failure, final_failure
 from supervisor.observe.slowdown import Pace, PaceMeter
+from supervisor.nodes.state import STATE_PATH
 from supervisor.request_class import RequestClass
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
 WEBSOCKET_KEY = "steward.websocket_key"  # a websocket's key, as the door found it (None: no key needed)
-# Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): no usage rows.
+# Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): served by
+# steward itself on every listener.
 MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
+# Those and a front door's polls of this node (/steward/state, the OpenAI listener's): no request event
+# nor usage row, a count in /metrics instead (steward_polls_answered).
+POLL_PATHS = MONITORING_PATHS | {STATE_PATH}
 # Claude Code's probe when it starts (`HEAD /`, a "preflight" that reads anything but a 2xx as the
 # server being down): the OpenAI listener answers it 200 itself (app.py), as llama-server and
 # Ollama answer it, without a key and without a usage row. The other listeners pass `/` on.
@@ -449,7 +454,9 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
                 door.refuse(exchange, refusal.code or "unauthorized")
                 await _send_auth_refusal(observed_send, refusal, shape_for(scope), body_unread(scope))
         finally:
-            if scope["path"] not in MONITORING_PATHS and not is_probe(scope, listener):
+            if scope["path"] in POLL_PATHS:
+                door.events.count("poll_answered", listener=listener, path=scope["path"])
+            elif not is_probe(scope, listener):
                 door.record(exchange)
 
     return guarded

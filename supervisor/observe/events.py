@@ -57,7 +57,7 @@ class Event:
         written as its escape), and a value JSON cannot hold (a loop, a key that is no string)
         as its text rather than an event lost."""
         record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "v": SCHEMA_VERSION, "event": self.name,
-                  "level": self.level, **self.fields}
+                  "level": self.level, **self.fields, **_size_texts(self.name, self.fields)}
         try:
             return json.dumps(record, separators=(",", ":"), default=str)
         except (TypeError, ValueError, RecursionError):
@@ -72,7 +72,9 @@ class Event:
         if shape is not None:
             details = shape(self.fields)
         else:
-            details = " ".join(f"{key}={_terminal_value(self.name, key, value)}" for key, value in self.fields.items())
+            said = _said_twice(self.name, self.fields)
+            details = " ".join(f"{key}={_terminal_value(self.name, key, value)}" for key, value in self.fields.items()
+                               if key not in said)
         # A terminal takes UTF-8 only: a lone surrogate a client sent is shown as its escape.
         return recordable(f"{clock} {self.level.upper():<7} {self.name:<14} {details}".rstrip())
 
@@ -105,6 +107,17 @@ class EventLog:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             # The writer has finished: shutdown's last words go to the terminal only.
             print(event.to_line(), file=sys.stderr)
+
+    def count(self, name: str, **fields: Any) -> None:
+        """Told to the listeners only (the metrics count it), never written nor kept in ``recent``:
+        what steward causes itself every few seconds (its polls' lines in an engine's access log,
+        a front door's polls of a node), which would bury the events worth reading."""
+        event = Event(name=name, level="debug", fields=fields, wall=time.time(), mono=_now())
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - as in emit
+                self._listener_failed(listener, event, exc)
 
     def close(self) -> None:
         self._send.close()
@@ -158,7 +171,32 @@ _CONTROLS = ({code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa
 def _terminal_value(event: str, key: str, value: Any) -> str:
     if key == "argv" and isinstance(value, list) and all(isinstance(word, str) for word in value):
         return _cut(shlex.join(value).translate(_CONTROLS), _ARGV_WIDTH)
-    return _cut(_render(value, sizes=_SIZE_EXCEPTIONS.get((event, key), _is_size_field(key))), _TEXT_WIDTH)
+    return _cut(_render(value, sizes=_is_size(event, key)), _TEXT_WIDTH)
+
+
+def _size_texts(event: str, fields: Mapping[str, Any]) -> dict[str, str]:
+    """Beside each size in bytes, its words for a person reading the file: ``memory`` ->
+    ``memory_text: "8.3 GiB"``, ``size_bytes`` -> ``size_text`` (never over a field of that name)."""
+    return {name: _render(fields[key], sizes=True) for name, key in _size_text_names(event, fields).items()
+            if name not in fields}
+
+
+def _said_twice(event: str, fields: Mapping[str, Any]) -> set[str]:
+    """The size words in *fields* that say just what their size says: a record read back
+    (steward top draws /admin/events) reads on a terminal as it was sent, the words not said twice."""
+    return {name for name, key in _size_text_names(event, fields).items()
+            if fields.get(name) == _render(fields[key], sizes=True)}
+
+
+def _size_text_names(event: str, fields: Mapping[str, Any]) -> dict[str, str]:
+    """The name of each size's words -> the size's field."""
+    return {f"{key.removesuffix('_bytes')}_text": key for key, value in fields.items()
+            if value is not None and not isinstance(value, bool | str) and _is_size(event, key)}
+
+
+def _is_size(event: str, key: str) -> bool:
+    """Whether *event*'s field *key* holds bytes (an int, or ints in a list or mapping)."""
+    return _SIZE_EXCEPTIONS.get((event, key), _is_size_field(key))
 
 
 def _is_size_field(key: str) -> bool:

@@ -274,6 +274,12 @@ class StewardMetrics:
         self.rows_lost = Counter("steward_usage_rows_lost", "Usage rows that never reached the database", registry=r)
         self.task_failures = Counter("steward_task_failures", "Failures of steward's own long-lived tasks (restarted "
                                      "unless fatal)", ["task", "fatal"], registry=r)
+        self.own_poll_lines = Counter("steward_engine_poll_lines", "Lines of an engine's access log for steward's "
+                                      "own polls (its health checks, its /metrics reads): counted, not logged",
+                                      ["engine", "path"], registry=r)
+        self.polls_answered = Counter("steward_polls_answered", "Polls steward answered without a request event "
+                                      "or usage row (/steward/state, /healthz, /metrics, /admin/state, ...)",
+                                      ["listener", "path"], registry=r)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
     def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu",
@@ -359,6 +365,11 @@ class StewardMetrics:
                 self.connection_errors.labels(f["listener"]).inc()
             case "internal_error":
                 self.internal_errors.inc()
+            # Counted only (EventLog.count): never in the log.
+            case "engine_poll_line":
+                self.own_poll_lines.labels(f["engine"], f["path"]).inc()
+            case "poll_answered":
+                self.polls_answered.labels(f["listener"], f["path"]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

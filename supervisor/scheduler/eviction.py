@@ -39,8 +39,9 @@ class LoadReason:
     @classmethod
     def of(cls, job: Job, *, guard: bool = False) -> LoadReason:
         if guard:
-            return cls(f"job {job.id} (starvation guard)", f"the starvation guard lets a {job.klass} step run")
-        return cls(f"job {job.id}", f"a {job.klass} request waits for it")
+            return cls(f"job {job.id} (starvation guard)",
+                       f"the starvation guard lets {job.klass.with_article} step run")
+        return cls(f"job {job.id}", f"{job.klass.with_article} request waits for it")
 
 
 PINNED = LoadReason("pinned", "pinned: always loaded")

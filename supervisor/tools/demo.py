@@ -236,6 +236,7 @@ gpu-steward demo: one front door ({kind}).
 {services}  event log         {workdir / 'events.jsonl'}   (tail -f it, or pipe through jq)
   usage log         {workdir / 'usage.db'}   (steward usage --db {workdir / 'usage.db'} --by model)
   metrics           {url}/metrics
+  live view         steward top {url}   (what the GPU holds, who waits and why)
 
 Try:
   curl -s {base}/models | python3 -m json.tool
