@@ -18,6 +18,10 @@ EXIT_OK = 0
 EXIT_NOT_DONE = 1  # unreachable, refused by steward's rules, failed, or not done in time
 EXIT_REFUSED = 2  # the admin API refused the key (as top), or the address is not usable
 EXIT_INTERRUPTED = 130  # as a shell says of a command ended by Ctrl-C
+# Ctrl-C lands at a checkpoint (a request's read, the wait's sleep) as any cancellation would, never
+# inside the HTTP client's own bookkeeping: once, under load, one raised there left the command
+# hanging on its connection pool's cleanup (test_control's Ctrl-C test, 30 s).
+_AT_CHECKPOINTS = {"restrict_keyboard_interrupt_to_checkpoints": True}
 DEFAULT_WAIT_S = 300.0
 # What an action waits for: the engine in one of these states (none: done once steward accepts it).
 DONE_AT: dict[EngineAction, frozenset[EngineStatus]] = {
@@ -67,10 +71,11 @@ def run_control(args: argparse.Namespace) -> int:
     key = admin_key(args.key)
     try:
         if command == PS:
-            print(format_engines(trio.run(engines_state, url, key)))
+            print(format_engines(trio.run(engines_state, url, key, **_AT_CHECKPOINTS)))
             return EXIT_OK
         action = EngineAction(command)
-        done = trio.run(act, url, key, args.name, action, DONE_AT[action], getattr(args, "wait", 0.0))
+        done = trio.run(act, url, key, args.name, action, DONE_AT[action], getattr(args, "wait", 0.0),
+                        **_AT_CHECKPOINTS)
     except AdminRefused as exc:
         _say(command, str(exc))
         return EXIT_REFUSED
