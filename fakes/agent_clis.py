@@ -11,11 +11,11 @@ use instead of the cached one.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import attrs
 
+from fakes.install_cache import installed
 from fakes.llama_binary import cache_root
 
 CLAUDE_CODE_VERSION = "2.1.332"
@@ -43,10 +43,5 @@ def install_dir() -> Path:
 
 def agent_cli(cli: AgentCli) -> Path:
     """The CLI's executable, or FileNotFoundError saying what is missing and how to install it."""
-    override = os.environ.get(cli.override_var)
-    path = Path(override) if override else install_dir() / "node_modules" / ".bin" / cli.executable
-    complete = override or (install_dir() / ".complete").exists()
-    if not (path.is_file() and complete):
-        source = cli.override_var if override else "the install cache"
-        raise FileNotFoundError(f"no {cli.package} at {path} (from {source}); {INSTALL_HINT}")
-    return path
+    return installed(install_dir() / "node_modules" / ".bin" / cli.executable, install_dir() / ".complete",
+                     override_var=cli.override_var, what=cli.package, hint=INSTALL_HINT)

