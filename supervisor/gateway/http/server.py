@@ -123,11 +123,19 @@ class Http11Protocol(H11Protocol):
         await super()._create_stream(request)
 
     async def stream_send(self, event: StreamEvent) -> None:
-        # Stopping: the client learns from the answer that this connection will not take another.
-        closing = self.close_after_answer or self.context.terminated.is_set()
-        if closing and isinstance(event, Response) and event.status_code >= 200:
+        # The client learns from the answer that this connection will not take another: when
+        # steward is stopping, and when the answer starts before the request's body was read
+        # (a refusal decided on the head alone). Hypercorn closes such a connection after the
+        # answer; an answer without ``Connection: close`` told the client it could send its next
+        # request on it, and a pooled client that did read only "server disconnected".
+        if isinstance(event, Response) and event.status_code >= 200 and (
+                self.close_after_answer or self.context.terminated.is_set() or self._request_unread()):
             event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
         await super().stream_send(event)
+
+    def _request_unread(self) -> bool:
+        connection = self.connection
+        return isinstance(connection, h11.Connection) and connection.their_state is h11.SEND_BODY
 
     async def _send_error_response(self, status_code: int) -> None:
         """What h11 refused (a malformed head, an unknown transfer coding), as an error object."""
@@ -452,10 +460,14 @@ class _Connection:
         from the socket and handing them over (``receive_some`` has one): a close decided
         meanwhile (``_close_when_idle``) finds them in one place or the other."""
         assert self.protocol is not None
-        fd = self.stream.socket.fileno()
-        while True:
+        sock = self.stream.socket
+        while sock.fileno() != -1:  # closed meanwhile by the protocol, the idle timer or a failed send
             try:
-                await trio.lowlevel.wait_readable(self.stream.socket)
+                await trio.lowlevel.wait_readable(sock)
+                # Its descriptor now: one closed while this task waited to run may be another connection's.
+                fd = sock.fileno()
+                if fd == -1:
+                    break
                 data = os.read(fd, _RECEIVE_SIZE)
             except BlockingIOError:
                 continue  # woken with nothing to read
@@ -568,6 +580,10 @@ class _Connection:
         if self._request_begun():
             with trio.move_on_after(min(self.settings.keep_alive_timeout, REQUEST_GRACE_S)):
                 await trio.sleep_forever()  # until the reader takes the request (it stops this task)
+        await trio.lowlevel.checkpoint_if_cancelled()  # the reader took a request as the grace ended
+        # No checkpoint from the last look at the socket to its close: a request the reader took
+        # in between would be lost with the connection, the client reading "server disconnected".
+        self.stream.socket.close()
         with trio.CancelScope(shield=True):
             assert self.protocol is not None
             await self.protocol.handle(Closed())
