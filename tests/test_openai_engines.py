@@ -65,13 +65,6 @@ def test_memory_held_in_a_child_process_is_the_engines(start_steward: StewardFac
     assert steward.health()["engines"]["shared"]["pinned"] is True
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "a known bug, found 2026-12-04 (whole suite under load, 1 run in 4): a kept service's process "
-    "(this sleep-capable fake vLLM) is spawned at start and holds its 6 GiB before the scheduler loads "
-    "it; when the probe reads the GPU before the first request, that memory counts as outside use "
-    "(the scheduler does not know the service's pid until it is loaded), so the load waits for room "
-    "its own process holds: queue_timeout. Fix: the scheduler learns a kept service's pid at its spawn, "
-    "and its memory stays out of other engines' reach but counts as free for its own load"))
 def test_evicting_a_sleeping_engine_puts_it_to_sleep_and_the_next_request_wakes_it(
         start_steward: StewardFactory, sim_gpu: Any) -> None:
     gpu = sim_gpu("10GiB")
@@ -79,6 +72,10 @@ def test_evicting_a_sleeping_engine_puts_it_to_sleep_and_the_next_request_wakes_
         {"shared": shared(gpu, "--sleep-memory", "0.5GiB", sleep={"level": 1}),
          "chat": fake_model("6GiB", gpu_dir=gpu)},
         gpu={"probe": "simulated", "simulated_dir": str(gpu), "poll_interval": "0.1s"}, scheduler={"hot_window": "0s"})
+    # Its kept process holds its 6 GiB from the start: reserved for it, not outside use (which
+    # made its own first load wait for room its process held, until the request timed out).
+    unloaded = steward.wait_event("measured", engine="shared")
+    assert unloaded["loaded"] is False and unloaded["measured"] == 6 * GIB
     assert ask(steward.base_url, "shared").status_code == 200
     process_pid = steward.engine_pid("shared")
     assert ask(steward.base_url, "chat").status_code == 200  # 6 + 6 > 10: shared must make room

@@ -146,3 +146,43 @@ async def test_through_the_actor_idle_unload_happens_in_virtual_time(autojump_cl
         async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):  # loaded again on demand
             assert harness.engines["chat"].starts == [0.0, LOAD_S + 1.0 + 700.0]
         nursery.cancel_scope.cancel()
+
+
+def kept_process_at_start() -> Scheduler:
+    """chat's kept process (a sleep-capable vLLM, pid 4242) holds its 6 GiB from steward's start,
+    before chat is loaded; big (6 GiB) shares the 10 GiB card."""
+    s = Scheduler.create(10 * GIB, [EngineProfile("chat", 6 * GIB, 2, sleep_memory=GIB // 2),
+                                    EngineProfile("big", 6 * GIB, 1)], SchedulingPolicy(hot_window=0.0))
+    s.observe_memory = True
+    s.kept_process("chat", 4242, 0.0)
+    return s
+
+
+def test_a_kept_process_that_holds_memory_before_its_first_load_is_its_engines_not_outside_use() -> None:
+    s = kept_process_at_start()
+    measured = next(e for e in s.observe(0.5, used=6 * GIB, processes={4242: 6 * GIB}) if e.event == "measured")
+    assert measured.fields == {"engine": "chat", "measured": 6 * GIB, "estimate": 0, "free": 4 * GIB, "loaded": False}
+    assert s.ledger.outside == 0 and s.ledger.totals == {"chat": 6 * GIB}
+    # Its own load counts it: it starts at once, in the same process, with nothing more reserved.
+    effects = s.submit(1, "chat", "interactive", 1.0)
+    assert of(StartEngine, effects) == [StartEngine("chat", 1)]
+    assert s.ledger.totals == {"chat": 6 * GIB} and s.engines["chat"].pid == 4242
+    assert of(Grant, s.engine_ready("chat", 1, URL, 1.5, pid=4242))[0].job_id == 1
+
+
+def test_what_a_kept_process_holds_unloaded_is_out_of_other_loads_reach() -> None:
+    s = kept_process_at_start()
+    s.observe(0.5, used=6 * GIB, processes={4242: 6 * GIB})
+    effects = s.submit(1, "big", "interactive", 1.0)  # 6 + 6 > 10
+    assert of(StartEngine, effects) == [] and s.ledger.totals == {"chat": 6 * GIB}
+
+
+def test_a_kept_process_that_ends_unloaded_gives_its_memory_back_once_it_is_seen_free() -> None:
+    s = kept_process_at_start()
+    s.observe(0.5, used=6 * GIB, processes={4242: 6 * GIB})
+    s.submit(1, "big", "interactive", 1.0)  # waits
+    s.kept_process("chat", None, 2.0)
+    assert s.ledger.totals == {"chat": 6 * GIB}  # until its memory is seen free (the phantom guard)
+    effects = s.observe(2.5, used=0, processes={})
+    assert names(effects)[:2] == ["released", "load"] and of(StartEngine, effects) == [StartEngine("big", 1)]
+    assert s.ledger.totals == {"big": 6 * GIB}

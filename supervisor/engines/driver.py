@@ -175,7 +175,7 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
             service = ServiceProcess(on_exit=handle.exited,
                                      on_line=handle.output_tail.append)
             if spec.runtime.measured:  # its process tree's memory is the engine's (Ollama says its own)
-                service.on_spawn = functools.partial(setattr, handle, "pid")
+                service.on_spawn = functools.partial(_kept_process_spawned, handle, scheduler)
             env = {**spec.runtime.env, **device_env(spec.devices)}  # a kept process stays where it started
             engine.service = await nursery.start(functools.partial(
                 serve_service_process, spec.name, argv, env, events, spec.retry, service,
@@ -198,6 +198,12 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
                 case _:
                     pass  # anything else refers to a generation that is already over
         nursery.cancel_scope.cancel(reason="engine mailbox closed")
+
+
+def _kept_process_spawned(handle: EngineHandle, scheduler: SchedulerClient, pid: int | None) -> None:
+    """Its memory is the engine's from the start, loaded or not (scheduler/memory.py)."""
+    handle.pid = pid
+    scheduler.report_kept_process(handle.name, pid)
 
 
 async def _run_contained(engine: _Engine, start: Start) -> Ended:

@@ -146,6 +146,12 @@ class EngineExited:
 
 
 @attrs.frozen
+class KeptProcess:
+    engine: str
+    pid: int | None  # None: it ended
+
+
+@attrs.frozen
 class ServiceMemory:
     engine: str
     generation: int
@@ -206,7 +212,7 @@ class Close:
 
 
 Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineAsleep | EngineLoad | EngineChecked
-           | EngineStalled | ServiceMemory | MemoryReading | Control | EngineAdded | EngineRetiring | EngineReplaced
+           | EngineStalled | KeptProcess | ServiceMemory | MemoryReading | Control | EngineAdded | EngineRetiring | EngineReplaced
            | PolicyReplaced | Close)
 
 
@@ -302,6 +308,10 @@ class SchedulerClient:
 
     def report_stall(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineStalled(engine, generation, detail))
+
+    def report_kept_process(self, engine: str, pid: int | None) -> None:
+        """The engine's kept service process started (its pid), or ended (None)."""
+        self._post(KeptProcess(engine, pid))
 
     def report_service_memory(self, engine: str, generation: int, nbytes: int) -> None:
         self._post(ServiceMemory(engine, generation, nbytes))
@@ -425,6 +435,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_checked(engine, generation, now, problem)
             case EngineStalled(engine, generation, detail):
                 return core.engine_stalled(engine, generation, now, detail)
+            case KeptProcess(engine, pid):
+                return core.kept_process(engine, pid, now)
             case ServiceMemory(engine, generation, nbytes):
                 return core.service_memory(engine, generation, nbytes, now)
             case MemoryReading(devices):

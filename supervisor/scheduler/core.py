@@ -259,6 +259,10 @@ class Scheduler(CoreState):
         memory.observe_devices(self, now, readings)
         return self._decide(now)
 
+    def kept_process(self, name: str, pid: int | None, now: float) -> list[Effect]:
+        """The engine's kept service process started (*pid*) or ended (None) (memory.py)."""
+        return self._decide_if(memory.kept_process(self, name, pid, now), now)
+
     def service_memory(self, name: str, generation: int, nbytes: int, now: float) -> list[Effect]:
         """A service's own account of the memory it holds now (Ollama's /api/ps)."""
         return self._decide_if(memory.service_memory(self, name, generation, nbytes), now)

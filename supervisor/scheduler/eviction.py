@@ -70,6 +70,8 @@ def place(s: CoreState, engine: EngineState, now: float, promised: dict[int, int
     the devices it ran on last, then the one left with most free. None: no device may
     ever hold it."""
     kept = engine.placement if engine.status is EngineStatus.SLEEPING else None
+    if kept is None and engine.kept_pid is not None and (held := s.ledger.shares.get(engine.name)):
+        kept = Placement.of(held, len(s.ledger.budgets))  # where its kept process holds memory already
     options = [_option(s, engine, placement, now, promised, wanted, demand, idle_only=idle_only)
                for placement in candidate_placements(engine.profile, s.ledger, kept)]
     return min(options, default=None, key=lambda o: (
@@ -188,11 +190,12 @@ def load(s: CoreState, engine: EngineState, placement: Placement, now: float, re
     """Start (or wake, or restart) *engine* with *placement*: its memory is reserved now."""
     restart = engine.status is EngineStatus.FAILED
     waking = engine.status is EngineStatus.SLEEPING
-    if waking:
+    if waking or s.ledger.holds(engine.name):  # asleep, or its kept process holds some already
         s.ledger.resize(engine.name, placement.share)  # the rest of its memory
     else:
         s.ledger.reserve(engine.name, placement.share)
-        engine.pid = None  # a new process; a waking one keeps its own
+    if not waking:  # a waking one keeps its process; a kept one's is known, a spawned one's told later
+        engine.pid = engine.kept_pid
     engine.placement = placement
     engine.generation += 1
     engine.status = EngineStatus.STARTING

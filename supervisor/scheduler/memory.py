@@ -8,6 +8,11 @@ from what the ledger hands out). Phantom guard: while an engine stops, and for
 reservation is released once its process is gone from every list and the unattributed
 memory is back to that estimate, or after ``release_timeout``. A service's own account
 (Ollama's /api/ps) only ever grows its reservation.
+
+A kept service's process (a sleep-capable vLLM) runs before its engine is first loaded, and
+again after a failed start: what it holds then is reserved for its engine, as a sleeping
+engine's is. Other loads cannot take it, and the engine's own load counts it as its own;
+before, it was outside use, and that load waited for room its own process held.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ def observe_devices(s: CoreState, now: float, readings: Sequence[DeviceUse]) -> 
     live = {e.pid: e for e in s.engines.values()
             if e.pid is not None and e.status in (EngineStatus.STARTING, EngineStatus.READY, EngineStatus.DRAINING,
                                                   EngineStatus.STOPPING, EngineStatus.SLEEPING)}
+    unloaded = {e.kept_pid: e for e in s.engines.values()
+                if e.kept_pid is not None and e.status in (EngineStatus.STOPPED, EngineStatus.FAILED)}
+    ours = live.keys() | unloaded.keys()
     # What a service says it holds is on the device its reservation is on.
     external = dict.fromkeys(range(len(readings)), 0)
     for engine in s.engines.values():
@@ -42,7 +50,7 @@ def observe_devices(s: CoreState, now: float, readings: Sequence[DeviceUse]) -> 
             device = min(s.ledger.shares.get(engine.name) or {DEFAULT_DEVICE: 0})
             external[device] = external.get(device, 0) + engine.external
     unattributed = tuple(
-        reading.used - sum(nbytes for pid, nbytes in reading.processes.items() if pid in live) - external[device]
+        reading.used - sum(nbytes for pid, nbytes in reading.processes.items() if pid in ours) - external[device]
         for device, reading in enumerate(readings))
     if s.ledger.awaiting_free or any(e.status is EngineStatus.STOPPING for e in s.engines.values()):
         s.settle_polls_left = s.policy.settle_polls
@@ -65,6 +73,22 @@ def observe_devices(s: CoreState, now: float, readings: Sequence[DeviceUse]) -> 
             _measure(s, engine, share)
         elif engine.status is EngineStatus.SLEEPING and share:
             _measure_asleep(s, engine, share)
+    for pid, engine in unloaded.items():
+        share = {device: reading.processes[pid] for device, reading in enumerate(readings)
+                 if pid in reading.processes}
+        if share and not s.ledger.releasing(engine.name):
+            _reserve_unloaded(s, engine, share)
+
+
+def _reserve_unloaded(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:
+    """What a kept process holds while its engine is not loaded is reserved for that engine."""
+    nbytes = sum(share.values())
+    reserved = s.ledger.held(engine.name)
+    if s.ledger.holds(engine.name) and abs(nbytes - reserved) <= reserved // 100:
+        return
+    s.ledger.resize(engine.name, share)
+    s.emit("measured", "info", engine=engine.name, measured=nbytes, estimate=reserved, free=s.ledger.free,
+           loaded=False)
 
 
 def _measure_asleep(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:
@@ -92,6 +116,28 @@ def _measure(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:
     engine.profile = attrs.evolve(engine.profile, memory=nbytes)
     s.emit("measured", "info", engine=engine.name, measured=nbytes, estimate=previous, free=s.ledger.free)
     s.effects.append(Measured(engine.name, nbytes))
+
+
+def kept_process(s: CoreState, name: str, pid: int | None, now: float) -> bool:
+    """The engine's kept service process started (*pid*) or ended (None); False: nothing to decide.
+
+    One that ends while its engine is not loaded gives back what was reserved for it once
+    its memory is seen free (the phantom guard, as for any exited engine)."""
+    engine = s.engines[name]
+    gone, engine.kept_pid = engine.kept_pid, pid
+    if pid is not None or engine.status not in (EngineStatus.STOPPED, EngineStatus.FAILED):
+        return False
+    if not s.ledger.holds(name) or s.ledger.releasing(name):
+        return False
+    engine.pid = gone  # what the release waits to see gone from the readings
+    if s.observe_memory:
+        s.ledger.await_free(name, now + s.policy.release_timeout)
+        if engine.outside_baseline is None:
+            engine.outside_baseline = s.outside_memory
+        return False
+    released = s.release(engine)
+    s.emit("released", "info", engine=name, released=released, free=s.ledger.free)
+    return True
 
 
 def service_memory(s: CoreState, name: str, generation: int, nbytes: int) -> bool:

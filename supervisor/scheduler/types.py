@@ -133,6 +133,10 @@ class EngineState:
     generation: int = 0  # bumped by every start; stale reports carry an old one
     endpoint: Address | None = None
     pid: int | None = None
+    # Its kept service's process (a sleep-capable vLLM), told at each spawn: it runs, and holds
+    # memory, before the engine is first loaded and after a failed start. That memory is the
+    # engine's, not outside use: reserved for it while it is not loaded (memory.py).
+    kept_pid: int | None = None
     in_flight: int = 0  # steps of the current generation granted and not finished
     last_used: float = -math.inf
     last_interactive: float = -math.inf  # residency: hot while this is within hot_window
