@@ -27,7 +27,7 @@ import trio
 import trio.testing
 
 from supervisor.config import ConfigError, parse_config
-from supervisor.observe.events import SCHEMA_VERSION, Event, EventLog, read_event_log, serve_event_log
+from supervisor.observe.events import RECORD_KEYS, SCHEMA_VERSION, Event, EventLog, iso_time, read_event_log, serve_event_log
 from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.observe.metrics import StewardMetrics
 from supervisor.usage.writer import UsageLog
@@ -49,8 +49,9 @@ def line_of(name: str, level: str = "info", **fields: Any) -> str:
 
 def test_every_record_carries_the_schema_version_after_its_times() -> None:
     record = json.loads(Event("load", "info", {"engine": "chat", "memory": 8 * GIB}, WALL, 2.5).to_json())
-    assert list(record)[:5] == ["ts", "mono", "v", "event", "level"]
-    assert record == {"ts": WALL, "mono": 2.5, "v": 1, "event": "load", "level": "info", "engine": "chat",
+    assert list(record)[:6] == ["ts", "time", "mono", "v", "event", "level"]
+    assert record == {"ts": WALL, "time": iso_time(WALL), "mono": 2.5, "v": 1, "event": "load", "level": "info",
+                      "engine": "chat",
                       "memory": 8 * GIB, "memory_text": "8.0 GiB"}  # the JSON keeps the exact bytes, words beside
     assert SCHEMA_VERSION == 1
 
@@ -173,7 +174,7 @@ def test_sizes_read_as_sizes_on_the_terminal() -> None:
     assert line_of("stopped", engine="chat", released=8912057139, free=0, per_device=[4 * GIB, 5 * GIB]) == (
         "INFO    stopped        engine=chat released=8.3 GiB free=0 B per_device=[4.0 GiB, 5.0 GiB]")
     # Loads, evictions and readiness read as a sentence, the reason in words.
-    assert line_of("load", engine="chat", memory=8912057139, reserved=9341553868, free=0, reason="job 1",
+    assert line_of("load", engine="chat", memory=8912057139, reserved=9341553868, free=0, reason="request", job=1,
                    devices=[0, 1], per_device=[4 * GIB, 5 * GIB], why="a background request waits for it",
                    where="devices 0, 1 (split)") == (
         "INFO    load           chat 8.3 GiB on devices 0, 1 (split): a background request waits for it (free 0 B after)")
@@ -306,7 +307,7 @@ def test_a_steward_logs_one_request_line_per_request(start_steward: StewardFacto
 
     # On its terminal: the compact line, as Event.to_line renders the record.
     for record in requests:
-        fields = {k: v for k, v in record.items() if k not in ("ts", "mono", "v", "event", "level")}
+        fields = {k: v for k, v in record.items() if k not in RECORD_KEYS}
         expected = Event("request", "info", fields, record["ts"], record["mono"]).to_line()[9:]
         assert expected.startswith(f"INFO    request        interactive chat 200 queued {record['queued_s']:.2f}s")
         wait_for(lambda expected=expected: any(line[9:] == expected

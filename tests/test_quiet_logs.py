@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from supervisor.observe.engine_output import own_poll_path
-from supervisor.observe.events import Event
+from supervisor.observe.events import RECORD_KEYS, Event
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.eviction import LoadReason
 from supervisor.scheduler.types import Job
@@ -118,7 +118,7 @@ def test_a_record_read_back_reads_on_a_terminal_as_it_was_sent() -> None:
     """steward top draws the records of /admin/events with the terminal's line: the words are not said twice."""
     sent = Event("image_acquired", "info", {"job": 3, "memory": 6 * GIB, "outside": 512 * 1024**2}, 0.0, 0.0)
     record = json.loads(sent.to_json())
-    fields = {key: value for key, value in record.items() if key not in ("ts", "mono", "v", "event", "level")}
+    fields = {key: value for key, value in record.items() if key not in RECORD_KEYS}
     assert Event(sent.name, sent.level, fields, 0.0, 0.0).to_line() == sent.to_line()
     assert sent.to_line().endswith("image_acquired job=3 memory=6.0 GiB outside=512.0 MiB")
 

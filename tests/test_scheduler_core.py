@@ -48,6 +48,8 @@ def test_first_request_reserves_memory_at_the_moment_of_the_load_decision() -> N
     effects = s.submit(1, "chat", "interactive", now=0.0, timeout=60)
     assert actions(effects) == [StartEngine("chat", 1)]
     assert events(effects) == ["enqueue", "load", "mode"]
+    load = effects[1].fields
+    assert (load["reason"], load["job"], load["why"]) == ("request", 1, "an interactive request waits for it")
     assert s.ledger.totals == {"chat": int(8.3 * GIB)}
     # A second request while loading waits; no second load, no second reservation.
     assert actions(s.submit(2, "chat", "interactive", now=0.5, timeout=60)) == []

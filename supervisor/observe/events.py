@@ -16,6 +16,7 @@ docs/events.md.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -44,6 +45,15 @@ class EventLogUnavailable(Exception):
     pass
 
 
+# The keys every record has before its event's own fields.
+RECORD_KEYS = frozenset({"ts", "time", "mono", "v", "event", "level"})
+
+
+def iso_time(wall: float) -> str:
+    """``2026-12-04T12:34:56.789Z``: a record's wall time as a person (and ``jq``, ``date -d``) reads it."""
+    return datetime.datetime.fromtimestamp(wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 @attrs.frozen
 class Event:
     name: str
@@ -56,7 +66,8 @@ class Event:
         """One JSON line, whatever the fields hold: ASCII (a lone surrogate a client sent is
         written as its escape), and a value JSON cannot hold (a loop, a key that is no string)
         as its text rather than an event lost."""
-        record = {"ts": round(self.wall, 6), "mono": round(self.mono, 6), "v": SCHEMA_VERSION, "event": self.name,
+        record = {"ts": round(self.wall, 6), "time": iso_time(self.wall), "mono": round(self.mono, 6),
+                  "v": SCHEMA_VERSION, "event": self.name,
                   "level": self.level, **self.fields, **_size_texts(self.name, self.fields)}
         try:
             return json.dumps(record, separators=(",", ":"), default=str)

@@ -13,6 +13,7 @@ promised, so that later (lower) demand in the same decision does not take it.
 
 from __future__ import annotations
 
+import enum
 import math
 
 import attrs
@@ -31,21 +32,32 @@ from supervisor.scheduler.types import (
 from supervisor.units import format_size
 
 
+class LoadCause(enum.Enum):
+    """The `load` event's `reason`."""
+
+    REQUEST = "request"  # a request waits for it (the event's `job` says which)
+    STARVATION_GUARD = "starvation_guard"  # the starvation guard lets a waiting step run on it
+    PINNED = "pinned"
+    ADMIN = "admin"
+    WARM = "warm"
+
+
 @attrs.frozen
 class LoadReason:
-    code: str  # the `load` event's `reason`: `job N`, `job N (starvation guard)`, `pinned`, `admin`
+    cause: LoadCause
     words: str  # its `why`
+    job: int | None = None  # the step it is loaded for
 
     @classmethod
     def of(cls, job: Job, *, guard: bool = False) -> LoadReason:
         if guard:
-            return cls(f"job {job.id} (starvation guard)",
-                       f"the starvation guard lets {job.klass.with_article} step run")
-        return cls(f"job {job.id}", f"{job.klass.with_article} request waits for it")
+            return cls(LoadCause.STARVATION_GUARD, f"the starvation guard lets {job.klass.with_article} step run",
+                       job.id)
+        return cls(LoadCause.REQUEST, f"{job.klass.with_article} request waits for it", job.id)
 
 
-PINNED = LoadReason("pinned", "pinned: always loaded")
-ADMIN = LoadReason("admin", "an admin asked for it")
+PINNED = LoadReason(LoadCause.PINNED, "pinned: always loaded")
+ADMIN = LoadReason(LoadCause.ADMIN, "an admin asked for it")
 
 
 @attrs.frozen
@@ -206,7 +218,7 @@ def load(s: CoreState, engine: EngineState, placement: Placement, now: float, re
     engine.measured = 0
     s.emit("restart" if restart else "wake" if waking else "load", "info",
            engine=engine.name, memory=engine.profile.memory,
-           reserved=s.ledger.reserved, free=s.ledger.free, reason=reason.code,
+           reserved=s.ledger.reserved, free=s.ledger.free, reason=reason.cause.value, job=reason.job,
            generation=engine.generation, devices=list(placement.devices),
            per_device=list(placement.share.values()), why=reason.words,
            where=_where(placement))

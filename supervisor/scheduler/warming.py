@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from supervisor.scheduler.eviction import LoadReason, load, place
+from supervisor.scheduler.eviction import LoadCause, LoadReason, load, place
 from supervisor.scheduler.exclusive import exclusive_rank
 from supervisor.scheduler.state import NO_DEMAND, CoreState
 from supervisor.request_class import RequestClass
@@ -89,7 +89,7 @@ def warm(s: CoreState, now: float, promised: dict[int, int]) -> None:
             s.emit("warm", "info", **choice.fields(cause, rank))
             if not engine.hot_resumed:  # back after an exclusive job, it keeps the hot time it had left
                 engine.last_interactive = -math.inf  # loaded for no one: cold until a step runs on it
-            load(s, engine, option.placement, now, LoadReason("warm", choice.why(cause, rank)))
+            load(s, engine, option.placement, now, LoadReason(LoadCause.WARM, choice.why(cause, rank)))
             engine.warm_generation = engine.generation
             return
     if not any(e.draining or s.ledger.releasing(e.name) for e in s.engines.values()):

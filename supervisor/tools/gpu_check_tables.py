@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from supervisor.accounting.estimate import DEFAULT_GPU_RESERVE, Estimate
+from supervisor.observe.events import RECORD_KEYS
 from supervisor.units import format_size
 
 MIB = 1024**2
@@ -218,7 +219,7 @@ def _probe_changes(record: PhantomRecord) -> Iterable[tuple[float, str]]:
 
 
 def _event_detail(event: Mapping[str, Any]) -> str:
-    skip = {"ts", "mono", "v", "event", "level", "engine", "argv"}
+    skip = RECORD_KEYS | {"engine", "argv"}
     parts = []
     for key, value in event.items():
         if key in skip:

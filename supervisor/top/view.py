@@ -26,7 +26,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.observe.events import Event
+from supervisor.observe.events import RECORD_KEYS, Event
 from supervisor.request_class import RequestClass
 from supervisor.observe.slowdown import format_factor
 from supervisor.units import format_elapsed, format_size
@@ -36,7 +36,6 @@ _BAR_MAX = 100  # a bar wider than this reads no better
 _WHY_LINES = 2
 _REJECTIONS_MAX = 3  # on the overview; the events screen has them all
 _LEADING = ("engine", "model", "class", "reason")
-_RECORD_KEYS = frozenset({"ts", "mono", "v", "event", "level"})
 _LEVEL_STYLES = {"warning": "yellow", "error": "bold red"}
 _HEALTH_STYLES = {"ok": "green", "degraded": "yellow"}
 
@@ -308,7 +307,7 @@ def _event_line(record: Mapping[str, Any]) -> Text:
     """The record as steward's own terminal prints it (sizes readable, long values cut), the
     fields that say what it is about first: the line is cut at the pane's edge."""
     fields = {key: record[key] for key in _LEADING if key in record}
-    fields.update((key, value) for key, value in record.items() if key not in _RECORD_KEYS)
+    fields.update((key, value) for key, value in record.items() if key not in RECORD_KEYS)
     level = _text(record.get("level", "info"))
     event = Event(_text(record.get("event", "?")), level, fields, _number(record.get("ts")) or 0.0, 0.0)
     return _line(event.to_line(), _LEVEL_STYLES.get(level, ""))
