@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import EngineProfile
 from tests.harness import GIB, LOAD_S, STOP_S, hold, start_harness
 
@@ -85,3 +86,19 @@ async def test_a_crashed_engine_restarts_on_demand_after_the_backoff(autojump_cl
     assert h.engines["chat"].starts == [0.0, 4.0]
     assert log[-1] == ("granted chat chat", 6.0)
     assert [e["restart_in_s"] for e in h.names("crash")] == [1.0]
+
+
+async def test_the_wait_a_step_is_told_is_the_schedulers_own_and_zero_when_granted_as_taken(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    """One definition of "waited": the usage log's queued_s is the dispatch event's waited_s, so
+    a step granted at once waited 0 s there too (not the actor's round trip, which made every
+    request count as waited in `steward usage` while /healthz said few had)."""
+    autojump_clock.rate = 1.0  # the clock also runs as real time does: the round trip to the actor takes some
+    h = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, slots=1))
+    told: list[float] = []
+    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, on_waited=told.append):
+        await trio.sleep(1.0)  # loaded for it: it waited LOAD_S (and a little)
+    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, on_waited=told.append):
+        pass  # a free slot: granted as it was taken
+    assert told[0] >= LOAD_S and told[1] == 0.0
+    assert [d["waited_s"] for d in h.names("dispatch")] == told

@@ -254,7 +254,9 @@ class SchedulerClient:
 
         Leaving early (the client went away) withdraws the step from the queue; leaving
         after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
-        how long the step waited, however the wait ended (the usage log's seconds queued).
+        how long the step waited, however the wait ended (the usage log's seconds queued): a
+        granted step's wait on the scheduler's clock (0 when granted as it was taken: the dispatch
+        event's ``waited_s``, so /healthz and the usage log say alike who waited), else as measured.
         A step of a *request* hands its slot to the next (one that is not its last; any, with
         *steps* None: the last one's slot is freed when the request ends).
         """
@@ -272,7 +274,8 @@ class SchedulerClient:
                 await ticket.done.wait()
             finally:
                 if on_waited is not None:
-                    on_waited(trio.current_time() - submitted)
+                    outcome = ticket.outcome
+                    on_waited(outcome.waited_s if isinstance(outcome, Grant) else trio.current_time() - submitted)
             if isinstance(ticket.outcome, Fail):
                 raise JobFailed(ticket.outcome)
             assert ticket.outcome is not None

@@ -97,7 +97,7 @@ def dispatch(s: CoreState, job: Job, engine: EngineState, now: float, *, by_guar
     s.emit("dispatch", "debug", job=job.id, request=job.request, model=job.model, **{"class": job.klass},
            step=f"{job.step}/{job.steps}", waited_s=rounded(now - job.submitted),
            in_flight=engine.in_flight, slots=engine.profile.slots, guard=by_guard)
-    s.effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation))
+    s.effects.append(Grant(job.id, engine.name, engine.endpoint, engine.generation, rounded(now - job.submitted)))
 
 
 def update_mode(s: CoreState, now: float) -> None:

@@ -67,7 +67,7 @@ def advance_exclusive(s: CoreState, job: Job, now: float, wanted: dict[str, Dema
         s.exclusive_holder = job.id
         s.emit("dispatch", "info", job=job.id, request=job.request, model=None, **{"class": job.klass},
                step="1/1", waited_s=rounded(now - job.submitted), exclusive=True, memory=need)
-        s.effects.append(Grant(job.id, None, None))
+        s.effects.append(Grant(job.id, None, None, waited_s=rounded(now - job.submitted)))
 
 
 def keep_hot_time(s: CoreState, engine: EngineState, job: Job, now: float) -> None:

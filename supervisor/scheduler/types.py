@@ -409,6 +409,9 @@ class Grant:
     engine: str | None  # None for an exclusive job: the GPU is all its own
     endpoint: Address | None
     generation: int = attrs.field(default=0, eq=False)  # of the engine's process the step runs on
+    # How long it waited on the scheduler's clock: 0.0 exactly when granted as it was taken. The
+    # one "waited" steward has: the dispatch event's, /healthz's share, the usage log's queued_s.
+    waited_s: float = attrs.field(default=0.0, eq=False)
 
 
 @attrs.frozen
