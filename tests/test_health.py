@@ -6,6 +6,9 @@ RecentActivity fed from its own events, as steward wires them.
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import trio
 import trio.testing
 
@@ -79,7 +82,11 @@ async def test_capacity_rejections_overload_for_the_window_and_broken_ones_degra
         assert outcomes == ["queue_full"]
         assert health.status is HealthStatus.OVERLOADED
         assert health.rejected == {"queue_full": 1}
-        assert health.reasons == ("1 requests rejected for capacity in the last 60s (queue_full: 1)",)
+        # Until when it stays overloaded: the second of the rejection at t=0 leaves the window at 61.
+        until = health.overloaded_until
+        assert until is not None and until - (time.time() - trio.current_time()) == pytest.approx(61.0, abs=0.01)
+        assert health.reasons == ("1 requests rejected for capacity in the last 60s (queue_full: 1); overloaded "
+                                  f"until {time.strftime('%H:%M:%S', time.localtime(until))} unless more are rejected",)
         await trio.sleep(61.0)  # t=61.5: the second of the rejection at t=0 has left the window
         assert watch.assess().status is HealthStatus.OK
         try:
@@ -121,7 +128,7 @@ def test_assess_is_pure_on_an_empty_snapshot() -> None:
     from supervisor.scheduler.core import Scheduler
 
     health = assess(Scheduler.create(GIB, []).snapshot(), RecentActivity(window=10.0), SLO, now=1000.0)
-    assert health.to_json() == {"status": "ok", "reasons": [], "rejected": {},
+    assert health.to_json() == {"status": "ok", "reasons": [], "overloaded_until": None, "rejected": {},
                                 "waited_share": {"interactive": None, "background": None, "batch": None},
                                 "waiting_s": {"interactive": 0.0, "background": 0.0, "batch": 0.0}, "tasks": {},
                                 "answers": {klass: {"answers": 0, "measured": 0, "ttft_p50_s": None, "ttft_p95_s": None,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import enum
 import math
+import time
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
@@ -176,6 +177,7 @@ class RecentActivity:
     task_failures: WindowCounts = attrs.field(init=False)  # steward's own tasks, by name
     rows_lost: WindowCounts = attrs.field(init=False)  # usage rows that never reached the database
     answers: RecentAnswers = attrs.field(init=False)  # served answers: their ttft and slowdown
+    last_capacity_rejection: float | None = attrs.field(init=False, default=None)  # trio's clock
 
     def __attrs_post_init__(self) -> None:
         self.rejections, self.dispatches, self.crashes, self.task_failures, self.rows_lost = (
@@ -187,8 +189,11 @@ class RecentActivity:
         match event.name:
             case "reject" if f.get("reason") != "shutting_down":
                 self.rejections.add(f["reason"], event.mono)
+                if f["reason"] in CAPACITY_REASONS:
+                    self.last_capacity_rejection = event.mono
             case "timeout":
                 self.rejections.add("queue_timeout", event.mono)
+                self.last_capacity_rejection = event.mono
             case "dispatch":
                 self.dispatches.add((f["class"], f["waited_s"] > 0), event.mono)
             case "crash":
@@ -207,6 +212,11 @@ class RecentActivity:
         for counts in (self.rejections, self.dispatches, self.crashes, self.task_failures, self.rows_lost):
             counts.age(now)
         self.answers.age(now)
+
+    def capacity_rejections_until(self) -> float | None:
+        """When the last rejection for capacity leaves the window (counts go by whole seconds)."""
+        last = self.last_capacity_rejection
+        return None if last is None else math.floor(last) + 1 + self.window
 
 
 @attrs.define
@@ -246,16 +256,20 @@ class Health:
     # Per class: its answers' ttft and slowdown in the window.
     paces: dict[RequestClass, ClassPace] = attrs.Factory(dict)
     slowed: dict[RequestClass, str] = attrs.Factory(dict)  # the classes answering too slowly, and why
+    # When rejections for capacity stop making it overloaded, unless more come (Unix time).
+    overloaded_until: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"status": self.status.value, "reasons": list(self.reasons), "rejected": self.rejected,
+        return {"status": self.status.value, "reasons": list(self.reasons), "overloaded_until": self.overloaded_until,
+                "rejected": self.rejected,
                 "waited_share": self.waited_share, "waiting_s": self.waiting_s, "tasks": self.tasks,
                 "answers": {klass: pace.to_json() for klass, pace in self.paces.items()}}
 
 
 def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mapping[str, float], now: float,
-           standing: Mapping[str, str] | None = None, *, slowdown_limit: float = 0.0) -> Health:
-    """The health now: pure, from a scheduler snapshot, the recent activity and the standing faults."""
+           standing: Mapping[str, str] | None = None, *, slowdown_limit: float = 0.0, wall_offset: float = 0.0) -> Health:
+    """The health now: pure, from a scheduler snapshot, the recent activity and the standing faults
+    (*now* on trio's clock; *wall_offset* turns its times into Unix times)."""
     recent.age(now)
     window = format_duration(recent.window)
     overloaded: list[str] = []
@@ -269,9 +283,12 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
                               f"of {format_duration(slo_wait[klass])}")
     rejected = {str(reason): n for reason, n in recent.rejections.totals.items()}
     capacity = {reason: n for reason, n in rejected.items() if reason in CAPACITY_REASONS}
-    if capacity:
+    overloaded_until = None
+    if capacity and (until := recent.capacity_rejections_until()) is not None:
+        overloaded_until = round(until + wall_offset, 3)
+        clock = time.strftime("%H:%M:%S", time.localtime(overloaded_until))
         overloaded.append(f"{sum(capacity.values())} requests rejected for capacity in the last {window} "
-                          f"({_counts(capacity)})")
+                          f"({_counts(capacity)}); overloaded until {clock} unless more are rejected")
     broken = {reason: n for reason, n in rejected.items() if reason in BROKEN_REASONS}
     if broken:
         degraded.append(f"{sum(broken.values())} requests refused in the last {window} ({_counts(broken)})")
@@ -289,7 +306,7 @@ def assess(snapshot: SchedulerSnapshot, recent: RecentActivity, slo_wait: Mappin
     degraded += slowed.values()
     status = HealthStatus.OVERLOADED if overloaded else HealthStatus.DEGRADED if degraded else HealthStatus.OK
     return Health(status, tuple(overloaded + degraded), rejected, _waited_share(recent), waiting_s, paces=paces,
-                  slowed=slowed)
+                  slowed=slowed, overloaded_until=overloaded_until)
 
 
 def _waited_share(recent: RecentActivity) -> dict[RequestClass, float | None]:
@@ -317,8 +334,9 @@ class HealthWatch:
     slowdown_limit: float = 0.0  # health.slowdown; 0: off
 
     def assess(self) -> Health:
-        health = assess(self.scheduler.snapshot(), self.recent, self.slo_wait, trio.current_time(),
-                        self.standing.faults, slowdown_limit=self.slowdown_limit)
+        now = trio.current_time()
+        health = assess(self.scheduler.snapshot(), self.recent, self.slo_wait, now, self.standing.faults,
+                        slowdown_limit=self.slowdown_limit, wall_offset=time.time() - now)
         return health if self.supervision is None else attrs.evolve(health, tasks=self.supervision.to_json())
 
 
@@ -345,6 +363,6 @@ async def serve_health(watch: HealthWatch, events: EventLog, interval: float, *,
         if health.status is not previous:
             level = "info" if health.status is HealthStatus.OK else "warning"
             events.emit("health", level, status=health.status.value, previous=previous.value,
-                        reasons=list(health.reasons))
+                        reasons=list(health.reasons), until=health.overloaded_until)
             previous = health.status
         await trio.sleep(interval)
