@@ -109,9 +109,11 @@ def _reload(config: Config, key: str | None) -> int:
         return 1
     body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
     if answer.status_code == 200:
-        for what in ("added", "removed", "changed"):
+        for what in ("added", "removed"):
             if body.get(what):
                 print(f"{what:<8} {', '.join(body[what])}")
+        for name in body.get("changed") or ():
+            print(f"changed  {name}: {'; '.join(body.get('changes', {}).get(name) or ['its config'])}")
         print("reloaded" + ("" if any(body.get(w) for w in ("added", "removed", "changed", "rules_changed"))
                             else ": nothing changed"))
         return 0

@@ -10,11 +10,13 @@ kept, and the refusal says which key needs a restart.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 import attrs
 
 from supervisor.config import Config
+from supervisor.units import format_size
 
 # Sections read once at start (listeners bound, files opened, services and nodes followed).
 _FIXED = ("listen", "gpu", "limits", "security", "engines", "log", "auth", "usage", "health", "alerts", "state_file",
@@ -28,6 +30,8 @@ class ReloadPlan:
     changed: tuple[str, ...]
     unchanged: tuple[str, ...]
     rules_changed: bool  # classes or scheduler: the scheduler's policy is replaced
+    # Per changed model, what changed: one line per key (`memory: 4.0 GiB -> 6.0 GiB`).
+    changes: dict[str, tuple[str, ...]] = attrs.Factory(dict)
 
     @property
     def empty(self) -> bool:
@@ -44,7 +48,8 @@ class ReloadOutcome:
             return {"reloaded": False, "problems": list(self.problems)}
         plan = self.plan
         return {"reloaded": True, "added": list(plan.added), "removed": list(plan.removed),
-                "changed": list(plan.changed), "unchanged": list(plan.unchanged), "rules_changed": plan.rules_changed}
+                "changed": list(plan.changed), "changes": {name: list(lines) for name, lines in plan.changes.items()},
+                "unchanged": list(plan.unchanged), "rules_changed": plan.rules_changed}
 
 
 Reload = Callable[[], Awaitable[ReloadOutcome]]  # read the config file again and apply it
@@ -59,9 +64,45 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan | list[str]:
     if problems:
         return problems
     old, now = running.models, new.models
+    changed = tuple(name for name in now if name in old and now[name] != old[name])
     return ReloadPlan(
         added=tuple(name for name in now if name not in old),
         removed=tuple(name for name in old if name not in now),
-        changed=tuple(name for name in now if name in old and now[name] != old[name]),
+        changed=changed,
         unchanged=tuple(name for name in now if name in old and now[name] == old[name]),
-        rules_changed=running.classes != new.classes or running.scheduler != new.scheduler)
+        rules_changed=running.classes != new.classes or running.scheduler != new.scheduler,
+        changes={name: model_changes(old[name], now[name]) for name in changed})
+
+
+_SAID_MAX = 100  # characters of a value in a change's line
+
+
+def model_changes(old: object, new: object) -> tuple[str, ...]:
+    """What changed in one model's config, a line per key: ``args: ["-c", "4096"] -> ["-c", "8192"]``.
+    Sizes read as sizes; of ``env`` only the names are said (its values may be secrets)."""
+    if type(old) is not type(new) or not attrs.has(type(old)):
+        return (f"runtime: {getattr(old, 'runtime', '?')} -> {getattr(new, 'runtime', '?')}",)
+    lines = []
+    for field in attrs.fields(type(old)):
+        before, after = getattr(old, field.name), getattr(new, field.name)
+        if before == after:
+            continue
+        if field.name == "env":
+            names = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+            lines.append(f"env: {', '.join(names)} changed")
+        elif field.name == "memory":
+            lines.append(f"memory: {_size(before)} -> {_size(after)}")
+        else:
+            lines.append(f"{field.name}: {_said(before)} -> {_said(after)}")
+    return tuple(lines)
+
+
+def _size(value: int | None) -> str:
+    return "unset" if value is None else format_size(value)
+
+
+def _said(value: object) -> str:
+    if value is None:
+        return "unset"
+    said = json.dumps(attrs.asdict(value) if attrs.has(type(value)) else value, default=str)
+    return said if len(said) <= _SAID_MAX else said[: _SAID_MAX - 3] + "..."

@@ -88,7 +88,8 @@ class Reloader:
         if plan.rules_changed:
             self.scheduler.replace_policy(scheduling_policy(new))
         self.events.emit("reload", "info", path=str(self.path), added=list(plan.added), removed=list(plan.removed),
-                         changed=list(plan.changed), unchanged=list(plan.unchanged), rules_changed=plan.rules_changed)
+                         changed=list(plan.changed), unchanged=list(plan.unchanged), rules_changed=plan.rules_changed,
+                         changes={name: list(lines) for name, lines in plan.changes.items()})
         return ReloadOutcome(plan)
 
     def on_retired(self, name: str, replaced: bool) -> None:

@@ -91,7 +91,14 @@ def test_a_reload_that_changes_a_models_own_engine_drains_it_first(start_steward
     streaming = stream_in_thread(steward, "a", words, started)
     assert started.wait(30)
     rewrite(steward, lambda raw: raw["models"].update(a=fake_model("3GiB", tps=30)))
-    assert reload(steward).json()["changed"] == ["a"]
+    outcome = reload(steward).json()
+    assert outcome["changed"] == ["a"]
+    # What changed, per model, in the answer and in the event.
+    assert outcome["changes"] == {"a": [
+        "memory: 2.0 GiB -> 3.0 GiB",
+        'args: ["--memory", "2GiB", "--load-time", "0.2s", "--tokens-per-second", "30"] -> '
+        '["--memory", "3GiB", "--load-time", "0.2s", "--tokens-per-second", "30"]']}
+    assert steward.wait_event("reload")["changes"] == outcome["changes"]
     # A request sent while the old engine drains waits for the new one.
     later = httpx.post(f"{steward.base_url}/chat/completions", json={"model": "a", "max_tokens": 2, **CHAT},
                        timeout=60)
