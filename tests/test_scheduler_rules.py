@@ -408,6 +408,9 @@ def test_regression_the_image_services_own_cache_does_not_block_the_next_exclusi
     assert s.ledger.outside == 6 * GIB
     effects = s.submit(1, None, "interactive", 1.0)
     assert Grant(1, None, None) in effects
+    # What the job's own process holds is outside use within its reservation: shown once.
+    device = s.snapshot().devices[0]
+    assert (device.reserved, device.outside, device.free) == (16 * GIB, 0, 0)
     s.finish(1, 2.0)
     assert Grant(2, None, None) in s.submit(2, None, "interactive", 3.0)
 

@@ -146,7 +146,7 @@ import attrs
 from supervisor.address import Address
 from supervisor.scheduler import classes, eviction, guard, jobs, lifecycle, memory, reload, warming
 from supervisor.scheduler.eviction import ADMIN, PINNED, admin_option, carry_out
-from supervisor.scheduler.exclusive import advance_exclusive, exclusive_rank
+from supervisor.scheduler.exclusive import advance_exclusive, exclusive_owner, exclusive_rank
 from supervisor.scheduler.explain import explain
 from supervisor.scheduler.gaps import serve_gap, short
 from supervisor.scheduler.ledger import Ledger
@@ -353,8 +353,10 @@ class Scheduler(CoreState):
     def snapshot(self, *, explained: bool = False) -> SchedulerSnapshot:
         """The state for views; *explained*: with why each line's head waits (it costs a placement
         per line, so only views that show it ask)."""
+        devices = tuple(self._device_snapshot(device) for device in self.ledger.devices)
         return SchedulerSnapshot(
-            budget=self.ledger.budget, reserved=self.ledger.reserved, outside=self.ledger.outside, mode=self.mode,
+            budget=self.ledger.budget, reserved=self.ledger.reserved, outside=sum(d.outside for d in devices),
+            mode=self.mode,
             queued=len(self.waiting),
             queued_by_class={k: q.size for k, q in self.queues.items()},
             running_by_class=dict(self.running_by_class),
@@ -362,9 +364,18 @@ class Scheduler(CoreState):
             exclusive_waiting=sum(1 for job in self.waiting.values() if job.exclusive),
             lines=tuple(self._line_snapshot(line, explained) for queue in self.queues.values()
                         for line in queue.lines.values()),
-            devices=tuple(DeviceSnapshot(device, self.ledger.budgets[device], self.ledger.reserved_on(device),
-                                         self.ledger.outside_by_device[device]) for device in self.ledger.devices),
+            devices=devices,
             engines=tuple(self._engine_snapshot(e) for e in self.engines.values()))
+
+    def _device_snapshot(self, device: int) -> DeviceSnapshot:
+        budget, reserved = self.ledger.budgets[device], self.ledger.reserved_on(device)
+        outside = self.ledger.outside_by_device[device]
+        holder = self.exclusive_holder
+        if holder is not None and self.ledger.held_on(exclusive_owner(holder), device):
+            # The image job's own process (ComfyUI) is outside use to the readings, and within
+            # what is reserved for the job: shown once, or the tiers add up past the card.
+            outside = min(outside, max(0, budget - reserved))
+        return DeviceSnapshot(device, budget, reserved, outside)
 
     def _engine_snapshot(self, e: EngineState) -> EngineSnapshot:
         hot = e.hot(self.now, self.policy.hot_window)
