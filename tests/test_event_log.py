@@ -269,7 +269,7 @@ async def test_the_door_emits_one_request_event_per_request_and_none_for_monitor
     assert {k: v for k, v in request.fields.items() if k not in ("duration_s", "request_id", "ttft_s")} == {
         "listener": "openai", "method": "POST", "route": "/v1/chat/completions", "model": None, "class": None,
         "status": 200, "error": None, "queued_s": None, "prompt_tokens": 3, "completion_tokens": 5, "key": None,
-        "decode_tps": None, "slowdown": None, "beside": None}
+        "decode_tps": None, "slowdown": None, "beside": None, "gpu_s": None}
     assert len(request.fields["request_id"]) == 16 and request.fields["duration_s"] >= request.fields["ttft_s"] >= 0
 
 
@@ -303,6 +303,7 @@ def test_a_steward_logs_one_request_line_per_request(start_steward: StewardFacto
         ("/v1/chat/completions", "chat", "interactive", 200, None, u.prompt_tokens, u.completion_tokens)
         for u in (whole.usage, streamed)]
     assert all(r["v"] == 1 and r["level"] == "info" and r["queued_s"] is not None for r in requests)
+    assert all(0 < r["gpu_s"] <= r["duration_s"] for r in requests)  # the slot it held, within its time
     assert [r["event"] for r in steward.events() if r.get("route") in ("/healthz", "/metrics")] == []
 
     # On its terminal: the compact line, as Event.to_line renders the record.

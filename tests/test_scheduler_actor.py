@@ -6,11 +6,13 @@ grant, timeout and restart happens at a time computed by hand.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from supervisor.request_class import RequestClass
+from supervisor.scheduler.actor import JobFailed
 from supervisor.scheduler.types import EngineProfile
 from tests.harness import GIB, LOAD_S, STOP_S, hold, start_harness
 
@@ -95,10 +97,36 @@ async def test_the_wait_a_step_is_told_is_the_schedulers_own_and_zero_when_grant
     request count as waited in `steward usage` while /healthz said few had)."""
     autojump_clock.rate = 1.0  # the clock also runs as real time does: the round trip to the actor takes some
     h = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, slots=1))
-    told: list[float] = []
-    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, on_waited=told.append):
+    account = Account()
+    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, account=account):
         await trio.sleep(1.0)  # loaded for it: it waited LOAD_S (and a little)
-    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, on_waited=told.append):
+    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, account=account):
         pass  # a free slot: granted as it was taken
-    assert told[0] >= LOAD_S and told[1] == 0.0
-    assert [d["waited_s"] for d in h.names("dispatch")] == told
+    assert account.waits[0] >= LOAD_S and account.waits[1] == 0.0
+    assert [d["waited_s"] for d in h.names("dispatch")] == account.waits
+
+
+@attrs.define
+class Account:
+    waits: list[float] = attrs.Factory(list)
+    holds: list[float] = attrs.Factory(list)
+
+    def waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def held(self, seconds: float) -> None:
+        self.holds.append(seconds)
+
+
+async def test_a_step_is_told_how_long_it_held_its_grant_and_a_refused_one_nothing(
+        autojump_clock: trio.testing.MockClock, nursery: trio.Nursery) -> None:
+    h = await start_harness(nursery, 16, EngineProfile("chat", 4 * GIB, slots=1), EngineProfile("huge", 40 * GIB, 1))
+    account = Account()
+    async with h.client.open_grant("chat", RequestClass.INTERACTIVE, account=account):
+        await trio.sleep(1.5)
+    async with h.client.open_grant(None, RequestClass.BATCH, account=account, exclusive_memory=8 * GIB):
+        await trio.sleep(4.0)  # an image job: the whole GPU for 4 s
+    with pytest.raises(JobFailed):
+        async with h.client.open_grant("huge", RequestClass.BATCH, account=account):
+            pass
+    assert account.holds == [1.5, 4.0]

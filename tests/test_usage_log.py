@@ -116,7 +116,8 @@ async def test_every_row_recorded_before_close_is_written_in_batches(tmp_path: P
     assert attempts == [1000, 1000, 500]
     assert [request_id for (request_id,) in stored(path)] == [f"r{number}" for number in range(2500)]
     everything = ("ts, request_id, key, listener, method, route, model, engine, class, status, error, queued_s, "
-                  "ttft_s, duration_s, prompt_tokens, completion_tokens, request_bytes, response_bytes, decode_tps, slowdown")
+                  "ttft_s, duration_s, prompt_tokens, completion_tokens, request_bytes, response_bytes, decode_tps, slowdown, "
+                  "gpu_s")
     assert stored(path, everything)[7] == attrs.astuple(usage_row(7))
 
 
@@ -130,7 +131,7 @@ async def test_the_database_is_wal_versioned_and_indexed_and_opens_again(tmp_pat
         ("r1", "alice", "interactive", 0.0, 10), ("r2", None, None, None, None)]
     with contextlib.closing(sqlite3.connect(path)) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert connection.execute("PRAGMA user_version").fetchone() == (2,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (3,)
         indexes = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert indexes == {"requests_ts", "requests_key", "requests_model"}
 
@@ -328,30 +329,32 @@ async def test_a_database_of_a_newer_steward_or_of_something_else_is_an_error_at
     with contextlib.closing(sqlite3.connect(other)) as connection:
         connection.execute("CREATE TABLE requests (url TEXT, at REAL)")
     assert await start_usage_log(newer) == f"usage.db: cannot open {str(newer)!r}: written by a newer steward " \
-                                           "(schema version 7, this one knows 2)"
+                                           "(schema version 7, this one knows 3)"
     assert await start_usage_log(other) == f"usage.db: cannot open {str(other)!r}: its table 'requests' is not a " \
                                            "steward usage log's"
 
 
-async def test_a_usage_log_of_schema_1_gains_the_slowdown_columns_and_keeps_its_rows(tmp_path: Path,
+async def test_a_usage_log_of_schema_1_gains_the_newer_columns_and_keeps_its_rows(tmp_path: Path,
                                                                                    capsys: pytest.CaptureFixture[str]
                                                                                    ) -> None:
     path = tmp_path / "usage.db"
-    old_columns = COLUMNS[:-2]
+    old_columns = COLUMNS[:-3]
     with contextlib.closing(sqlite3.connect(path)) as connection:
         connection.execute(f"CREATE TABLE requests ({', '.join(f'{name!r}' for name in old_columns)})")
         connection.execute(f"INSERT INTO requests VALUES ({', '.join('?' * len(old_columns))})",
-                           attrs.astuple(usage_row(1, ts=time.time() - 10))[:-2])
+                           attrs.astuple(usage_row(1, ts=time.time() - 10))[:-3])
         connection.execute("PRAGMA user_version = 1")
         connection.commit()
     # `steward usage` reads a log no steward has opened since (read-only: no slowdown column yet).
-    assert run_json(capsys, "--db", str(path))["total"]["slowdown_p50"] is None
+    old = run_json(capsys, "--db", str(path))["total"]
+    assert (old["slowdown_p50"], old["gpu_s"]) == (None, 0.0)
     async with open_usage_log(path) as (usage, _):
-        usage.record(usage_row(2, ts=time.time() - 5, slowdown=4.0, decode_tps=12.5))
-    assert stored(path, "request_id, decode_tps, slowdown") == [("r1", None, None), ("r2", 12.5, 4.0)]
+        usage.record(usage_row(2, ts=time.time() - 5, slowdown=4.0, decode_tps=12.5, gpu_s=2.5))
+    assert stored(path, "request_id, decode_tps, slowdown, gpu_s") == [("r1", None, None, None), ("r2", 12.5, 4.0, 2.5)]
     with contextlib.closing(sqlite3.connect(path)) as connection:
-        assert connection.execute("PRAGMA user_version").fetchone() == (2,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (3,)
     assert run_json(capsys, "--db", str(path))["total"]["slowdown_p50"] == 4.0
+    assert run_json(capsys, "--db", str(path))["total"]["gpu_s"] == 2.5
 
 
 # --- steward usage (async tests: the writer fills their database) ----------------------
@@ -370,11 +373,11 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 def numbers(requests: int, rejected: int, waited: int, wait_p50_s: float | None, wait_p95_s: float | None,
             ttft_p50_s: float | None, prompt_tokens: int, completion_tokens: int, slowdown_p50: float | None = None,
-            slowdown_p95: float | None = None) -> dict[str, Any]:
+            slowdown_p95: float | None = None, gpu_s: float = 0.0) -> dict[str, Any]:
     return {"requests": requests, "rejected": rejected, "rejected_share": rejected / requests, "waited": waited,
             "waited_share": waited / requests, "wait_p50_s": wait_p50_s, "wait_p95_s": wait_p95_s,
             "ttft_p50_s": ttft_p50_s, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "slowdown_p50": slowdown_p50, "slowdown_p95": slowdown_p95}
+            "slowdown_p50": slowdown_p50, "slowdown_p95": slowdown_p95, "gpu_s": gpu_s}
 
 
 @pytest.fixture
@@ -385,17 +388,17 @@ async def usage_db(tmp_path: Path) -> Path:
     now = time.time()
     rows = [
         usage_row(1, ts=now - 60, key="alice", queued_s=0.0, ttft_s=0.25, prompt_tokens=10, completion_tokens=20,
-                  decode_tps=50.0, slowdown=1.0),
+                  decode_tps=50.0, slowdown=1.0, gpu_s=0.5),
         usage_row(2, ts=now - 50, key="alice", queued_s=1.0, ttft_s=0.75, prompt_tokens=30, completion_tokens=40,
-                  decode_tps=20.0, slowdown=3.0),
+                  decode_tps=20.0, slowdown=3.0, gpu_s=1.5),
         usage_row(3, ts=now - 40, key="alice", status=429, error="rate_limited", queued_s=None, ttft_s=None,
                   engine=None, prompt_tokens=None, completion_tokens=None),
         usage_row(4, ts=now - 30, key="bob", klass="batch", model="qwen", queued_s=2.0, ttft_s=1.5,
-                  prompt_tokens=5, completion_tokens=5, slowdown=5.0),
+                  prompt_tokens=5, completion_tokens=5, slowdown=5.0, gpu_s=3.0),
         usage_row(5, ts=now - 20, key="bob", klass="batch", model="qwen", status=503, error="queue_full",
                   queued_s=4.0, ttft_s=None, prompt_tokens=None, completion_tokens=None),
         usage_row(6, ts=now - 10, key="bob", klass="batch", model="qwen", status=499, queued_s=0.5, ttft_s=0.5,
-                  prompt_tokens=7, completion_tokens=0),
+                  prompt_tokens=7, completion_tokens=0, gpu_s=0.25),
         usage_row(7, ts=now - 5, key=None, listener="ollama", route="/api/chat", model=None, engine=None, klass=None,
                   status=401, error="unauthorized", queued_s=None, ttft_s=None, prompt_tokens=None,
                   completion_tokens=None),
@@ -412,11 +415,11 @@ async def test_usage_by_key_counts_and_percentiles(usage_db: Path, capsys: pytes
     assert (report["db"], report["by"], report["since_s"]) == (str(usage_db), "key", 86400.0)
     assert report["to_ts"] - report["from_ts"] == 86400.0
     assert report["groups"] == [
-        {"group": "alice", **numbers(3, 1, 1, 0.5, 0.95, 0.5, 40, 60, 2.0, 2.9)},
-        {"group": "bob", **numbers(3, 1, 3, 2.0, 3.8, 1.0, 12, 5, 5.0, 5.0)},
+        {"group": "alice", **numbers(3, 1, 1, 0.5, 0.95, 0.5, 40, 60, 2.0, 2.9, gpu_s=2.0)},
+        {"group": "bob", **numbers(3, 1, 3, 2.0, 3.8, 1.0, 12, 5, 5.0, 5.0, gpu_s=3.25)},
         {"group": None, **numbers(1, 1, 0, None, None, None, 0, 0)},
     ]
-    assert report["total"] == numbers(7, 3, 4, 1.0, 3.6, 0.625, 52, 65, 3.0, 4.8)
+    assert report["total"] == numbers(7, 3, 4, 1.0, 3.6, 0.625, 52, 65, 3.0, 4.8, gpu_s=5.25)
 
 
 async def test_usage_over_a_longer_window_and_other_groupings(usage_db: Path,
@@ -441,12 +444,12 @@ async def test_usage_prints_a_table_with_a_line_per_group_and_a_total(usage_db: 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"requests in {usage_db}, last 24h, by key"
     assert lines[1].split() == ["key", "requests", "rejected", "waited", "wait", "p50", "wait", "p95", "ttft", "p50",
-                                "slow", "p50", "slow", "p95", "prompt", "tok", "compl", "tok"]
+                                "slow", "p50", "slow", "p95", "gpu", "time", "prompt", "tok", "compl", "tok"]
     assert [line.split() for line in lines[2:]] == [
-        ["alice", "3", "33.3%", "33.3%", "500ms", "950ms", "500ms", "2.0×", "2.9×", "40", "60"],
-        ["bob", "3", "33.3%", "100.0%", "2.00s", "3.80s", "1.00s", "5.0×", "5.0×", "12", "5"],
-        ["(no", "key)", "1", "100.0%", "0.0%", "-", "-", "-", "-", "-", "0", "0"],
-        ["total", "7", "42.9%", "57.1%", "1.00s", "3.60s", "625ms", "3.0×", "4.8×", "52", "65"],
+        ["alice", "3", "33.3%", "33.3%", "500ms", "950ms", "500ms", "2.0×", "2.9×", "2.00s", "40", "60"],
+        ["bob", "3", "33.3%", "100.0%", "2.00s", "3.80s", "1.00s", "5.0×", "5.0×", "3.25s", "12", "5"],
+        ["(no", "key)", "1", "100.0%", "0.0%", "-", "-", "-", "-", "-", "0ms", "0", "0"],
+        ["total", "7", "42.9%", "57.1%", "1.00s", "3.60s", "625ms", "3.0×", "4.8×", "5.25s", "52", "65"],
     ]
     assert run_usage(usage_args("--db", str(usage_db), "--by", "model")) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]] == ["gemma", "qwen", "(no", "total"]

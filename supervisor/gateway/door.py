@@ -90,6 +90,7 @@ class Exchange:
     engine: str | None = None
     klass: RequestClass | None = None
     queued_s: float | None = None
+    gpu_s: float | None = None  # what its steps held, added up (the scheduler's StepAccount)
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -117,6 +118,10 @@ class Exchange:
     def waited(self, seconds: float) -> None:
         """A step of this request waited *seconds* in steward's queue (steps add up)."""
         self.queued_s = (self.queued_s or 0.0) + seconds
+
+    def held(self, seconds: float) -> None:
+        """A granted step of this request held its slot (or the GPU) *seconds* (steps add up)."""
+        self.gpu_s = (self.gpu_s or 0.0) + seconds
 
     def count_tokens(self, prompt: int | None, completion: int | None) -> None:
         """Counts a handler read itself (a usage chunk it kept from a client that did not ask for it)."""
@@ -200,7 +205,7 @@ class Exchange:
             duration_s=round(now - self.arrived, 6), prompt_tokens=prompt, completion_tokens=completion,
             request_bytes=self.request_bytes, response_bytes=self.response_bytes,
             decode_tps=pace.decode_tps if pace is not None else None,
-            slowdown=pace.slowdown if pace is not None else None)
+            slowdown=pace.slowdown if pace is not None else None, gpu_s=_round(self.gpu_s))
 
     def tail_tokens(self) -> tuple[int | None, int | None]:
         """The token counts at the answer's end, read once (the answer ended: its tail is whole)."""
@@ -392,7 +397,8 @@ class FrontDoor:
                          model=row.model, **{"class": row.klass}, status=row.status, error=row.error,
                          queued_s=row.queued_s, duration_s=row.duration_s, prompt_tokens=row.prompt_tokens,
                          completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id,
-                         ttft_s=row.ttft_s, decode_tps=row.decode_tps, slowdown=row.slowdown, beside=beside)
+                         ttft_s=row.ttft_s, decode_tps=row.decode_tps, slowdown=row.slowdown, beside=beside,
+                         gpu_s=row.gpu_s)
 
     def _pace(self, exchange: Exchange, now: float) -> Pace | None:
         """A served answer's decode rate and slowdown, and what computed beside it."""

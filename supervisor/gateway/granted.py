@@ -25,7 +25,7 @@ async def serve_granted(scheduler: SchedulerClient, exchange: Exchange, send: Se
                         model: str, klass: RequestClass, shape: ErrorShape, answering: Answering) -> None:
     """*answering* on a slot of *model*'s engine, once the scheduler grants one (see the module docstring)."""
     try:
-        async with scheduler.open_grant(model, klass, on_waited=exchange.waited) as lease:
+        async with scheduler.open_grant(model, klass, account=exchange) as lease:
             tracked = TrackedSend(send)
             try:
                 await answering(lease, tracked)

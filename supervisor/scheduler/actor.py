@@ -41,6 +41,15 @@ from supervisor.scheduler.types import (
 )
 
 
+class StepAccount(Protocol):
+    """Who is told what a step cost: its wait for a grant, and how long it held what it was
+    granted (an engine's slot, or the whole GPU for an exclusive job). A request's steps add up."""
+
+    def waited(self, seconds: float) -> None: ...
+
+    def held(self, seconds: float) -> None: ...
+
+
 class EngineControl(Protocol):
     def start(self, generation: int, placement: Placement | None = None) -> None: ...
     def stop(self, generation: int) -> None: ...
@@ -248,15 +257,16 @@ class SchedulerClient:
     @asynccontextmanager
     async def open_grant(self, model: str | None, klass: RequestClass, *, request: Request | None = None,
                          step: int = 1, steps: int | None = 1, exclusive_memory: int | None = None,
-                         on_waited: Callable[[float], None] | None = None) -> AsyncIterator[Lease]:
+                         account: StepAccount | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
         hold it for the ``async with`` body.
 
         Leaving early (the client went away) withdraws the step from the queue; leaving
-        after the grant frees the slot. Raises ``JobFailed`` on refusal. *on_waited* is told
-        how long the step waited, however the wait ended (the usage log's seconds queued): a
-        granted step's wait on the scheduler's clock (0 when granted as it was taken: the dispatch
-        event's ``waited_s``, so /healthz and the usage log say alike who waited), else as measured.
+        after the grant frees the slot. Raises ``JobFailed`` on refusal. *account* is told how long
+        the step waited, however the wait ended (the usage log's seconds queued): a granted step's
+        wait on the scheduler's clock (0 when granted as it was taken: the dispatch event's
+        ``waited_s``, so /healthz and the usage log say alike who waited), else as measured; and,
+        once a granted step ends, how long it held its grant (the usage log's GPU-seconds).
         A step of a *request* hands its slot to the next (one that is not its last; any, with
         *steps* None: the last one's slot is freed when the request ends).
         """
@@ -273,14 +283,19 @@ class SchedulerClient:
             try:
                 await ticket.done.wait()
             finally:
-                if on_waited is not None:
+                if account is not None:
                     outcome = ticket.outcome
-                    on_waited(outcome.waited_s if isinstance(outcome, Grant) else trio.current_time() - submitted)
+                    account.waited(outcome.waited_s if isinstance(outcome, Grant) else trio.current_time() - submitted)
             if isinstance(ticket.outcome, Fail):
                 raise JobFailed(ticket.outcome)
             assert ticket.outcome is not None
             lease = Lease(ticket.outcome, ticket.abort)
-            yield lease
+            granted = trio.current_time()
+            try:
+                yield lease
+            finally:
+                if account is not None:
+                    account.held(trio.current_time() - granted)
             finished_cleanly = True
         finally:
             if isinstance(ticket.outcome, Fail):

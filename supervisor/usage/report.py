@@ -60,6 +60,7 @@ class GroupUsage:
     completion_tokens: int
     slowdown_p50: float | None = None  # over the answers whose slowdown is known (supervisor/observe/slowdown.py)
     slowdown_p95: float | None = None
+    gpu_s: float = 0.0  # seconds of engine slots and whole-GPU jobs held, added up
 
     @property
     def rejected_share(self) -> float:
@@ -80,7 +81,7 @@ class UsageReport:
     total: GroupUsage
 
 
-# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens, slowdown).
+# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens, slowdown, gpu_s).
 Row = tuple[Any, ...]
 
 
@@ -117,11 +118,11 @@ def _select(path: str, by: Grouping, start: float) -> list[Row]:
             if tables:
                 raise UsageReadError(f"{path} is a SQLite database but not a usage log (no table {TABLE!r})")
             return []  # an empty file: a database nobody wrote yet
-        # A log an older steward wrote (and no steward since opened) has no slowdown column.
+        # A log an older steward wrote (and no steward since opened) lacks the newer columns.
         columns = {info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})")}
-        slowdown = "slowdown" if "slowdown" in columns else "NULL"
+        newer = ", ".join(name if name in columns else "NULL" for name in ("slowdown", "gpu_s"))
         return connection.execute(
-            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {slowdown} '
+            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {newer} '
             f"FROM {TABLE} WHERE ts >= ?", (start,)).fetchall()
     except sqlite3.OperationalError as exc:  # it is a database: a lock, an I/O error, a folder it cannot write
         raise UsageReadError(f"cannot read {path}: {exc}") from None
@@ -153,7 +154,8 @@ def _group_usage(group: Any, rows: list[Row]) -> GroupUsage:
         wait_p95_s=percentile(waits, 0.95), ttft_p50_s=percentile(ttfts, 0.5),
         prompt_tokens=int(sum(_numbers(row[4] for row in rows))),
         completion_tokens=int(sum(_numbers(row[5] for row in rows))),
-        slowdown_p50=_rounded(percentile(slowdowns, 0.5)), slowdown_p95=_rounded(percentile(slowdowns, 0.95)))
+        slowdown_p50=_rounded(percentile(slowdowns, 0.5)), slowdown_p95=_rounded(percentile(slowdowns, 0.95)),
+        gpu_s=round(sum(_numbers(row[7] for row in rows if len(row) > 7)), 3))
 
 
 def _rounded(factor: float | None) -> float | None:
@@ -186,7 +188,7 @@ def _usage_json(usage: GroupUsage) -> dict[str, Any]:
             "waited": usage.waited, "waited_share": usage.waited_share, "wait_p50_s": _microseconds(usage.wait_p50_s),
             "wait_p95_s": _microseconds(usage.wait_p95_s), "ttft_p50_s": _microseconds(usage.ttft_p50_s),
             "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "slowdown_p50": usage.slowdown_p50, "slowdown_p95": usage.slowdown_p95}
+            "slowdown_p50": usage.slowdown_p50, "slowdown_p95": usage.slowdown_p95, "gpu_s": usage.gpu_s}
 
 
 def _microseconds(seconds: float | None) -> float | None:
@@ -195,7 +197,7 @@ def _microseconds(seconds: float | None) -> float | None:
 
 
 _HEADERS = ("requests", "rejected", "waited", "wait p50", "wait p95", "ttft p50", "slow p50", "slow p95",
-            "prompt tok", "compl tok")
+            "gpu time", "prompt tok", "compl tok")
 
 
 def format_report(report: UsageReport) -> str:
@@ -217,7 +219,7 @@ def format_report(report: UsageReport) -> str:
 def _cells(usage: GroupUsage) -> list[str]:
     return [str(usage.requests), _percent(usage.rejected_share), _percent(usage.waited_share),
             _seconds(usage.wait_p50_s), _seconds(usage.wait_p95_s), _seconds(usage.ttft_p50_s),
-            _factor(usage.slowdown_p50), _factor(usage.slowdown_p95), str(usage.prompt_tokens),
+            _factor(usage.slowdown_p50), _factor(usage.slowdown_p95), _seconds(usage.gpu_s), str(usage.prompt_tokens),
             str(usage.completion_tokens)]
 
 

@@ -14,8 +14,9 @@ from supervisor.safe_text import recordable
 TABLE = "requests"
 # Bumped when the table changes; the writer refuses a database written by a newer steward, and
 # adds to an older one's table the columns it lacks (ADDED_COLUMNS: the version that added them).
-SCHEMA_VERSION = 2
-ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("decode_tps", "REAL"), ("slowdown", "REAL"))}
+SCHEMA_VERSION = 3
+ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("decode_tps", "REAL"), ("slowdown", "REAL")),
+                                                         3: (("gpu_s", "REAL"),)}
 
 
 @attrs.frozen
@@ -42,6 +43,9 @@ class UsageRow:
     decode_tps: float | None = None
     # How many times slower than its engine decodes alone (supervisor/observe/slowdown.py); None: not known.
     slowdown: float | None = None
+    # Seconds it held what it was granted: an engine's slot (each step's, added up) or the whole
+    # GPU for an image job; what a key's work cost in GPU time. None: never granted.
+    gpu_s: float | None = None
 
 
 # The table's columns, in UsageRow's order; ``class`` is a keyword in Python, not in SQL.

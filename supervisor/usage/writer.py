@@ -44,7 +44,7 @@ _CREATE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (ts REAL, request_id TEXT, key TEXT, listener TEXT, method TEXT, "
     "route TEXT, model TEXT, engine TEXT, class TEXT, status INTEGER, error TEXT, queued_s REAL, ttft_s REAL, "
     "duration_s REAL, prompt_tokens INTEGER, completion_tokens INTEGER, request_bytes INTEGER, "
-    "response_bytes INTEGER, decode_tps REAL, slowdown REAL)")
+    "response_bytes INTEGER, decode_tps REAL, slowdown REAL, gpu_s REAL)")
 _CREATE_INDEXES = [f"CREATE INDEX IF NOT EXISTS {TABLE}_{column} ON {TABLE} ({column})"
                    for column in ("ts", "key", "model")]
 _QUOTED = ", ".join(f'"{name}"' for name in COLUMNS)

@@ -65,7 +65,7 @@ class ComfyTurnstile:
         self.events.emit("image_queued", "info", klass=klass)
         with trio.CancelScope() as scope:
             async with self.scheduler.open_grant(None, klass, exclusive_memory=self.config.memory,
-                                                 on_waited=exchange.waited if exchange else None) as lease:
+                                                 account=exchange) as lease:
                 if exchange is not None:
                     exchange.engine = COMFY_ENGINE
                 held = HeldGpu(lease, scope)

@@ -178,7 +178,7 @@ class InferenceHandler:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
-                                                 steps=len(chunks), on_waited=exchange.waited) as lease:
+                                                 steps=len(chunks), account=exchange) as lease:
                 exchange.engine = lease.grant.engine
                 answer = AssembledStep(assembly)
                 failed = await self._proxy(scope, routed, answer, lease, body=chunk, write_failure=False)
@@ -226,7 +226,7 @@ class InferenceHandler:
                 while True:
                     async with self.scheduler.open_grant(routed.model, routed.klass, request=request,
                                                          step=generation.steps + 1, steps=generation.step_count,
-                                                         on_waited=exchange.waited) as lease:
+                                                         account=exchange) as lease:
                         exchange.engine = lease.grant.engine
                         answer.begin_step()
                         try:
