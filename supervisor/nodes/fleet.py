@@ -18,7 +18,7 @@ import attrs
 
 from supervisor.nodes.held import HeldRequest, HoldBound
 from supervisor.nodes.routing import Availability, NodeView
-from supervisor.units import format_duration, format_elapsed, format_size
+from supervisor.units import format_age, format_duration, format_size
 
 _BOUNDS = {HoldBound.WAKE_TIMEOUT: "the node's wake.timeout", HoldBound.QUEUE_TIMEOUT: "the class's queue timeout"}
 
@@ -54,12 +54,14 @@ class FleetSnapshot:
     def held_for(self, node: str) -> int:
         return sum(1 for request in self.held if request.node == node)
 
+    def availability(self, node: str) -> Availability | None:
+        return next((report.view.availability for report in self.nodes if report.view.name == node), None)
+
 
 def fleet_json(fleet: FleetSnapshot, wall: float) -> dict[str, list[dict[str, Any]]]:
     """``nodes`` and ``held`` of /admin/state and /healthz: one schema (docs/events.md)."""
-    availability = {report.view.name: report.view.availability for report in fleet.nodes}
     return {"nodes": [node_json(report, fleet, wall) for report in fleet.nodes],
-            "held": [held_json(request, availability.get(request.node), fleet.now, wall) for request in fleet.held]}
+            "held": [held_json(request, fleet.availability(request.node), fleet.now, wall) for request in fleet.held]}
 
 
 def node_json(report: NodeReport, fleet: FleetSnapshot, wall: float) -> dict[str, Any]:
@@ -101,21 +103,21 @@ def held_json(request: HeldRequest, availability: Availability | None, now: floa
 def held_lines(fleet: FleetSnapshot) -> list[dict[str, Any]]:
     """The held requests as lines of /admin/state's and /healthz's ``waiting`` (the local
     queues' heads have the same fields), each with the node it waits for."""
-    availability = {report.view.name: report.view.availability for report in fleet.nodes}
     return [{"class": request.klass, "model": request.model, "waiting": 1, "waited_s": _ago(request.since, fleet.now),
-             "reason": _reason(availability.get(request.node)), "why": held_why(request, availability.get(request.node),
-                                                                              fleet.now),
-             "node": request.node} for request in fleet.held]
+             "reason": _reason(fleet.availability(request.node)),
+             "why": held_why(request, fleet.availability(request.node), fleet.now), "node": request.node}
+            for request in fleet.held]
 
 
 def held_why(request: HeldRequest, availability: Availability | None, now: float) -> str:
     """``interactive request for qwen waits for node b to wake: 8.2s of 2m (the node's wake.timeout)``."""
     node = f"node {request.node}"
-    waits = {Availability.WAKING: f"waits for {node} to wake",
-             Availability.AWAKE: f"goes to {node}, awake now",
-             Availability.ASLEEP: f"waits for {node}, asleep again (its wake failed)",
-             Availability.DOWN: f"waits for {node}, down"}.get(availability, f"waits for {node}")  # type: ignore[arg-type]
-    held = format_elapsed(max(0.0, now - request.since))
+    waits = f"waits for {node}" if availability is None else {
+        Availability.WAKING: f"waits for {node} to wake",
+        Availability.AWAKE: f"goes to {node}, awake now",
+        Availability.ASLEEP: f"waits for {node}, asleep again (its wake failed)",
+        Availability.DOWN: f"waits for {node}, down"}[availability]
+    held = format_age(max(0.0, now - request.since))
     return (f"{request.klass} request for {request.model} {waits}: {held} of {format_duration(request.limit)} "
             f"({_BOUNDS[request.bound]})")
 

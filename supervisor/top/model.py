@@ -64,9 +64,9 @@ class Top:
         recent = focus.state.get("events") if focus.state is not None else None
         events = merge_events([], recent if isinstance(recent, list) else [])
         problem = focus.problem
-        if self._node(focus.name).get("key_known") is False:
+        if self._node(focus.name).get("key_known") is False:  # said whether its picture came or not
             no_key = f"the front door has no key for node {focus.name} (nodes.{focus.name}.key_env)"
-            problem = f"{problem} ({no_key})" if problem else f"{no_key}: shown only if the node has no keys"
+            problem = f"{problem} ({no_key})" if problem else no_key
         return Frame(self.url, focus.state, tuple(events), self.screen, paused=False, problem=problem, node=focus.name)
 
     @property

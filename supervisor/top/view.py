@@ -32,7 +32,7 @@ from rich.text import Text
 from supervisor.observe.events import Event
 from supervisor.request_class import RequestClass
 from supervisor.observe.slowdown import format_factor
-from supervisor.units import format_elapsed, format_size
+from supervisor.units import format_age, format_elapsed, format_size
 
 WIDE = 120  # columns from which the wider layout is used
 _BAR_MAX = 100  # a bar wider than this reads no better
@@ -265,7 +265,7 @@ def _nodes(nodes: list[Any], width: int, room: int) -> list[RenderableType]:
     nodes = [node for node in nodes if isinstance(node, Mapping)]
     if room < 2 or not nodes:
         return []
-    headers = ["#", "NODE", "STATE", "POLLED", "QUEUE", "RUN", "HEALTH", "FREE", "MODELS"]
+    headers = ["#", "NODE", "STATE", "POLLED", "QUEUE", "RUN", "HEALTH", "FREE", "MODELS (*loaded)"]
     shown = nodes if len(nodes) + 1 <= room else nodes[:room - 2]
     rows = [_node_row(index, node) for index, node in enumerate(shown)]
     if len(shown) < len(nodes):
@@ -273,7 +273,7 @@ def _nodes(nodes: list[Any], width: int, room: int) -> list[RenderableType]:
     table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold", width=width)
     for header in headers:
         table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in ("QUEUE", "RUN")
-                         else "left", ratio=1 if header == "MODELS" else None)
+                         else "left", ratio=1 if header.startswith("MODELS") else None)
     for row in rows:
         table.add_row(*row)
     return [table]
@@ -284,7 +284,7 @@ def _node_row(index: int, node: Mapping[str, Any]) -> list[Text]:
     since = _number(node.get("for_s"))
     poll = _get(node, "last_poll")
     age = _number(poll.get("age_s"))
-    polled = "-" if age is None else format_elapsed(age) + ("" if poll.get("answered") is True else " ✗")
+    polled = "-" if age is None else format_age(age) + ("" if poll.get("answered") is True else " ✗")
     awake = state == "awake"
     models = [m for m in _list(node, "models") if isinstance(m, Mapping)]
     names = ([_text(m.get("name", "?")) + ("*" if m.get("resident") is True else "") for m in models] if awake
@@ -296,7 +296,7 @@ def _node_row(index: int, node: Mapping[str, Any]) -> list[Text]:
     health = _text(node.get("health")) if awake and node.get("health") is not None else "-"
     return [Text(NODE_KEYS[index] if index < len(NODE_KEYS) else "", style="dim"),
             Text(_text(node.get("name", "?")), style="bold"),
-            Text(state + (f" {format_elapsed(since)}" if since is not None else ""), style=_NODE_STYLES.get(state, "")),
+            Text(state + (f" {format_age(since)}" if since is not None else ""), style=_NODE_STYLES.get(state, "")),
             Text(polled, style="" if poll.get("answered") is True else "yellow"),
             Text("-" if waiting is None else str(waiting)),
             Text(str(_count(node.get("in_flight"))) if awake else "-"),
