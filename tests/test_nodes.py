@@ -8,8 +8,10 @@ by a UDP listener here) and started by the test, while its request waits.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ import openai
 import pytest
 
 from supervisor.nodes.wake import MacAddress, magic_packet
-from tests.conftest import RunningSteward, StewardFactory, fake_model, free_port
+from tests.conftest import ROOT, RunningSteward, StewardFactory, fake_model, free_port
 from tests.test_front_door import usage_rows
+from tests.test_top import tmux, wait_pane  # noqa: F401 - tmux: a fixture
 
 pytestmark = pytest.mark.slow
 GPU = {"probe": "none", "budget": "24GiB"}
@@ -264,3 +267,37 @@ def test_the_front_door_shows_its_fleet_and_the_request_it_holds_for_a_sleeping_
     state = httpx.get(f"{door.url}/admin/state", timeout=10).json()
     assert state["held"] == [] and state["waiting"] == []  # it proceeded: held no more
     assert {node["name"]: node["state"] for node in state["nodes"]} == {"a": "awake", "b": "awake"}
+
+
+def test_top_on_a_front_door_switches_to_a_node_s_own_view_by_its_key_and_back(
+        start_steward: StewardFactory, tmux: Callable[..., str]) -> None:
+    awake = start_steward({"chat": fake_model("8GiB")}, gpu=GPU)
+    sleepy = {"url": f"http://127.0.0.1:{free_port()}", "poll": "0.2s", "models": ["qwen"],
+              "wake": {"mac": MAC, "broadcast": "127.0.0.1", "port": UdpListener().port, "timeout": "50s"}}
+    door = front_door(start_steward, {"a": awake, "b": sleepy})
+    door.wait_event("node_state", node="b", availability="asleep")
+    tmux("new-session", "-d", "-s", "top", "-x", "100", "-y", "30", "-c", str(ROOT),
+         f"{sys.executable} -m supervisor.cli top {door.url}")
+
+    def header(pane: str) -> str:
+        return pane.splitlines()[0] if pane else ""
+
+    def row(pane: str, first: str) -> list[str]:
+        return next((line.split() for line in pane.splitlines() if line.startswith(first + " ")), [])
+
+    pane = wait_pane(tmux, lambda p: row(p, "1 a")[2:3] == ["awake"] and row(p, "2 b")[2:3] == ["asleep"],
+                     "the nodes, a awake and b asleep")
+    assert "free of" not in pane and header(pane).endswith("1-9 node  p pause  e events  q quit")
+    tmux("send-keys", "-t", "top", "1")
+    pane = wait_pane(tmux, lambda p: "› node a" in header(p) and row(p, "chat")[1:2] == ["stopped"],
+                     "node a's own view: its engine")
+    assert "0 fleet  n next  p pause  e events  q quit" in pane  # beside the header, or the events' title
+    tmux("send-keys", "-t", "top", "n")  # the next node: b sleeps, and the front door says so
+    wait_pane(tmux, lambda p: "› node b" in header(p) and "node 'b' cannot be reached" in p, "node b unreachable")
+    tmux("send-keys", "-t", "top", "0")
+    wait_pane(tmux, lambda p: "›" not in header(p) and row(p, "2 b")[2:3] == ["asleep"], "the fleet again")
+    tmux("send-keys", "-t", "top", "q")
+    deadline = time.monotonic() + 30
+    while "top" in tmux("list-sessions", "-F", "#{session_name}", check=False).split():
+        assert time.monotonic() < deadline, "top did not quit on q"
+        time.sleep(0.05)
