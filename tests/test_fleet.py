@@ -39,7 +39,7 @@ from supervisor.scheduler.core import Scheduler
 from supervisor.top.model import Top
 from supervisor.top.view import Frame
 from tests.conftest import free_port
-from tests.test_node_directory import (GIB, open_event_log, switched_on, wait_event, waking,
+from tests.test_node_directory import (GIB, open_event_log, switched_on, wait_event, wait_events, waking,
                                        wol_listener)  # noqa: F401 - a fixture
 from tests.test_top import screen
 
@@ -162,11 +162,17 @@ async def test_the_class_queue_timeout_bounds_a_hold_when_it_comes_first_and_a_c
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask, router, Answer(), "background")
             await wait_event(events, "route_wait")
-            [held] = router.fleet().held
-            assert (held.bound, held.limit, held.klass) == (HoldBound.QUEUE_TIMEOUT, 600.0, "background")
+            await trio.sleep(5.0)
+            nursery.start_soon(ask, router, Answer(), "background")
+            await wait_events(events, "route_wait", 2)
+            first, second = router.fleet().held
+            assert (first.bound, first.limit, first.klass) == (HoldBound.QUEUE_TIMEOUT, 600.0, "background")
             assert fleet_json(router.fleet(), WALL)["held"][0]["why"].endswith(
-                "waits for node b to wake: <1s of 10m (the class's queue timeout)")
-            nursery.cancel_scope.cancel()  # the client left, or steward stops
+                "waits for node b to wake: 5s of 10m (the class's queue timeout)")
+            # One line of `waiting` for the two, as a local queue's: its oldest's wait, and how many.
+            [line] = front_door_state(router)["waiting"]
+            assert (line["waiting"], line["waited_s"], line["model"], line["node"]) == (2, 5.0, "qwen", "b")
+            nursery.cancel_scope.cancel()  # the clients left, or steward stops
         assert router.fleet().held == ()
 
 

@@ -101,12 +101,20 @@ def held_json(request: HeldRequest, availability: Availability | None, now: floa
 
 
 def held_lines(fleet: FleetSnapshot) -> list[dict[str, Any]]:
-    """The held requests as lines of /admin/state's and /healthz's ``waiting`` (the local
-    queues' heads have the same fields), each with the node it waits for."""
-    return [{"class": request.klass, "model": request.model, "waiting": 1, "waited_s": _ago(request.since, fleet.now),
-             "reason": _reason(fleet.availability(request.node)),
-             "why": held_why(request, fleet.availability(request.node), fleet.now), "node": request.node}
-            for request in fleet.held]
+    """The held requests as lines of /admin/state's and /healthz's ``waiting``, as the local
+    queues' are: one line per class, model and node, its oldest request's wait and why, and
+    how many wait in it."""
+    lines: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for request in fleet.held:  # oldest first: the first of a line is its head
+        line = lines.get((request.klass, request.model, request.node))
+        if line is not None:
+            line["waiting"] += 1
+            continue
+        availability = fleet.availability(request.node)
+        lines[request.klass, request.model, request.node] = {
+            "class": request.klass, "model": request.model, "waiting": 1, "waited_s": _ago(request.since, fleet.now),
+            "reason": _reason(availability), "why": held_why(request, availability, fleet.now), "node": request.node}
+    return list(lines.values())
 
 
 def held_why(request: HeldRequest, availability: Availability | None, now: float) -> str:
