@@ -256,6 +256,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         usage.listeners.append(metrics.observe_usage)
         limits = body_limits(config)
         nodes = await _start_nodes(config, root, http, events, supervision) if config.nodes else None
+        if nodes is not None:
+            metrics.watch_fleet(nodes.fleet)
         turnstile = comfy_nodes = None
         if config.comfyui is not None:
             warm = None
@@ -317,7 +319,7 @@ async def _start_nodes(config: Config, root: trio.Nursery, http: httpx.AsyncClie
                                                    events, remembered=remembered, supervision=supervision))
     return NodeRouter(directory, config.capabilities, events, scheduling_policy(config).queue_timeout,
                       {name: node.wake.timeout for name, node in config.nodes.items() if node.wake is not None},
-                      Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout))
+                      Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), http=http)
 
 
 def _listener(config: Config, events: EventLog, door: FrontDoor, name: str, app: object, address: Address,

@@ -101,3 +101,8 @@ def format_elapsed(seconds: float) -> str:
     if seconds < 10:
         return format_duration(round(seconds, 1))
     return format_duration(round(seconds) if seconds < 120 else round(seconds / 60) * 60)
+
+
+def format_age(seconds: float) -> str:
+    """How long ago, or for how long, as a person reads it: ``<1s`` (not ``0ms``), then as ``format_elapsed``."""
+    return "<1s" if seconds < 1 else format_elapsed(seconds)

@@ -41,7 +41,8 @@ def test_the_state_has_memory_by_tier_engines_queues_and_why_they_wait() -> None
     engines = {e["name"]: e for e in state["engines"]}
     assert engines["embed"]["hot_until"] == 1000.0 + 304.0 - 12.0 and engines["embed"]["idle_s"] == 8.0
     assert engines["chat"]["generation"] == 1 and engines["chat"]["devices"] == ["gpu0"]
-    assert state["classes"]["batch"] == {"queued": 1, "running": 0, "oldest_wait_s": 2.0}
+    assert state["classes"]["batch"] == {"queued": 1, "running": 0, "oldest_wait_s": 2.0, "held": 0}
+    assert (state["nodes"], state["held"]) == ([], [])  # no fleet: no node, nothing held for one
     [waiting] = state["waiting"]
     assert (waiting["model"], waiting["reason"]) == ("big", "no_room")
     assert "the only idle engine (embed) is hot until" in waiting["why"]

@@ -1,10 +1,12 @@
 """The admin API: the whole picture (``GET /admin/state``, what ``steward top`` draws), the
 event log live (``GET /admin/events``, Server-Sent Events), and an admin's hand on the
 engines (``POST /admin/engines/NAME/load|unload|pin|unpin``), through the scheduler like
-everything else. Admin keys only, once keys are configured (``is_admin_route``).
+everything else. A front door adds its fleet to the picture (``nodes``, ``held``) and hands
+on a node's own picture (``GET /admin/nodes/NAME/state``, read with the node's key).
+Admin keys only, once keys are configured (``is_admin_route``).
 
-``admin_state`` is pure: a scheduler snapshot, the health, the recent events and the two
-clocks in, one JSON document out (its schema: ``STATE_VERSION``, docs/events.md).
+``admin_state`` is pure: a scheduler snapshot, the health, the recent events, the fleet and
+the two clocks in, one JSON document out (its schema: ``STATE_VERSION``, docs/events.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -28,11 +30,16 @@ from supervisor.gateway.http.gate import RequestGate
 from supervisor.gateway.http.quart_app import json_error
 from supervisor.observe.health import Health, HealthWatch
 from supervisor.engines.memory_plan import Device, device_label
+from supervisor.nodes.fleet import FleetSnapshot, fleet_json, held_lines
+from supervisor.nodes.peek import PeekRefused
 from supervisor.observe.metrics import device_tiers
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import EngineAction, SchedulerSnapshot
+
+if TYPE_CHECKING:
+    from supervisor.gateway.remote import NodeRouter
 
 STATE_VERSION = 1
 EVENTS_PATH = "/admin/events"
@@ -44,9 +51,10 @@ _KEEPALIVE_S = 15.0
 
 
 def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
-                now: float, wall: float) -> dict[str, Any]:
+                now: float, wall: float, fleet: FleetSnapshot | None = None) -> dict[str, Any]:
     """The picture: memory per device by tier, every engine, the queues and why they wait,
-    recent rejections and events. *now*: the scheduler's clock; *wall*: the wall clock."""
+    recent rejections and events, and a front door's *fleet*: its nodes, and the requests held
+    for them (among the waiting too). *now*: the scheduler's clock; *wall*: the wall clock."""
 
     def at(moment: float | None) -> float | None:
         return None if moment is None or not math.isfinite(moment) else round(wall + moment - now, 3)
@@ -55,6 +63,7 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                 "outside": d.outside, "free": d.free, "tiers": device_tiers(snapshot, d, freeing=True)}
                for d in snapshot.devices]
     oldest = {klass: snapshot.oldest_waiting(klass) for klass in RequestClass}
+    held = [] if fleet is None else [request.klass for request in fleet.held]
     return {
         "version": STATE_VERSION, "time": round(wall, 3), "mode": snapshot.mode,
         "health": {"status": health.status.value, "reasons": list(health.reasons)},
@@ -67,9 +76,11 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                      "devices": [device_label(device, index) for index in e.devices]} for e in snapshot.engines],
         "classes": {klass: {"queued": snapshot.queued_by_class[klass], "running": snapshot.running_by_class[klass],
                             "oldest_wait_s": None if oldest[klass] is None else round(now - oldest[klass], 3),
+                            "held": held.count(klass),
                             **_pace(health, klass)}
                     for klass in RequestClass},
-        "waiting": waiting_lines(snapshot, now),
+        "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
+        **(fleet_json(fleet, wall) if fleet is not None else {"nodes": [], "held": []}),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
     }
@@ -120,7 +131,7 @@ class RecentEvents:
 
 
 def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
-                     device: Device, reload: Reload | None = None) -> None:
+                     device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None) -> None:
     recent = RecentEvents()
     events.listeners.append(recent.observe)
 
@@ -138,7 +149,17 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
     @app.get("/admin/state")
     async def admin_state_route() -> dict[str, Any]:
         return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
-                           now=trio.current_time(), wall=time.time())
+                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet())
+
+    @app.get("/admin/nodes/<name>/state")
+    async def admin_node_state(name: str) -> Response | dict[str, Any]:
+        """A node's own picture, read with the front door's key for it (steward top's node view)."""
+        try:
+            if nodes is None:
+                raise PeekRefused(404, "node_not_found", "this steward is no front door: it has no nodes")
+            return await nodes.peek(name)
+        except PeekRefused as refused:
+            return json_error(error_body, refused.status, refused.message, code=refused.code)
 
     @app.post("/admin/engines/<name>/<action>")
     async def admin_engine_action(name: str, action: str) -> Response | dict[str, Any]:

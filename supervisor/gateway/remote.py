@@ -11,6 +11,10 @@ gone and the request is routed again (nothing was sent yet); a node that breaks 
 mid-answer ends that answer with a clean error in its stream's framing. The answer names
 the model that served it, in its ``model`` field (``supervisor.gateway.relay.answer_model``) and
 its ``x-steward-model`` header.
+
+While a request waits for a node to wake it is in ``held`` (``supervisor.nodes.held``), which
+with the directory's reports makes the fleet view (``fleet``: /admin/state, /healthz,
+/metrics, ``steward top``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import httpx
 import trio
 
 from supervisor.address import Address
@@ -31,6 +36,9 @@ from supervisor.gateway.relay.proxy import UpstreamRequest, relay
 from supervisor.gateway.routed import RoutedRequest
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.nodes.directory import NodeDirectory
+from supervisor.nodes.fleet import FleetSnapshot
+from supervisor.nodes.held import HeldRequest, HeldRequests, HoldBound
+from supervisor.nodes.peek import PeekRefused, peek_admin_state
 from supervisor.nodes.routing import NoRoute, Route, Wake, choose_node, resolve_capability
 from supervisor.request_class import RequestClass
 
@@ -47,6 +55,22 @@ class NodeRouter:
     queue_timeout: Mapping[str, float]  # per class: how long a request may wait for a node to wake
     wake_timeout: Mapping[str, float]  # per node
     timeouts: Timeouts
+    http: httpx.AsyncClient | None = None  # reads a node's own /admin/state for a person (peek)
+    held: HeldRequests = attrs.Factory(HeldRequests)
+
+    def fleet(self) -> FleetSnapshot:
+        """The nodes and the requests held for them, now."""
+        return FleetSnapshot(tuple(self.directory.reports()), self.held.entries(), trio.current_time())
+
+    async def peek(self, node: str) -> dict[str, Any]:
+        """The node's own /admin/state, read with its key (PeekRefused: why not)."""
+        try:
+            url, key = self.directory.url(node), self.directory.key(node)
+        except KeyError as exc:
+            raise PeekRefused(404, "node_not_found", str(exc.args[0])) from None
+        if self.http is None:
+            raise PeekRefused(503, "node_unavailable", "this front door reads no node's state")
+        return await peek_admin_state(node, url, key, self.http)
 
     def serves(self, name: str) -> bool:
         return name in self.capabilities or any(name in view.serves for view in self.directory.views())
@@ -93,8 +117,12 @@ class NodeRouter:
         self.events.emit("route_wait", "info", node=wake.node, model=wake.model, **{"class": klass},
                          request_id=exchange.request_id)
         started = trio.current_time()
-        until = min(deadline, started + self.wake_timeout.get(wake.node, 0.0))
-        awake = await self.directory.wait_until_awake(wake.node, until)
+        woken_by = started + self.wake_timeout.get(wake.node, 0.0)
+        bound = HoldBound.QUEUE_TIMEOUT if deadline < woken_by else HoldBound.WAKE_TIMEOUT
+        until = min(deadline, woken_by)
+        held = HeldRequest(exchange.request_id, wake.node, wake.model, klass, started, until, bound)
+        with self.held.hold(held):
+            awake = await self.directory.wait_until_awake(wake.node, until)
         exchange.waited(trio.current_time() - started)
         return awake
 

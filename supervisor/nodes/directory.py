@@ -18,6 +18,10 @@ is told the time, so the rules are plain code:
   go elsewhere before the next poll. An answer to a poll asked before that report is stale
   and ignored.
 
+The tracker also keeps what a person watching the fleet asks (``report``: /admin/state,
+/healthz, /metrics, ``steward top``): since when the node is in its state, and when it was
+last polled and what came of it.
+
 A transition that comes from outside the poller nudges it: it polls again at once, and
 every 0.25 s while the node wakes, so a woken node is used as soon as it answers. Waiters
 (``wait_until_awake``) park on a ``trio.Event`` that is replaced at every change of
@@ -45,6 +49,7 @@ import trio
 
 from supervisor.config import WakeConfig
 from supervisor.observe.events import EventLog
+from supervisor.nodes.fleet import NodeReport, PollOutcome
 from supervisor.nodes.routing import Availability, NodeView
 from supervisor.nodes.spec import NodeSpec
 from supervisor.nodes.state import STATE_PATH, NodeState, NodeStateError, parse_node_state, state_to_json
@@ -81,6 +86,9 @@ class NodeTracker:
     waking_since: float = attrs.field(default=math.nan, init=False)
     gone_reports: int = attrs.field(default=0, init=False)  # report_gone calls: a stale answer is told by it
     polled: bool = attrs.field(default=False, init=False)
+    since: float = attrs.field(default=math.nan, init=False)  # when its availability last changed (trio's clock)
+    last_poll: PollOutcome | None = attrs.field(default=None, init=False)
+    answered_at: float = attrs.field(default=math.nan, init=False)  # its state (view.state) is as of then
     # Set at a change of availability, then replaced: what waiters park on.
     changed: trio.Event = attrs.field(factory=trio.Event, init=False)
     # Set by a transition from outside the poller: poll again now.
@@ -99,45 +107,55 @@ class NodeTracker:
 
     def answered(self, state: NodeState, reports_when_asked: int, now: float) -> bool:
         """It answered a poll; True if what it serves changed from what is remembered."""
+        self.last_poll = PollOutcome(now, True, "answered")
         if reports_when_asked != self.gone_reports:
             return False  # asked before a request found it gone: that request knows better
+        self.answered_at = now
         if self.view.availability is Availability.WAKING:
             self.events.emit("node_woken", "info", node=self.spec.name, after_s=round(now - self.waking_since, 3))
         changed = self.remembered is None or _names(self.remembered) != _names(state)
         if changed:
             self.remembered = state
-        self._become(Availability.AWAKE, state, None, "answered")
+        self._become(Availability.AWAKE, state, None, "answered", now)
         return changed
 
     def silent(self, silence: Silence, now: float) -> None:
         """It gave no state to a poll."""
         detail = silence.detail
+        self.last_poll = PollOutcome(now, False, detail)
         if self.view.availability is Availability.WAKING and silence.trouble is Trouble.NO_STATE:
             if now < self.wake_deadline:
                 return  # still booting
             assert self.spec.wake is not None
             self.events.emit("node_wake_timeout", "warning", node=self.spec.name, timeout_s=self.spec.wake.timeout)
             detail = f"no answer within {self.spec.wake.timeout:g}s of its Wake-on-LAN packet"
-        self._become(self._resting(silence.trouble), self.view.state, silence.trouble, detail)
+        self._become(self._resting(silence.trouble), self.view.state, silence.trouble, detail, now)
 
     def wake(self, now: float) -> None:
         if self.view.availability is not Availability.ASLEEP:
             return  # awake, already waking, or down (no wake, or it refuses our key)
         self.waking_since = now
-        self._become(Availability.WAKING, self.view.state, self.trouble, "woken for a request")
+        self._become(Availability.WAKING, self.view.state, self.trouble, "woken for a request", now)
         self.packet_wanted.set()
         self.nudged.set()
 
-    def wake_failed(self, detail: str) -> None:
+    def wake_failed(self, detail: str, now: float) -> None:
         self.events.emit("node_wake_failed", "warning", node=self.spec.name, detail=detail)
         if self.view.availability is Availability.WAKING:
-            self._become(Availability.ASLEEP, self.view.state, self.trouble, detail)
+            self._become(Availability.ASLEEP, self.view.state, self.trouble, detail, now)
 
-    def gone(self, detail: str) -> None:
+    def gone(self, detail: str, now: float) -> None:
         self.gone_reports += 1
         if self.view.availability is Availability.AWAKE:
-            self._become(self._resting(Trouble.NO_STATE), self.view.state, Trouble.NO_STATE, detail)
+            self._become(self._resting(Trouble.NO_STATE), self.view.state, Trouble.NO_STATE, detail, now)
             self.nudged.set()
+
+    def report(self) -> NodeReport:
+        """What a person watching the fleet is shown of this node now."""
+        wake = self.spec.wake
+        return NodeReport(self.view, self.spec.url, self.detail, self.since, self.last_poll, self.answered_at,
+                          key_known=self.spec.key is not None, wake_timeout=None if wake is None else wake.timeout,
+                          waking_until=self.wake_deadline)
 
     def _resting(self, trouble: Trouble) -> Availability:
         woken = self.spec.wake is not None and trouble is Trouble.NO_STATE
@@ -150,7 +168,7 @@ class NodeTracker:
         return frozenset() if known is None else _names(known)
 
     def _become(self, availability: Availability, state: NodeState | None, trouble: Trouble | None,
-                detail: str) -> None:
+                detail: str, now: float) -> None:
         previous = self.view.availability if self.polled else None
         # Once per change: a node that refuses every poll the same way says so once.
         if (previous, self.trouble) != (availability, trouble):
@@ -161,6 +179,7 @@ class NodeTracker:
         self.view = NodeView(self.spec.name, availability, self._serves(state), state)
         self.trouble, self.detail, self.polled = trouble, detail, True
         if previous is not availability:
+            self.since = now
             self.changed.set()
             self.changed = trio.Event()
 
@@ -177,6 +196,9 @@ class NodeDirectory:
 
     def views(self) -> list[NodeView]:
         return [node.view for node in self._nodes.values()]
+
+    def reports(self) -> list[NodeReport]:
+        return [node.report() for node in self._nodes.values()]
 
     def view(self, name: str) -> NodeView:
         return self._node(name).view
@@ -205,7 +227,7 @@ class NodeDirectory:
 
     def report_gone(self, name: str, detail: str) -> None:
         """A request found the node unreachable: it is no longer AWAKE, from now."""
-        self._node(name).gone(detail)
+        self._node(name).gone(detail, trio.current_time())
 
     def _node(self, name: str) -> NodeTracker:
         try:
@@ -351,7 +373,7 @@ async def _send_packets(node: NodeTracker, wake: WakeConfig) -> None:
         try:
             await send_magic_packet(wake.mac, wake.broadcast, wake.port)
         except WakeError as exc:
-            node.wake_failed(str(exc))
+            node.wake_failed(str(exc), trio.current_time())
         else:
             node.events.emit("node_wake", "info", node=node.spec.name, mac=str(wake.mac), broadcast=wake.broadcast)
 

@@ -8,7 +8,7 @@ scrape time. The turnstile metrics keep gpu-turnstile's names for its dashboards
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import attrs
@@ -31,6 +31,7 @@ from supervisor.scheduler.types import (
 from supervisor.usage.row import UsageRow
 
 if TYPE_CHECKING:
+    from supervisor.nodes.fleet import FleetSnapshot
     from supervisor.observe.health import HealthWatch
     from supervisor.observe.slowdown import SpeedBook
 
@@ -40,6 +41,10 @@ SLOWDOWN_BUCKETS = (1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50)  # times slower than th
 # A snapshot shows a draining engine as ready (with draining set).
 ENGINE_STATES = tuple(status for status in EngineStatus if status is not EngineStatus.DRAINING)
 RATE_WINDOW_S = 60.0  # tokens per second are averaged over this
+NODE_STATES = ("awake", "waking", "asleep", "down")  # supervisor.nodes.routing.Availability's values
+# A front door's wake events, by what came of the wake.
+WAKE_OUTCOMES = {"node_wake": "sent", "node_woken": "woken", "node_wake_timeout": "timeout",
+                 "node_wake_failed": "failed"}
 
 
 def ledger_tier(engine: EngineSnapshot) -> str:
@@ -213,6 +218,34 @@ class _SchedulerCollector(Collector):
         yield from families.values()
 
 
+class _FleetCollector(Collector):
+    """A front door's nodes and the requests it holds for them, read at scrape time."""
+
+    def __init__(self, fleet: Callable[[], FleetSnapshot]) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fleet = self._fleet()
+        state = GaugeMetricFamily("steward_node_state", "1 for the node's current state", labels=["node", "state"])
+        age = GaugeMetricFamily("steward_node_last_poll_age_seconds", "How long ago the node's last poll ended "
+                                "(answered or not)", labels=["node"])
+        free = GaugeMetricFamily("steward_node_free_bytes", "Memory free on a node's device, as its last poll said "
+                                 "(awake nodes only)", labels=["node", "device"])
+        held = GaugeMetricFamily("steward_held_requests", "Requests held for the node (waiting for it to wake)",
+                                 labels=["node"])
+        for report in fleet.nodes:
+            name, view = report.view.name, report.view
+            for value in NODE_STATES:
+                state.add_metric([name, value], 1.0 if view.availability.value == value else 0.0)
+            if report.last_poll is not None:
+                age.add_metric([name], max(0.0, fleet.now - report.last_poll.at))
+            if view.awake and view.state is not None:
+                for device in view.state.devices:
+                    free.add_metric([name, device.device], device.free)
+            held.add_metric([name], fleet.held_for(name))
+        yield from (state, age, free, held)
+
+
 @attrs.define(eq=False, slots=False)
 class StewardMetrics:
     registry: CollectorRegistry = attrs.Factory(CollectorRegistry)
@@ -280,12 +313,20 @@ class StewardMetrics:
         self.polls_answered = Counter("steward_polls_answered", "Polls steward answered without a request event "
                                       "or usage row (/steward/state, /healthz, /metrics, /admin/state, ...)",
                                       ["listener", "path"], registry=r)
+        self.node_wakes = Counter("steward_node_wakes", "A front door's wakes of its nodes, by outcome (sent, woken, "
+                                  "timeout, failed)", ["node", "outcome"], registry=r)
+        self.route_waits = Counter("steward_route_waits", "Requests a front door held for a node to wake",
+                                   ["node"], registry=r)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
     def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu",
               speeds: SpeedBook | None = None) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
         self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens, speeds))
+
+    def watch_fleet(self, fleet: Callable[[], FleetSnapshot]) -> None:
+        """A front door's: its nodes and the requests held for them, read at each scrape."""
+        self.registry.register(_FleetCollector(fleet))
 
     def observe_usage(self, row: UsageRow) -> None:
         """Counted from each usage row, as the events are: metrics and the usage log agree."""
@@ -341,6 +382,10 @@ class StewardMetrics:
                 self.evictions_undone.labels(f["engine"]).inc()
             case "crash":
                 self.crashes.labels(f["engine"]).inc()
+            case "node_wake" | "node_woken" | "node_wake_timeout" | "node_wake_failed":
+                self.node_wakes.labels(f["node"], WAKE_OUTCOMES[event.name]).inc()
+            case "route_wait":
+                self.route_waits.labels(f["node"]).inc()
             case "ollama_unload":
                 self.unload.observe(f["seconds"])
             case "image_released":

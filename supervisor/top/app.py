@@ -85,7 +85,7 @@ async def serve_top(top: Top, key: str | None, live: Live, fd: int | None) -> st
             await nursery.start(poll_state, top, client, redraw, refetch)
             await nursery.start(follow_steward, top, client, redraw, refetch)
             if fd is not None:
-                await nursery.start(serve_keys, top, fd, redraw, nursery.cancel_scope)
+                await nursery.start(serve_keys, top, fd, redraw, nursery.cancel_scope, refetch)
     except* AdminRefused as group:
         refused.extend(exc for exc in group.exceptions if isinstance(exc, AdminRefused))
     return str(refused[0]) if refused else None
@@ -119,10 +119,11 @@ async def poll_state(top: Top, client: httpx.AsyncClient, redraw: Nudge, refetch
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
     while True:
+        node = top.node  # the picture asked for: the steward's, or one of its nodes' (told with the answer)
         try:
-            top.saw_state(await fetch_state(client, top.url))
+            top.saw_state(await fetch_state(client, top.url, path=top.state_path()), node)
         except Unreachable as exc:
-            top.failed(f"{exc}; trying again every second")
+            top.failed(f"{exc}; trying again every second", node)
         redraw.nudge()
         with trio.move_on_after(POLL_S):
             await refetch.wait()
@@ -143,11 +144,14 @@ async def follow_steward(top: Top, client: httpx.AsyncClient, redraw: Nudge, ref
         await trio.sleep(RETRY_S)
 
 
-async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, *,
+async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, refetch: Nudge | None = None, *,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     def pressed(char: str) -> bool:
+        node = top.node
         going = top.press(char)
         redraw.nudge()
+        if refetch is not None and top.node != node:
+            refetch.nudge()  # another node's picture (or the fleet's): fetched now, not at the next poll
         return going
 
     task_status.started()

@@ -50,10 +50,12 @@ def open_admin_client(key: str | None) -> httpx.AsyncClient:
     return httpx.AsyncClient(headers=headers, timeout=_TIMEOUT_S, trust_env=False)
 
 
-async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top") -> dict[str, Any]:
-    """``GET /admin/state`` for ``steward COMMAND``: the state, or AdminRefused/Unreachable."""
+async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top",
+                      path: str = STATE_PATH) -> dict[str, Any]:
+    """``GET /admin/state`` (or a front door's node's, at *path*) for ``steward COMMAND``: the
+    state, or AdminRefused/Unreachable."""
     try:
-        response = await client.get(url + STATE_PATH)
+        response = await client.get(url + path)
     except httpx.HTTPError as exc:
         raise Unreachable(unreachable(url, exc)) from None
     check_answer(response, url, has_key="authorization" in client.headers, command=command)
@@ -62,7 +64,7 @@ async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top")
     except ValueError:
         state = None
     if not isinstance(state, dict) or "engines" not in state:
-        raise Unreachable(f"{url}{STATE_PATH} answered something that is not steward's state")
+        raise Unreachable(f"{url}{path} answered something that is not steward's state")
     return state
 
 

@@ -7,8 +7,11 @@ an ellipsis at the pane's edge instead of wrapped, except the reason a queue wai
 the point of the view and gets up to two lines (one when the pane is short).
 
 The rows are shared out by priority, since a pane of 24 lines cannot hold everything: the
-header, the memory bars, the queues and why they wait, the engines, the rejections, and the
-events get what is left. From ``WIDE`` columns on, the room is used for more: every tier in
+header, a front door's nodes, the memory bars, the queues and why they wait (the requests a
+front door holds for a node among them), the engines, the rejections, and the events get what
+is left. A front door with no engines of its own shows no memory bar of its own (its budget
+would read as free memory nobody can use): its memory is its nodes'. A node's own view is the
+same picture of the node's state, its name in the header. From ``WIDE`` columns on, the room is used for more: every tier in
 the legends, the planned and measured memory of each engine, how long an engine stays hot.
 """
 
@@ -29,7 +32,7 @@ from rich.text import Text
 from supervisor.observe.events import RECORD_KEYS, Event
 from supervisor.request_class import RequestClass
 from supervisor.observe.slowdown import format_factor
-from supervisor.units import format_elapsed, format_size
+from supervisor.units import format_age, format_elapsed, format_size
 
 WIDE = 120  # columns from which the wider layout is used
 _BAR_MAX = 100  # a bar wider than this reads no better
@@ -38,6 +41,8 @@ _REJECTIONS_MAX = 3  # on the overview; the events screen has them all
 _LEADING = ("engine", "model", "class", "reason")
 _LEVEL_STYLES = {"warning": "yellow", "error": "bold red"}
 _HEALTH_STYLES = {"ok": "green", "degraded": "yellow"}
+_NODE_STYLES = {"awake": "green", "waking": "yellow", "asleep": "cyan", "down": "bold red"}
+NODE_KEYS = "123456789"  # the key of each node, in the config's order
 
 
 class Screen(enum.Enum):
@@ -55,6 +60,7 @@ class Frame:
     screen: Screen = Screen.OVERVIEW
     paused: bool = False
     problem: str | None = None  # why the picture may be old: steward cannot be reached, say
+    node: str | None = None  # a front door's node whose own picture this is; None: the front door's
 
 
 @attrs.frozen
@@ -124,7 +130,11 @@ def split_bar(sizes: Sequence[int], width: int) -> list[int]:
 def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], width: int, room: int,
               hint: Text | None) -> list[RenderableType]:
     wide = width >= WIDE
-    devices = _devices(_list(state, "devices"), width, wide)[:max(room, 0)]
+    nodes = _nodes(_list(state, "nodes"), width, room)
+    room -= _height(nodes)
+    # A front door with no engines of its own: its own budget is no memory anyone can use.
+    local = _list(state, "devices") if _list(state, "engines") or not nodes else []
+    devices = _devices(local, width, wide)[:max(room, 0)]
     room -= len(devices)
     queues = _queues(state, width, room)
     room -= len(queues)
@@ -133,13 +143,16 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     rejections = _titled("REJECTED", [_event_line(r) for r in _list(state, "rejections")],
                          min(room, _REJECTIONS_MAX + 1))
     room -= len(rejections)
-    return devices + engines + queues + rejections + _event_block(events, room, title=True, width=width, hint=hint)
+    return (nodes + devices + engines + queues + rejections
+            + _event_block(events, room, title=True, width=width, hint=hint))
 
 
 def _header(frame: Frame, state: Mapping[str, Any] | None, width: int) -> tuple[Text, bool]:
     """Where, when and how steward is, and PAUSED; the keys while there is room for them (the
     second value says whether there was: on the overview they may go on the events' title)."""
     left = Text.assemble(("steward ", "bold"), (frame.url.removeprefix("http://"), "bold cyan"))
+    if frame.node is not None:
+        left.append(f" › node {_text(frame.node)}", "bold magenta")
     if state is not None:
         if (moment := _number(state.get("time"))) is not None:
             left.append(f"  {_clock(moment)}")
@@ -156,8 +169,10 @@ def _header(frame: Frame, state: Mapping[str, Any] | None, width: int) -> tuple[
 
 
 def _keys(frame: Frame) -> Text:
-    return Text(f"p {'resume' if frame.paused else 'pause'}  e {'back' if frame.screen is Screen.EVENTS else 'events'}"
-                "  q quit", "dim")
+    state = frame.state if isinstance(frame.state, Mapping) else {}
+    nodes = "0 fleet  n next  " if frame.node is not None else "1-9 node  " if _list(state, "nodes") else ""
+    return Text(f"{nodes}p {'resume' if frame.paused else 'pause'}  "
+                f"e {'back' if frame.screen is Screen.EVENTS else 'events'}  q quit", "dim")
 
 
 def _devices(devices: list[Any], width: int, wide: bool) -> list[RenderableType]:
@@ -242,6 +257,52 @@ def _hot_until(engine: Mapping[str, Any], now: float | None, wide: bool) -> Text
     return Text(_clock(until) + left, style="red")
 
 
+def _nodes(nodes: list[Any], width: int, room: int) -> list[RenderableType]:
+    """A front door's nodes, a row each: its key, name, state and since when, how long ago it
+    was last polled (✗: no answer), its models (* resident), free memory per device, queue,
+    running steps and health, the last four as the node last said them while awake."""
+    nodes = [node for node in nodes if isinstance(node, Mapping)]
+    if room < 2 or not nodes:
+        return []
+    headers = ["#", "NODE", "STATE", "POLLED", "QUEUE", "RUN", "HEALTH", "FREE", "MODELS (*loaded)"]
+    shown = nodes if len(nodes) + 1 <= room else nodes[:room - 2]
+    rows = [_node_row(index, node) for index, node in enumerate(shown)]
+    if len(shown) < len(nodes):
+        rows.append([Text(""), Text(f"+{len(nodes) - len(shown)} more", style="dim"), *(Text("") for _ in headers[2:])])
+    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold", width=width)
+    for header in headers:
+        table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in ("QUEUE", "RUN")
+                         else "left", ratio=1 if header.startswith("MODELS") else None)
+    for row in rows:
+        table.add_row(*row)
+    return [table]
+
+
+def _node_row(index: int, node: Mapping[str, Any]) -> list[Text]:
+    state = _text(node.get("state", "?"))
+    since = _number(node.get("for_s"))
+    poll = _get(node, "last_poll")
+    age = _number(poll.get("age_s"))
+    polled = "-" if age is None else format_age(age) + ("" if poll.get("answered") is True else " ✗")
+    awake = state == "awake"
+    models = [m for m in _list(node, "models") if isinstance(m, Mapping)]
+    names = ([_text(m.get("name", "?")) + ("*" if m.get("resident") is True else "") for m in models] if awake
+             else [_text(name) for name in _list(node, "serves")])
+    free = [f"{_text(d.get('device', '?'))} {format_size(_size(d.get('free')))}"
+            for d in _list(node, "devices") if isinstance(d, Mapping)] if awake else []
+    queued = _get(node, "queued")
+    waiting = sum(n for n in queued.values() if isinstance(n, int)) if awake else None
+    health = _text(node.get("health")) if awake and node.get("health") is not None else "-"
+    return [Text(NODE_KEYS[index] if index < len(NODE_KEYS) else "", style="dim"),
+            Text(_text(node.get("name", "?")), style="bold"),
+            Text(state + (f" {format_age(since)}" if since is not None else ""), style=_NODE_STYLES.get(state, "")),
+            Text(polled, style="" if poll.get("answered") is True else "yellow"),
+            Text("-" if waiting is None else str(waiting)),
+            Text(str(_count(node.get("in_flight"))) if awake else "-"),
+            Text(health, style=_HEALTH_STYLES.get(health, "" if health == "-" else "bold red")),
+            Text(", ".join(free) or "-"), Text(", ".join(names) or "-")]
+
+
 def _queues(state: Mapping[str, Any], width: int, room: int) -> list[RenderableType]:
     """A line per class, and under it the head of each of its lines and why it waits."""
     classes = _get(state, "classes")
@@ -257,6 +318,8 @@ def _queues(state: Mapping[str, Any], width: int, room: int) -> list[RenderableT
             oldest = _number(counts.get("oldest_wait_s"))
             summary = Text(f"{_text(klass):<12}", style="bold", no_wrap=True, overflow="ellipsis")
             summary.append(f"{_count(counts.get('queued')):>4} queued {_count(counts.get('running')):>4} running")
+            if isinstance(held := counts.get("held"), int) and held:
+                summary.append(f" {held:>4} held for a node", "yellow")  # a front door's, waiting for a node to wake
             if (slowdown := _number(counts.get("slowdown_p50"))) is not None:
                 # How many times slower than alone its answers decode (the median over the health window).
                 summary.append(f"   slowdown {format_factor(slowdown)}", "bold red" if counts.get("slowed") is True

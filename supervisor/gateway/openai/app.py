@@ -29,6 +29,7 @@ from supervisor.gateway.http.quart_app import add_health_routes, json_error, new
 from supervisor.gateway.services import Services
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.engines.memory_plan import device_label
+from supervisor.nodes.fleet import fleet_json, held_lines
 from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
 
 
@@ -146,11 +147,13 @@ def create_app(config: Config, services: Services) -> QuartTrio:
 
     def health_details() -> dict[str, Any]:
         snapshot, now = scheduler.snapshot(explained=True), trio.current_time()
+        fleet = None if nodes is None else nodes.fleet()  # a front door's nodes, and the requests held for them
         return {"mode": snapshot.mode, "budget": snapshot.budget, "reserved": snapshot.reserved,
                 "devices": [{"device": device_label(device, d.index), "budget": d.budget, "reserved": d.reserved,
                              "outside": d.outside, "free": d.free} for d in snapshot.devices],
                 "queued": snapshot.queued,
-                "waiting": waiting_lines(snapshot, now),
+                "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
+                **({} if fleet is None else fleet_json(fleet, time.time())),
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,
@@ -169,7 +172,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
     add_health_routes(app, health, services.metrics, health_details)
-    add_admin_routes(app, scheduler, health, events, device, services.reload)  # type: ignore[arg-type]
+    add_admin_routes(app, scheduler, health, events, device, services.reload, nodes)  # type: ignore[arg-type]
     return app
 
 
