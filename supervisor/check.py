@@ -15,7 +15,7 @@ from adapters.llama_server import fits_itself
 from supervisor.accounting.cpu_share import describe_share, usable_cpus
 from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_budgets
-from supervisor.config import Config, ConfigError, ModelConfig
+from supervisor.config import Config, ConfigError, FallbackConfig, ModelConfig
 from supervisor.config_policy import (
     compute_shares,
     engine_profiles,
@@ -91,6 +91,8 @@ def run_check(config: Config) -> int:
                 if fits_itself(model) else "off: steward plans the memory (set --fit in args to let it)"))
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
+        for route in model.fallback:
+            print(f"  fallback {describe_route(route)}")
         if model.command is not None and shutil.which(model.command[0]) is None:
             print(f"  warning  {model.command[0]} is not an executable program here")
         if model.model is not None and not os.path.exists(model.model):
@@ -156,6 +158,14 @@ def _auth_problems(config: Config) -> list[str]:
     print(f"usage    {config.usage.db or '(no usage log)'}")
     problem = exposure_problem(config, has_keys=bool(keys))
     return [] if problem is None else [problem]
+
+
+def describe_route(route: FallbackConfig) -> str:
+    """``-> gemma4-e4b for background, batch when no_room or wait (past 30s)``"""
+    classes = "every class" if route.classes is None else ", ".join(route.classes)
+    bound = "" if "wait" not in route.when else f" (past {format_duration(route.wait)})" if route.wait is not None \
+        else " (past the class's slo_wait)"
+    return f"-> {route.model} for {classes} when {' or '.join(route.when)}{bound}"
 
 
 def _tier(model: ModelConfig) -> str:

@@ -17,14 +17,21 @@ from supervisor.accounting.cpu_share import (
 )
 from supervisor.address import Address
 from supervisor.backoff import Backoff
-from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
+from supervisor.config import OLLAMA_ENGINE, Config, ConfigError, ModelConfig
 from supervisor.engines.spec import EngineSpec, HealthChecks
 from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
 from supervisor.nodes.spec import NodeSpec
 from supervisor.scheduler.core import Scheduler
 from supervisor.request_class import RequestClass
-from supervisor.scheduler.types import DEFAULT_DEVICE, BackoffPolicy, EngineProfile, SchedulingPolicy
+from supervisor.scheduler.types import (
+    DEFAULT_DEVICE,
+    BackoffPolicy,
+    EngineProfile,
+    FallbackRoute,
+    FallbackWhen,
+    SchedulingPolicy,
+)
 
 
 def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, EngineSpec]:
@@ -89,6 +96,7 @@ def scheduling_policy(config: Config) -> SchedulingPolicy:
         max_queue={k: c.max_queue or defaults.max_queue[k] for k, c in classes.items()},
         queue_timeout={k: defaults.queue_timeout[k] if c.queue_timeout is None else c.queue_timeout
                        for k, c in classes.items()},
+        slo_wait=slo_waits(config),
         release_timeout=config.scheduler.release_timeout,
         backoff=BackoffPolicy(config.engines.restart_backoff, config.engines.restart_backoff_max),
         unhealthy_after=config.engines.unhealthy_after, recover_timeout=config.engines.recover_timeout)
@@ -99,12 +107,19 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
     profiles = [EngineProfile(name, plans[name].nbytes, specs[name].slots, model.resident,
                               fixed_memory=plans[name].source == "config", idle_unload=model.idle_unload,
                               sleep_memory=model.sleep.memory if model.sleep is not None else None,
-                              devices=_devices(specs[name]), splittable=specs[name].runtime.splits)
+                              devices=_devices(specs[name]), splittable=specs[name].runtime.splits,
+                              fallback=fallback_routes(model))
                 for name, model in config.models.items()]
     if config.ollama is not None:
         profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel,
                                       devices=(DEFAULT_DEVICE,)))
     return profiles
+
+
+def fallback_routes(model: ModelConfig) -> tuple[FallbackRoute, ...]:
+    return tuple(FallbackRoute(route.model, frozenset(FallbackWhen(when) for when in route.when),
+                               None if route.classes is None else frozenset(route.classes), route.wait)
+                 for route in model.fallback)
 
 
 def _devices(spec: EngineSpec) -> tuple[int, ...] | None:

@@ -785,3 +785,39 @@ def test_a_problem_shows_what_a_key_holds_as_escapes_never_raw(tmp_path: Path) -
     assert found == ["\\x00: unknown key", "'': unknown key"]
     found = load_problems(tmp_path, 'models:\n  "chat\\e[2J": {command: llama-server, memory: 1GiB}\n')
     assert found == ["models.chat\\x1b[2J: a model name may hold letters, digits and ._:/- (no '@')"]
+
+
+# --- models.NAME.fallback (issue 31) --------------------------------------------------------------
+
+def test_a_fallback_chain_reaches_the_schedulers_profile_and_check_shows_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.check import describe_route
+    from supervisor.config_policy import fallback_routes
+    from supervisor.request_class import RequestClass
+    from supervisor.scheduler.types import FallbackRoute, FallbackWhen
+
+    raw = {"models": {"big": {**GOOD, "fallback": [
+        {"model": "small", "when": ["no_room", "wait"], "classes": ["background", "batch"], "wait": "20s"},
+        {"model": "tiny", "when": ["failed"]}]}, "small": GOOD, "tiny": GOOD}}
+    config = parse_config(raw)
+    assert fallback_routes(config.models["big"]) == (
+        FallbackRoute("small", frozenset({FallbackWhen.NO_ROOM, FallbackWhen.WAIT}),
+                      frozenset({RequestClass.BACKGROUND, RequestClass.BATCH}), 20.0),
+        FallbackRoute("tiny", frozenset({FallbackWhen.FAILED})))
+    assert [describe_route(route) for route in config.models["big"].fallback] == [
+        "-> small for background, batch when no_room or wait (past 20s)", "-> tiny for every class when failed"]
+    assert scheduling_policy(config).slo_wait[RequestClass.INTERACTIVE] == 30.0
+
+
+@pytest.mark.parametrize(("route", "expected"), [
+    ({"model": "nope", "when": ["wait"]}, "models.big.fallback[0].model: names model 'nope', which is not under models"),
+    ({"model": "big", "when": ["wait"]}, "models.big.fallback[0].model: names the model itself"),
+    ({"model": "tiny", "when": ["wait"]}, "models.big.fallback[0].model: 'tiny' is an alias; name the model, 'small'"),
+    ({"model": "small", "when": []}, "models.big.fallback[0].when: name at least one of no_room, wait, failed"),
+    ({"model": "small", "when": ["failed"], "wait": "5s"},
+     "models.big.fallback[0].wait: a bound for `wait`, which is not in its `when`"),
+    ({"model": "small", "when": ["soon"]}, "models.big.fallback[0].when[0]: must be one of 'no_room', 'wait', "
+                                           "'failed', got 'soon'"),
+])
+def test_fallback_problems_name_the_route(route: dict[str, object], expected: str) -> None:
+    raw = {"models": {"big": {**GOOD, "fallback": [route]}, "small": {**GOOD, "aliases": ["tiny"]}}}
+    assert problems(raw) == [expected]

@@ -51,6 +51,7 @@ from supervisor.config.schema import (
     ListenAddress,
     LogConfig,
     LogLevel,
+    FallbackConfig,
     ModelConfig,
     NodeAddress,
     NodeConfig,
@@ -75,7 +76,7 @@ from supervisor.config.schema import (
 __all__ = [
     "COMFYUI_SCOPE", "IMAGE_RUNTIME", "OLLAMA_ENGINE", "PORT_PLACEHOLDER", "AlertsConfig", "ApiName", "AuthConfig",
     "ClassConfig", "ClassesConfig", "ComfyConfig", "Config", "ConfigError", "Count", "DeviceConfig",
-    "DeviceIndex", "Duration", "EngineDefaults", "Fraction", "GpuConfig", "HealthConfig", "Host", "ImageModelConfig",
+    "DeviceIndex", "Duration", "EngineDefaults", "FallbackConfig", "Fraction", "GpuConfig", "HealthConfig", "Host", "ImageModelConfig",
     "ImageSize", "LimitsConfig", "ListenAddress", "LogConfig", "LogLevel", "ModelConfig", "NodeAddress",
     "NodeConfig", "OllamaConfig", "Port", "PositiveDuration", "PositiveInt", "ProbeName", "RuntimeName",
     "SchedulerConfig", "SecurityConfig", "Size", "SleepConfig", "SleepLevel", "SlowdownFactor", "ThreadCount",

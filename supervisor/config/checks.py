@@ -76,7 +76,7 @@ def check_semantics(config: Config) -> list[str]:
             (why := _invisible_problem(config.comfyui.warm_model)) is not None:
         problems.append(f"comfyui.warm_model: {why}")
     problems += _front_door_problems(config) + _node_problems(config) + _image_model_problems(config)
-    problems += _warm_problems(config)
+    problems += _warm_problems(config) + _fallback_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
     return problems + _backoff_problems(config) + _port_problems(config)
@@ -92,6 +92,31 @@ def _comfyui_scope_problems(config: Config) -> list[str]:
         f"aliases.{COMFYUI_SCOPE}" if COMFYUI_SCOPE in config.aliases else f"models.{target}.aliases"
     return [f"{where}: the name {COMFYUI_SCOPE!r} is taken by the ComfyUI listener (in a key's models, it lets the "
             f"key reach that listener); rename it"]
+
+
+def _fallback_problems(config: Config) -> list[str]:
+    """Each route of a fallback chain names another model under models, for some reason."""
+    problems = []
+    aliases = config.alias_table()
+    for name, model in config.models.items():
+        for i, route in enumerate(model.fallback):
+            key = f"models.{name}.fallback[{i}]"
+            if route.model == name:
+                problems.append(f"{key}.model: names the model itself")
+            elif route.model in config.image_models:
+                problems.append(f"{key}.model: {show(route.model)} is an image model; a chat cannot go there")
+            elif route.model in aliases and route.model not in config.models:
+                problems.append(f"{key}.model: {show(route.model)} is an alias; name the model, "
+                                f"{show(aliases[route.model])}")
+            elif route.model not in config.models:
+                problems.append(f"{key}.model: names model {show(route.model)}, which is not under models")
+            if not route.when:
+                problems.append(f"{key}.when: name at least one of no_room, wait, failed")
+            if route.classes is not None and not route.classes:
+                problems.append(f"{key}.classes: name at least one class, or leave it out for every class")
+            if route.wait is not None and "wait" not in route.when:
+                problems.append(f"{key}.wait: a bound for `wait`, which is not in its `when`")
+    return problems
 
 
 def _warm_problems(config: Config) -> list[str]:

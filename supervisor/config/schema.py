@@ -37,8 +37,20 @@ RuntimeName = Literal["llama-server", "openai", "comfyui"]  # comfyui: ImageMode
 # supervisor.apis.Api's values: what a model may serve
 ApiName = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "transcription"]
 SleepLevel = Literal[1, 2]
+FallbackWhenName = Literal["no_room", "wait", "failed"]  # supervisor/scheduler/fallback.py
 ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
 LogLevel = Literal["debug", "info", "warning"]
+
+
+@attrs.frozen
+class FallbackConfig:
+    """One route of a model's fallback chain (models.NAME.fallback), tried in order: its waiting
+    requests of *classes* go to *model* when one of *when* holds (scheduler rule 11)."""
+
+    model: str
+    when: list[FallbackWhenName]
+    classes: list[RequestClass] | None = None  # default: every class
+    wait: PositiveDuration | None = None  # the bound for `wait`; default: the class's slo_wait
 
 
 @attrs.frozen
@@ -93,6 +105,8 @@ class ModelConfig:
     threads: ThreadCount | None = None
     # The CPUs its process may run on, as "0-3,6"; default: any steward may use.
     cpus: CpuSet | None = None
+    # Where its waiting requests may go instead, in order (scheduler rule 11); default: nowhere.
+    fallback: list[FallbackConfig] = attrs.Factory(list)
 
     @property
     def resident(self) -> bool:

@@ -22,10 +22,12 @@ Answering = Callable[[Lease, Send], Awaitable[None]]
 
 
 async def serve_granted(scheduler: SchedulerClient, exchange: Exchange, send: Send, disconnect: Disconnect, *,
-                        model: str, klass: RequestClass, shape: ErrorShape, answering: Answering) -> None:
-    """*answering* on a slot of *model*'s engine, once the scheduler grants one (see the module docstring)."""
+                        model: str, klass: RequestClass, shape: ErrorShape, answering: Answering,
+                        may_use: frozenset[str] | None = None) -> None:
+    """*answering* on a slot of *model*'s engine, once the scheduler grants one (see the module
+    docstring); *may_use*: the models a fallback may send it to (None: any)."""
     try:
-        async with scheduler.open_grant(model, klass, account=exchange) as lease:
+        async with scheduler.open_grant(model, klass, account=exchange, may_use=may_use) as lease:
             tracked = TrackedSend(send)
             try:
                 await answering(lease, tracked)

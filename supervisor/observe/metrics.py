@@ -270,6 +270,9 @@ class StewardMetrics:
                                   "loaded models go first (scheduler.swap_hold)", ["class"], registry=r)
         self.warm_loads = Counter("steward_warm_loads", "Engines loaded ahead of demand after an image job or an idle "
                                   "unload (scheduler.warm, recent use)", ["engine"], registry=r)
+        self.fallbacks = Counter("steward_fallbacks", "Waiting requests sent along their model's fallback chain "
+                                 "(models.NAME.fallback), by the model asked for, the one that served and why",
+                                 ["model", "to", "when"], registry=r)
         self.evictions_undone = Counter("steward_evictions_undone", "Drains undone: what they were for went away",
                                         ["engine"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
@@ -378,6 +381,8 @@ class StewardMetrics:
                 self.swap_holds.labels(f["class"]).inc()
             case "warm":
                 self.warm_loads.labels(f["engine"]).inc()
+            case "fallback":
+                self.fallbacks.labels(f["model"], f["to"], f["when"]).inc()
             case "evict_undone":
                 self.evictions_undone.labels(f["engine"]).inc()
             case "crash":

@@ -109,6 +109,7 @@ class Submit:
     steps: int | None  # None: not known until the request ends (a generation cut into chunks)
     exclusive_memory: int | None
     handoff: tuple[int, int | None] | None  # (job id, status) of the request's previous step
+    may_use: frozenset[str] | None = None  # the models its key may use (None: any): a fallback stays within
 
 
 @attrs.frozen
@@ -257,7 +258,8 @@ class SchedulerClient:
     @asynccontextmanager
     async def open_grant(self, model: str | None, klass: RequestClass, *, request: Request | None = None,
                          step: int = 1, steps: int | None = 1, exclusive_memory: int | None = None,
-                         account: StepAccount | None = None) -> AsyncIterator[Lease]:
+                         account: StepAccount | None = None,
+                         may_use: frozenset[str] | None = None) -> AsyncIterator[Lease]:
         """Wait for a slot on *model*'s engine (or, with *model* None, for the GPU itself);
         hold it for the ``async with`` body.
 
@@ -267,6 +269,8 @@ class SchedulerClient:
         wait on the scheduler's clock (0 when granted as it was taken: the dispatch event's
         ``waited_s``, so /healthz and the usage log say alike who waited), else as measured; and,
         once a granted step ends, how long it held its grant (the usage log's GPU-seconds).
+        *may_use*: the models its caller may use (None: any); a fallback (scheduler rule 11) stays
+        within them, and the lease's ``grant.engine`` names the model that serves it.
         A step of a *request* hands its slot to the next (one that is not its last; any, with
         *steps* None: the last one's slot is freed when the request ends).
         """
@@ -276,7 +280,7 @@ class SchedulerClient:
         if request is not None:
             handoff, request.handoff = request.handoff, None
         self._post(Submit(ticket, model, klass, request or Request(ticket.job_id, ticket.job_id), step,
-                          steps, exclusive_memory, handoff))
+                          steps, exclusive_memory, handoff, may_use))
         finished_cleanly = False
         submitted = trio.current_time()
         try:
@@ -428,13 +432,14 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
     def apply(message: Message) -> list[Effect]:
         now = trio.current_time()
         match message:
-            case Submit(ticket, model, klass, request, step, steps, exclusive_memory, handoff):
+            case Submit(ticket, model, klass, request, step, steps, exclusive_memory, handoff, may_use):
                 tickets[ticket.job_id] = ticket
                 if handoff is not None:
                     granted.pop(handoff[0], None)
                 # The core's events say "step/steps"; an unknown count is said as 0 ("3/0").
                 return core.submit(ticket.job_id, model, klass, now, seq=request.seq, request=request.id,
-                                   step=step, steps=steps or 0, exclusive_memory=exclusive_memory, handoff=handoff)
+                                   step=step, steps=steps or 0, exclusive_memory=exclusive_memory, handoff=handoff,
+                                   may_use=may_use)
             case Finish(job_id, status):
                 tickets.pop(job_id, None)
                 granted.pop(job_id, None)

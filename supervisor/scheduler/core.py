@@ -107,6 +107,12 @@ The rules (DESIGN.md, "Hard rules of the scheduler"):
    hot time it had left, rule 8) and as costing nothing to evict (ReloadCost.unused_warm):
    it was loaded for no one, so any class may evict it, first, and no load is held for it
    (rule 9); the free memory it took would have been theirs.
+11. Fallback (``models.NAME.fallback``): a waiting request of one step whose model's chain
+   has a route for its class goes to that route's model when one of the route's ``when``
+   holds (its model has no room without evictions its class may not make, its predicted
+   wait passes the class's slo_wait or the route's bound, its engine failed), if that model
+   may serve it sooner and its key may use it; once, never along the fallback's own chain
+   (supervisor/scheduler/fallback.py).
 
 Victims (rules 5 and 8): of the engines that may be evicted, cold before hot and idle before
 busy (the tiers are hard rules); within a tier, the least expected cost first, in whole
@@ -132,6 +138,7 @@ Where each rule lives (each module's docstring says more):
 - swaps.py: swap holds (rule 9).
 - exclusive.py: exclusive jobs (rule 8).
 - warming.py: loads ahead of demand (rule 10).
+- fallback.py: a waiting request sent along its model's fallback chain (rule 11).
 - lifecycle.py, memory.py, reload.py: the engines' reports, health and idle unloads; memory
   readings and releases; config reloads.
 - explain.py: why a step waits, in words, from the same predicates.
@@ -144,7 +151,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from supervisor.address import Address
-from supervisor.scheduler import classes, eviction, guard, jobs, lifecycle, memory, reload, warming
+from supervisor.scheduler import classes, eviction, fallback, guard, jobs, lifecycle, memory, reload, warming
 from supervisor.scheduler.eviction import ADMIN, PINNED, admin_option, carry_out
 from supervisor.scheduler.exclusive import advance_exclusive, exclusive_owner, exclusive_rank
 from supervisor.scheduler.explain import explain
@@ -192,17 +199,19 @@ class Scheduler(CoreState):
 
     def submit(self, job_id: int, model: str | None, klass: RequestClass | str, now: float, *, seq: int | None = None,
                request: int | None = None, step: int = 1, steps: int = 1, exclusive_memory: int | None = None,
-               timeout: float | None = None, handoff: tuple[int, int | None] | None = None) -> list[Effect]:
+               timeout: float | None = None, handoff: tuple[int, int | None] | None = None,
+               may_use: frozenset[str] | None = None) -> list[Effect]:
         """Queue one step of *klass* (a RequestClass, or its name). *model* None asks for the GPU
         itself (an exclusive job).
 
         *handoff* is (job id, status) of the request's previous step, finished in the same
-        decision, so its slot goes to this step and not to a newer request.
+        decision, so its slot goes to this step and not to a newer request. *may_use*: the models
+        its caller's key may use (None: any), which a fallback stays within.
         """
         if handoff is not None:
             jobs.finish(self, *handoff, now)
         queued = jobs.submit(self, job_id, model, RequestClass(klass), now, seq=seq, request=request, step=step,
-                             steps=steps, exclusive_memory=exclusive_memory, timeout=timeout)
+                             steps=steps, exclusive_memory=exclusive_memory, timeout=timeout, may_use=may_use)
         return self._decide(now) if queued else self.flush()
 
     def close(self, now: float) -> list[Effect]:
@@ -305,6 +314,7 @@ class Scheduler(CoreState):
         times = []
         if (deadline := jobs.next_deadline(self)) is not None:
             times.append(deadline)
+        times += fallback.next_times(self)
         times += self.ledger.awaiting_free.values()
         for engine in self.engines.values():
             if engine.status is EngineStatus.FAILED and (engine.profile.pinned or self.queued_for(engine.name)):
@@ -416,6 +426,7 @@ class Scheduler(CoreState):
         guard.drop_stale_guards(self)
         reload.advance_retirements(self, now)
         warming.cancel_warm(self, now)
+        fallback.reroute(self, now)
         promised: dict[int, int] = {}  # per device: memory that loads decided earlier in this pass wait for
         wanted: dict[str, Demand] = guard.turn_engines(self)  # earliest demand per engine seen so far
         blocked_from = exclusive_rank(self)

@@ -27,13 +27,13 @@ SHUTDOWN_RETRY_AFTER = 5.0
 
 def submit(s: CoreState, job_id: int, model: str | None, klass: RequestClass, now: float, *, seq: int | None,
            request: int | None, step: int, steps: int, exclusive_memory: int | None,
-           timeout: float | None) -> bool:
+           timeout: float | None, may_use: frozenset[str] | None = None) -> bool:
     """Queue one step (*model* None: an exclusive job); False: it was refused."""
     need = _need(s, model, exclusive_memory)
     job = Job(job_id, model, klass, seq=job_id if seq is None else seq, submitted=now,
               deadline=now + (s.policy.queue_timeout[klass] if timeout is None else timeout),
               request=job_id if request is None else request, step=step, steps=steps,
-              exclusive_memory=need if model is None else 0)
+              exclusive_memory=need if model is None else 0, may_use=may_use)
     job.next_report = now + s.policy.wait_report_after
     if s.closing and step == 1:
         return _refuse(s, job, 503, "shutting_down", SHUTTING_DOWN, retry_after=SHUTDOWN_RETRY_AFTER)

@@ -68,6 +68,27 @@ class Retirement:
     announced: bool = False  # RetireEngine was said: the engine task is going (or gone)
 
 
+class FallbackWhen(enum.Enum):
+    """What sends a waiting request to a model of its model's fallback chain (fallback.py)."""
+
+    NO_ROOM = "no_room"  # its model cannot be loaded without evicting what its class may not evict
+    WAIT = "wait"  # its predicted wait passes the class's slo_wait (or the route's own bound)
+    FAILED = "failed"  # its model's engine failed to start or crashed, and waits for its backoff
+
+
+@attrs.frozen
+class FallbackRoute:
+    """One entry of a model's fallback chain (models.NAME.fallback), tried in order."""
+
+    model: str
+    when: frozenset[FallbackWhen]
+    classes: frozenset[RequestClass] | None = None  # None: every class
+    wait: float | None = None  # the bound for `wait`; None: the class's slo_wait
+
+    def serves(self, klass: RequestClass) -> bool:
+        return self.classes is None or klass in self.classes
+
+
 @attrs.frozen
 class EngineProfile:
     """What the core needs to know of an engine: its size, its slots, its tier."""
@@ -87,6 +108,8 @@ class EngineProfile:
     # Whether its runtime splits one model over several devices (llama-server's --tensor-split),
     # which it is when no single device can hold it.
     splittable: bool = False
+    # Where its waiting requests may go instead (models.NAME.fallback), in order.
+    fallback: tuple[FallbackRoute, ...] = ()
 
 
 @attrs.frozen
@@ -319,6 +342,10 @@ class Job:
     next_report: float = math.inf  # when its wait is next said in a `waiting` event, if still waiting
     # Held for a swap (swap_hold) until then: said once, in a `swap_held` event.
     held_until: float | None = None
+    # The models its caller may use (its key's list, aliases resolved); None: any. A fallback
+    # never goes outside it.
+    may_use: frozenset[str] | None = None
+    fallback_from: str | None = None  # the model it asked for, once it went to a fallback (never twice)
 
     @property
     def exclusive(self) -> bool:
@@ -385,6 +412,10 @@ class SchedulingPolicy:
         factory=lambda: {"interactive": 1000, "background": 10_000, "batch": 100_000}, converter=_per_class)
     queue_timeout: dict[RequestClass, float] = attrs.field(
         factory=lambda: {"interactive": 60.0, "background": 600.0, "batch": 3600.0}, converter=_per_class)
+    # How long a class's request should wait at most (classes.C.slo_wait): /healthz's bound, and
+    # the `wait` of a fallback route that sets none.
+    slo_wait: dict[RequestClass, float] = attrs.field(
+        factory=lambda: {"interactive": 30.0, "background": 300.0, "batch": 1800.0}, converter=_per_class)
     # After an engine exits, how long to wait for its memory to be observed free.
     release_timeout: float = 10.0
     # How much memory not attributed to any process may remain after an exit and still count as freed.

@@ -54,6 +54,11 @@ INFERENCE_PATHS = frozenset(API_ROUTES)
 _FORWARDED_REQUEST_HEADERS = frozenset({b"accept"}) | CREDENTIAL_HEADERS
 
 
+# A request in steps (embeddings in chunks, a generation cut into steps) stays on the model it
+# began on: no fallback (scheduler rule 11) for any of its steps, its bodies name that model.
+STAY: frozenset[str] = frozenset()
+
+
 @attrs.define(eq=False)
 class InferenceHandler:
     scheduler: SchedulerClient
@@ -112,6 +117,22 @@ class InferenceHandler:
                                  detail=exc.message)
             await self._refuse(send, exc, route, exchange)
 
+    def _may_use(self, routed: RoutedRequest, exchange: Exchange) -> frozenset[str]:
+        """The models a fallback (scheduler rule 11) may send this request to: those serving its
+        route that its key may use."""
+        key, api = exchange.key, routed.route.api
+        return frozenset(model for model in set(self.aliases.values())
+                         if ((served := self.apis.get(model)) is None or api in served)
+                         and (key is None or self.door.may_use(key, model)))
+
+    def _served_by(self, routed: RoutedRequest, lease: Lease) -> RoutedRequest:
+        """The request as the granted engine takes it: the model asked for, or the fallback the
+        scheduler sent it to (its body naming that model; the answer then names it too)."""
+        engine = lease.grant.engine
+        if engine is None or engine == routed.model:
+            return routed
+        return attrs.evolve(routed, model=engine, body=routed.body_naming(self.served_names.get(engine, engine)))
+
     def _context_wall(self, model: str) -> ContextWall | None:
         config = self.contexts.get(model)
         return None if config is None else ContextWall(config, self.events)
@@ -159,13 +180,15 @@ class InferenceHandler:
 
         async def answering(lease: Lease, tracked: Send) -> None:
             exchange.engine = lease.grant.engine
-            await self._proxy(scope, routed, reading_answer(
-                tracked, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                stream=routed.stream, model=routed.model, context=self._context_wall(routed.model),
-                request=routed.payload), lease)
+            served = self._served_by(routed, lease)
+            await self._proxy(scope, served, reading_answer(
+                tracked, served.route, exchange, keep_usage_chunk=served.keep_usage_chunk,
+                stream=served.stream, model=served.model, context=self._context_wall(served.model),
+                request=served.payload, fallback=served is not routed), lease)
 
         await serve_granted(self.scheduler, exchange, send, disconnect, model=routed.model, klass=routed.klass,
-                            shape=routed.route.error_shape, answering=answering)
+                            shape=routed.route.error_shape, answering=answering,
+                            may_use=self._may_use(routed, exchange))
 
     async def _serve_embedding_steps(self, scope: Scope, routed: RoutedRequest, chunks: list[bytes],
                                      send: Send, exchange: Exchange) -> None:
@@ -178,7 +201,7 @@ class InferenceHandler:
         assembly = EmbeddingsAssembly()
         for step, chunk in enumerate(chunks, 1):
             async with self.scheduler.open_grant(routed.model, routed.klass, request=request, step=step,
-                                                 steps=len(chunks), account=exchange) as lease:
+                                                 steps=len(chunks), account=exchange, may_use=STAY) as lease:
                 exchange.engine = lease.grant.engine
                 answer = AssembledStep(assembly)
                 failed = await self._proxy(scope, routed, answer, lease, body=chunk, write_failure=False)
@@ -226,7 +249,7 @@ class InferenceHandler:
                 while True:
                     async with self.scheduler.open_grant(routed.model, routed.klass, request=request,
                                                          step=generation.steps + 1, steps=generation.step_count,
-                                                         account=exchange) as lease:
+                                                         account=exchange, may_use=STAY) as lease:
                         exchange.engine = lease.grant.engine
                         answer.begin_step()
                         try:

@@ -39,6 +39,7 @@ from supervisor.gateway.openai.api_routes import ApiRoute
 from supervisor.gateway.http.asgi import Send
 from supervisor.gateway.door import Exchange
 from supervisor.gateway.relay.answer import NOTHING_HELD, AnswerHead, AnswerTap, Passed, Reader
+from supervisor.gateway.relay.answer_model import ModelHeader
 from supervisor.gateway.errors import (
     ErrorShape,
     anthropic_error_event,
@@ -75,7 +76,7 @@ _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 
 def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usage_chunk: bool, stream: bool,
                    model: str | None = None, context: ContextWall | None = None,
-                   request: Mapping[str, Any] | None = None) -> AnswerTap:
+                   request: Mapping[str, Any] | None = None, fallback: bool = False) -> AnswerTap:
     """The tap on *send* with what reads the answer on its way: the usage it carries (the usage chunk
     steward asked for, a Messages stream's two counts), errors in the route's words (Anthropic's, and
     the error events of Messages and Responses streams), a Messages or Responses stream's opening
@@ -84,7 +85,8 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     responses_events.py). What it reads goes to *exchange*. Only what the route needs is on it:
     a chat stream whose client asked for its usage reads only the events that hold an error.
     *context*: the model's slot config, which a context refusal is explained by (context_refusal.py);
-    *request*: the request's JSON object, whose settings a Responses answer repeats."""
+    *request*: the request's JSON object, whose settings a Responses answer repeats; *fallback*: *model*
+    is a fallback of the one asked for (scheduler rule 11), which the ``x-steward-model`` header says."""
     counted = exchange.count_tokens
     if not route.does_work:
         counted(0, 0)  # the answer's input_tokens is what it counted, not what it computed
@@ -107,6 +109,8 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
         readers.append(StreamOpened(route.api, model or ""))  # nearer the client: the usage read sees the engine's
     if stream and route.api is Api.RESPONSES:
         readers.append(response_events_conformed(model or "", echo))  # nearest: it numbers every event sent
+    if fallback and model is not None:
+        readers.append(ModelHeader(model))
     return AnswerTap(send, readers)
 
 
