@@ -53,7 +53,10 @@ CHAT_SLOTS = 2
 # embedder), so a prompt the real engine refuses (400 exceed_context_size_error) the fake refuses too.
 DEMO_MODELS: dict[str, dict[str, object]] = {
     "gemma4-12b": {"memory": "8.3GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
-                   "aliases": ["gpt-4o"], "fake": ["--load-time", "2s", "--tokens-per-second", "40"]},
+                   "aliases": ["gpt-4o"], "fake": ["--load-time", "2s", "--tokens-per-second", "40"],
+                   # Background and batch work that would have to evict a hot chat model goes to the
+                   # smaller variant of the same family (scheduler rule 11).
+                   "fallback": [{"model": "gemma4-e4b", "when": ["no_room"], "classes": ["background", "batch"]}]},
     "gemma4-e4b": {"memory": "4.0GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
                    "aliases": ["gpt-4o-mini"], "fake": ["--load-time", "1s", "--tokens-per-second", "80"]},
     "gemma4-e2b": {"memory": "2.8GiB", "parallel": CHAT_SLOTS, "ctx": CHAT_SLOT_CONTEXT * CHAT_SLOTS,
@@ -81,6 +84,7 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
             "parallel": spec["parallel"],
             "aliases": spec.get("aliases", []),
             "pinned": spec.get("pinned", False),
+            "fallback": spec.get("fallback", []),
             "args": ["--alias", name, "--memory", memory, "--sim-gpu", str(gpu_dir), "--ctx-size", str(spec["ctx"]),
                      *spec["fake"]],  # type: ignore[misc]
         }
@@ -170,7 +174,7 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
             model, args = chat_model, []
         models[name] = {"command": binary, "model": model, "parallel": fake["parallel"],
                         "aliases": fake.get("aliases", []), "pinned": fake.get("pinned", False),
-                        "args": ["-c", str(fake["ctx"]), *args, "--threads", "1", "--alias", name]}
+                        "fallback": fake.get("fallback", []), "args": ["-c", str(fake["ctx"]), *args, "--threads", "1", "--alias", name]}
     return {
         "listen": f"127.0.0.1:{port}",
         "models": models,
