@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -17,7 +17,7 @@ from supervisor.accounting.cpu_share import (
 )
 from supervisor.address import Address
 from supervisor.backoff import Backoff
-from supervisor.config import OLLAMA_ENGINE, Config, ConfigError, ModelConfig
+from supervisor.config import OLLAMA_ENGINE, Config, ConfigError, FallbackConfig
 from supervisor.engines.spec import EngineSpec, HealthChecks
 from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
@@ -108,7 +108,7 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
                               fixed_memory=plans[name].source == "config", idle_unload=model.idle_unload,
                               sleep_memory=model.sleep.memory if model.sleep is not None else None,
                               devices=_devices(specs[name]), splittable=specs[name].runtime.splits,
-                              fallback=fallback_routes(model))
+                              fallback=fallback_routes(model.fallback))
                 for name, model in config.models.items()]
     if config.ollama is not None:
         profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel,
@@ -116,10 +116,11 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
     return profiles
 
 
-def fallback_routes(model: ModelConfig) -> tuple[FallbackRoute, ...]:
+def fallback_routes(chain: Sequence[FallbackConfig]) -> tuple[FallbackRoute, ...]:
+    """A model's fallback chain as the scheduler takes it (models.NAME.fallback)."""
     return tuple(FallbackRoute(route.model, frozenset(FallbackWhen(when) for when in route.when),
                                None if route.classes is None else frozenset(route.classes), route.wait)
-                 for route in model.fallback)
+                 for route in chain)
 
 
 def _devices(spec: EngineSpec) -> tuple[int, ...] | None:

@@ -799,7 +799,7 @@ def test_a_fallback_chain_reaches_the_schedulers_profile_and_check_shows_it(caps
         {"model": "small", "when": ["no_room", "wait"], "classes": ["background", "batch"], "wait": "20s"},
         {"model": "tiny", "when": ["failed"]}]}, "small": GOOD, "tiny": GOOD}}
     config = parse_config(raw)
-    assert fallback_routes(config.models["big"]) == (
+    assert fallback_routes(config.models["big"].fallback) == (
         FallbackRoute("small", frozenset({FallbackWhen.NO_ROOM, FallbackWhen.WAIT}),
                       frozenset({RequestClass.BACKGROUND, RequestClass.BATCH}), 20.0),
         FallbackRoute("tiny", frozenset({FallbackWhen.FAILED})))

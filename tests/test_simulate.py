@@ -19,7 +19,7 @@ from supervisor.config import ConfigError
 from supervisor.scheduler.types import Fail, Grant
 from supervisor.tools.simulate import default_scenario, simulate
 from supervisor.tools.simulate.gpu import CardState, SimulatedGpu
-from supervisor.tools.simulate.policies import POLICIES, make_policy
+from supervisor.tools.simulate.policies import DEFAULT_POLICIES, make_policy
 from supervisor.tools.simulate.runner import Replay, replay
 from supervisor.tools.simulate.scenario import Scenario, parse_scenario
 from supervisor.tools.simulate.sharing import SharingModel
@@ -295,10 +295,10 @@ def test_json_output_is_one_object_of_the_documented_shape(capsys: pytest.Captur
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"scenario", "seed", "policies", "interactive_alone", "targets"}
     assert (report["scenario"], report["seed"]) == ("gridcore", 1)
-    assert list(report["policies"]) == list(POLICIES)
+    assert list(report["policies"]) == list(DEFAULT_POLICIES)
     for result in report["policies"].values():
         assert set(result) == {"classes", "loads", "unnecessary_loads", "peak_memory_bytes", "loads_per_100",
-                               "busy_share"}
+                               "busy_share", "fallbacks"}
         assert list(result["classes"]) == ["interactive", "background", "batch"]
         for stats in result["classes"].values():
             assert set(stats) == {"completed", "p50_s", "p95_s", "max_s", "errors", "wait_p50_s", "wait_p95_s",

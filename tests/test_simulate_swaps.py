@@ -18,7 +18,7 @@ from supervisor.scheduler.types import StopEngine
 from supervisor.tools.simulate import BUILTIN_SCENARIOS, builtin_scenario, parse_seeds, simulate
 from supervisor.tools.simulate.gpu import CardState
 from supervisor.tools.simulate.metrics import PolicyResult, largest_overtake
-from supervisor.tools.simulate.policies import POLICIES, make_policy, strict_arrival_order
+from supervisor.tools.simulate.policies import DEFAULT_POLICIES, make_policy, strict_arrival_order
 from supervisor.tools.simulate.runner import Outcome, Record, Replay, Wait, replay
 from supervisor.tools.simulate.scenario import Scenario, format_seeds, parse_scenario
 from supervisor.tools.simulate.targets import Target, Verdict, targets_for, worst_case
@@ -229,7 +229,7 @@ def test_seeds_are_parsed_and_formatted_as_ranges() -> None:
 def test_simulate_thrash_json_has_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--scenario", "thrash", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert (report["scenario"], list(report["policies"])) == ("thrash", list(POLICIES))
+    assert (report["scenario"], list(report["policies"])) == ("thrash", list(DEFAULT_POLICIES))
     assert "collate" in report["policies"]
     for result in report["policies"].values():
         assert 0.0 <= result["busy_share"] <= 1.0
@@ -237,14 +237,14 @@ def test_simulate_thrash_json_has_every_policy(capsys: pytest.CaptureFixture[str
     assert len(report["targets"]) == 4
 
 
-def test_simulate_all_runs_the_three_scenarios_one_after_another(capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_all_runs_the_built_in_scenarios_one_after_another(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--scenario", "all", "--json", "--policies", "steward,fifo"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["scenario"] for r in report["scenarios"]] == list(BUILTIN_SCENARIOS)
     assert main(["simulate", "--scenario", "all", "--policies", "steward"]) == 0
     out = capsys.readouterr().out
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("scenario ")] == [
-        "scenario gridcore", "scenario thrash", "scenario family"]
+        "scenario gridcore", "scenario thrash", "scenario family", "scenario pressure"]
 
 
 def test_seeds_print_one_row_per_seed_and_the_targets_on_every_seed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -261,7 +261,7 @@ def test_seeds_print_one_row_per_seed_and_the_targets_on_every_seed(capsys: pyte
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--scenario", "thrashing"], "steward: --scenario: no built-in scenario 'thrashing'; choose from gridcore, "
-                                  "thrash, family or all"),
+                                  "thrash, family, pressure or all"),
     (["some.yaml", "--scenario", "thrash"], "steward: simulate takes a scenario file or --scenario NAME, not both"),
     (["--seeds", "8-1"], "steward: --seeds: '8-1' counts down; write the smaller seed first"),
     (["--seeds", "all"], "steward: --seeds: expected seeds like 1-8 or 1,3,5, got 'all'"),

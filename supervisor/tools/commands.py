@@ -91,11 +91,12 @@ def add_tool_parsers(commands: argparse._SubParsersAction) -> None:  # type: ign
     simulate = commands.add_parser("simulate", help="replay a workload in virtual time: steward vs baseline policies")
     simulate.add_argument("scenario", nargs="?", help="scenario YAML (default: the built-in GridCore load test)")
     simulate.add_argument("--scenario", dest="builtin", metavar="NAME",
-                          help="a built-in scenario: gridcore, thrash, family, or all (one after another)")
+                          help="a built-in scenario: gridcore, thrash, family, pressure, or all (one after another)")
     simulate.add_argument("--seeds", metavar="SEEDS",
                           help="replay on each of these seeds (1-8, or 1,3,5): one row per seed, targets on every seed")
     simulate.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    simulate.add_argument("--policies", help="comma-separated subset of steward,fifo,swap,collate,lru-count,keepalive")
+    simulate.add_argument("--policies", help="comma-separated, of steward,fifo,swap,collate,lru-count,keepalive (the default: all "
+                                               "of them) and no-fallback (steward without its fallback chains)")
     simulate.add_argument("--calibration", metavar="STATE_FILE",
                           help="a state file `steward calibrate` wrote: its measured sharing (alpha, batching gain) "
                                "and, for engines of the same name, speeds and load times replace the scenario's")
@@ -267,9 +268,9 @@ def _simulate(args: argparse.Namespace) -> int:
         simulate,
         simulate_seeds,
     )
-    from supervisor.tools.simulate.policies import POLICIES
+    from supervisor.tools.simulate.policies import DEFAULT_POLICIES, POLICIES
 
-    chosen = list(POLICIES) if args.policies is None else [p.strip() for p in args.policies.split(",") if p.strip()]
+    chosen = list(DEFAULT_POLICIES) if args.policies is None else [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown or not chosen:
         print(f"steward: --policies: unknown {', '.join(unknown) or '(none given)'}; choose from "

@@ -78,6 +78,7 @@ class PolicyResult:
     peak_memory_bytes: int
     loads_per_100: float | None
     busy_share: float
+    fallbacks: int = 0  # requests sent along their model's fallback chain (steward's rule 11)
 
     @classmethod
     def of(cls, outcome: Outcome) -> PolicyResult:
@@ -85,7 +86,7 @@ class PolicyResult:
                                     [w for w in outcome.waits if w.klass == k]) for k in RequestClass}
         completed = sum(c.completed for c in classes.values())
         return cls(classes, outcome.loads, outcome.unnecessary_loads, outcome.peak_memory,
-                   _round(loads_per_100(outcome.loads, completed)), round(outcome.busy_share, 4))
+                   _round(loads_per_100(outcome.loads, completed)), round(outcome.busy_share, 4), outcome.fallbacks)
 
     @property
     def errors(self) -> int:

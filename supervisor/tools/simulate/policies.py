@@ -36,8 +36,11 @@ class Policy(Protocol):
     def next_wakeup(self) -> float | None: ...
 
 
-def profiles(scenario: Scenario) -> list[EngineProfile]:
-    return [EngineProfile(name, e.memory, e.slots, e.pinned) for name, e in scenario.engines.items()]
+def profiles(scenario: Scenario, *, fallback: bool = True) -> list[EngineProfile]:
+    """*fallback*: with the engines' fallback chains (else as if none were configured)."""
+    return [EngineProfile(name, e.memory, e.slots, e.pinned,
+                          fallback=config_policy.fallback_routes(e.fallback) if fallback else ())
+            for name, e in scenario.engines.items()]
 
 
 def scheduling_policy(scenario: Scenario, scheduler: SchedulerConfig | None = None) -> SchedulingPolicy:
@@ -59,6 +62,11 @@ def queue_timeouts(scenario: Scenario) -> dict[str, float]:
 
 def _steward(scenario: Scenario) -> Policy:
     return Scheduler.create(scenario.gpu.memory, profiles(scenario), scheduling_policy(scenario))
+
+
+def _no_fallback(scenario: Scenario) -> Policy:
+    """steward with its fallback chains left out: what they are worth."""
+    return Scheduler.create(scenario.gpu.memory, profiles(scenario, fallback=False), scheduling_policy(scenario))
 
 
 def _fifo(scenario: Scenario) -> Policy:
@@ -88,12 +96,18 @@ def _keepalive(scenario: Scenario) -> Policy:
 
 POLICIES: dict[str, Callable[[Scenario], Policy]] = {
     "steward": _steward,
+    "no-fallback": _no_fallback,
     "fifo": _fifo,
     "swap": _swap,
     "collate": _collate,
     "lru-count": _lru_count,
     "keepalive": _keepalive,
 }
+
+
+# What a run replays unless told: steward and the baselines (no-fallback is steward without its
+# fallback chains, asked for by name where a scenario has chains: pressure.yaml).
+DEFAULT_POLICIES = tuple(name for name in POLICIES if name != "no-fallback")
 
 
 def make_policy(name: str, scenario: Scenario) -> Policy:

@@ -11,7 +11,7 @@ import attrs
 import cattrs
 
 from supervisor.tools.simulate.metrics import Alone, ClassStats, PolicyResult, percentile
-from supervisor.tools.simulate.policies import POLICIES, make_policy
+from supervisor.tools.simulate.policies import DEFAULT_POLICIES, make_policy
 from supervisor.tools.simulate.room import lower_room
 from supervisor.tools.simulate.runner import replay
 from supervisor.tools.simulate.scenario import Scenario, format_seeds
@@ -67,7 +67,7 @@ class Sweep:
         return worst_case([run.targets() for run in self.runs], self.seeds)
 
 
-def simulate(scenario: Scenario, policies: Sequence[str] = tuple(POLICIES)) -> Report:
+def simulate(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES) -> Report:
     started = time.perf_counter()
     results = {name: PolicyResult.of(replay(scenario, make_policy(name, scenario))) for name in policies}
     return Report(scenario, results, _interactive_alone(scenario), time.perf_counter() - started)
@@ -84,7 +84,7 @@ def _interactive_alone(scenario: Scenario) -> Alone:
     return Alone(p50, p95, round(idle, 3), None if room is None else round(room, 1))
 
 
-def simulate_seeds(scenario: Scenario, seeds: Sequence[int], policies: Sequence[str] = tuple(POLICIES)) -> Sweep:
+def simulate_seeds(scenario: Scenario, seeds: Sequence[int], policies: Sequence[str] = DEFAULT_POLICIES) -> Sweep:
     started = time.perf_counter()
     runs = tuple(simulate(attrs.evolve(scenario, seed=seed), policies) for seed in seeds)
     return Sweep(runs, time.perf_counter() - started)
@@ -119,6 +119,7 @@ SUMMARY_ROWS: list[Row] = [
     ("loads", lambda r: str(r.loads)),
     ("  unnecessary", lambda r: str(r.unnecessary_loads)),
     ("  per 100 requests", lambda r: _cell(r.loads_per_100, ".1f")),
+    ("fallbacks", lambda r: str(r.fallbacks)),
     ("GPU busy", lambda r: f"{100 * r.busy_share:.0f} %"),
     ("peak memory", lambda r: format_size(r.peak_memory_bytes)),
 ]
@@ -129,9 +130,10 @@ def _format_report(report: Report) -> str:
     lines = [f"scenario {scenario.name}: {scenario.duration:g} s of virtual time, seed {scenario.seed}, "
              f"GPU {format_size(scenario.gpu.memory)}; replayed in {report.wall_s:.2f} s", *_calibrated(scenario), ""]
     results = list(report.policies.values())
-    lines.append(" " * LABEL + "".join(f"{name:>{COLUMN}}" for name in report.policies))
+    width = max(COLUMN, *(len(name) + 1 for name in report.policies))
+    lines.append(" " * LABEL + "".join(f"{name:>{width}}" for name in report.policies))
     rows = [row for klass in scenario.present_classes() for row in _class_rows(klass)] + SUMMARY_ROWS
-    lines += [f"{label:<{LABEL}}" + "".join(f"{show(r):>{COLUMN}}" for r in results) for label, show in rows]
+    lines += [f"{label:<{LABEL}}" + "".join(f"{show(r):>{width}}" for r in results) for label, show in rows]
     alone = report.interactive_alone
     if "interactive" in scenario.present_classes():
         lines += ["", f"interactive alone (steward, interactive clients only): p50 {_cell(alone.p50_s)} s, "

@@ -67,6 +67,7 @@ class Outcome:
     unnecessary_loads: int
     peak_memory: int
     busy_share: float  # the fraction of the run during which at least one step computed
+    fallbacks: int = 0  # requests steward sent along their model's fallback chain (rule 11)
 
 
 @attrs.define
@@ -83,6 +84,7 @@ class Replay:
     busy: float = 0.0  # seconds during which at least one step computed
     loads: int = 0
     unnecessary_loads: int = 0
+    fallbacks: int = 0
     _events: list[tuple[float, int, Callable[..., None], tuple[object, ...]]] = attrs.Factory(list)
     _order: itertools.count[int] = attrs.Factory(itertools.count)
     _job_ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
@@ -122,12 +124,13 @@ class Replay:
         for request in sorted(self._by_job.values(), key=lambda r: r.id):
             self._waited(request, end)  # still waiting or running when the run ends
         return Outcome(tuple(self.records), tuple(sorted(self.waits, key=lambda w: w.request)), self.loads,
-                       self.unnecessary_loads, self.gpu.peak_memory, self.busy / end)
+                       self.unnecessary_loads, self.gpu.peak_memory, self.busy / end, self.fallbacks)
 
     # ---- events -----------------------------------------------------------------------
 
     def _arrive(self, client: Client) -> None:
-        request = Request(next(self._request_ids), client, self.now, client.draw_steps())
+        drawn = client.draw()
+        request = Request(next(self._request_ids), client, self.now, client.steps_on(drawn, client.engine), drawn=drawn)
         model = client.spec.model
         if self.gpu.engines[model].state in (CardState.STOPPED, CardState.STOPPING):
             self._held[request.id] = model
@@ -199,6 +202,8 @@ class Replay:
                 if request.started is None:
                     request.started = self.now
                     self._held.pop(request.id, None)  # it started before any load of its model was decided
+                if effect.engine != request.client.spec.model:  # a fallback (rule 11): its engine's speed
+                    request.steps = request.client.steps_on(request.drawn, self.scenario.engines[effect.engine])
                 work = request.steps[request.step]
                 self.gpu.start_step(effect.job_id, effect.engine, work.seconds, self.now, prefill=work.prefill)
             elif isinstance(effect, Fail):
@@ -212,6 +217,9 @@ class Replay:
             elif isinstance(effect, Emit) and effect.event == "evict":
                 self._announced_stops.add(str(effect.fields["engine"]))
                 self._decided(str(effect.fields["for_engine"]))
+            elif isinstance(effect, Emit) and effect.event == "fallback":
+                self.fallbacks += 1
+                self._held.pop(int(effect.fields["request"]), None)  # its model's load is no longer awaited
 
     def _start_engine(self, effect: StartEngine) -> None:
         self.loads += 1

@@ -23,6 +23,7 @@ from supervisor.config import (
     ClassesConfig,
     ConfigError,
     Duration,
+    FallbackConfig,
     PositiveInt,
     SchedulerConfig,
     Size,
@@ -37,7 +38,7 @@ from supervisor.units import parse_duration
 Klass = Literal["interactive", "background", "batch"]
 Rate = NewType("Rate", float)  # a positive number: tokens per second
 # The scenarios shipped with the package, each in NAME.yaml beside this module.
-BUILTIN_SCENARIOS = ("gridcore", "thrash", "family")
+BUILTIN_SCENARIOS = ("gridcore", "thrash", "family", "pressure")
 DEFAULT = "gridcore"
 
 
@@ -79,6 +80,8 @@ class EngineSpec:
     decode_context_cost: float = 0.0
     # Prompt tokens per second reading an embeddings request's inputs; unset: prompt_speed.
     embedding_speed: Rate | None = None
+    # Where its waiting requests may go instead, as models.NAME.fallback (scheduler rule 11).
+    fallback: list[FallbackConfig] = attrs.Factory(list)
 
     @property
     def prefill_speed(self) -> float:
@@ -427,6 +430,8 @@ def _check(scenario: Scenario) -> list[str]:
         if engine.memory > scenario.gpu.memory:
             problems.append(f"engines.{name}.memory: {engine.memory} bytes is more than gpu.memory "
                             f"({scenario.gpu.memory} bytes); it could never load")
+        problems += [f"engines.{name}.fallback[{i}].model: {route.model!r} is not under engines"
+                     for i, route in enumerate(engine.fallback) if route.model not in scenario.engines]
     pinned = sum(e.memory for e in scenario.engines.values() if e.pinned)
     if pinned > scenario.gpu.memory:
         problems.append(f"engines: pinned engines need {pinned} bytes, more than gpu.memory")

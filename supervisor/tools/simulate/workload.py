@@ -24,6 +24,15 @@ class StepWork:
     prefill: float = 0.0
 
 
+@attrs.frozen
+class Drawn:
+    """What one request asks, drawn once: the same whichever engine serves it (a fallback)."""
+
+    prompt: int = 0
+    output: int = 0
+    inputs: tuple[tuple[int, ...], ...] = ()  # an embeddings request: the tokens of each step's inputs
+
+
 @attrs.define(eq=False)
 class Client:
     name: str
@@ -42,23 +51,32 @@ class Client:
     def think(self) -> float:
         return self.spec.think.draw(self.rng)
 
-    def draw_steps(self) -> list[StepWork]:
-        """The work of each step of the next request, in seconds alone (see sharing.py)."""
-        spec, engine = self.spec, self.engine
+    def draw(self) -> Drawn:
+        """The next request: its sizes, drawn from this client's own stream."""
+        spec = self.spec
         if spec.inputs is None:
-            prompt, output = spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng)
-            cut = self.step_tokens if 0 < self.step_tokens < output else output
-            # A cut generation continues from its cached prompt: each later step reads only the
-            # tokens it adds (gateway/relay/chunked.py), negligible beside decoding them.
-            starts = list(range(0, output, cut)) or [0]
-            decodes = [engine.decode_seconds(prompt + done, min(cut, output - done)) for done in starts]
-            reading = engine.read_seconds(min(spec.cached_prompt_tokens, prompt), prompt)
-            return [StepWork(reading + decodes[0], reading), *(StepWork(s) for s in decodes[1:])]
+            return Drawn(spec.prompt_tokens.draw_int(self.rng), spec.output_tokens.draw_int(self.rng))
         chunks = math.ceil(spec.inputs / self.chunk)
         sizes = [min(self.chunk, spec.inputs - k * self.chunk) for k in range(chunks)]
-        reads = [sum(engine.embed_seconds(spec.prompt_tokens.draw_int(self.rng)) for _ in range(size))
-                 for size in sizes]
-        return [StepWork(seconds, seconds) for seconds in reads]  # embeddings only read
+        return Drawn(inputs=tuple(tuple(spec.prompt_tokens.draw_int(self.rng) for _ in range(size)) for size in sizes))
+
+    def draw_steps(self) -> list[StepWork]:
+        """The work of each step of the next request on this client's engine."""
+        return self.steps_on(self.draw(), self.engine)
+
+    def steps_on(self, drawn: Drawn, engine: EngineSpec) -> list[StepWork]:
+        """The work of each step of *drawn* on *engine*, in seconds alone (see sharing.py)."""
+        if drawn.inputs:
+            reads = [sum(engine.embed_seconds(tokens) for tokens in step) for step in drawn.inputs]
+            return [StepWork(seconds, seconds) for seconds in reads]  # embeddings only read
+        prompt, output = drawn.prompt, drawn.output
+        cut = self.step_tokens if 0 < self.step_tokens < output else output
+        # A cut generation continues from its cached prompt: each later step reads only the
+        # tokens it adds (gateway/relay/chunked.py), negligible beside decoding them.
+        starts = list(range(0, output, cut)) or [0]
+        decodes = [engine.decode_seconds(prompt + done, min(cut, output - done)) for done in starts]
+        reading = engine.read_seconds(min(self.spec.cached_prompt_tokens, prompt), prompt)
+        return [StepWork(reading + decodes[0], reading), *(StepWork(s) for s in decodes[1:])]
 
 
 def make_clients(scenario: Scenario) -> list[Client]:
@@ -78,6 +96,7 @@ class Request:
     client: Client
     arrival: float
     steps: list[StepWork]  # work of each step, seconds alone
+    drawn: Drawn = Drawn()  # what it asks, for the work on another engine (a fallback)
     step: int = 0  # index of the step submitted or running
     job: int = 0  # job id of that step
     started: float | None = None  # when its first step started computing
