@@ -55,6 +55,13 @@ def test_followers_are_told_each_new_line_of_their_engine_only() -> None:
     assert told == ["a", "b", "c", "d"] and [line.line for line in logs.last("chat", 10)] == ["b", "c", "d"]
     assert logs.last("nope", 10) == []
 
+    def broken(line: object) -> None:
+        raise RuntimeError("a reader's bug")
+
+    logs.followers_of("chat").append(broken)
+    logs.add("chat", "e")  # the pump goes on; the broken follower is dropped, the other still told
+    assert told[-1] == "e" and broken not in logs.followers_of("chat")
+
 
 @pytest.mark.parametrize(("line", "logged"), [
     ("llama_model_load: error loading model: tensor 'x' is missing", True),

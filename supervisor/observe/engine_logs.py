@@ -93,8 +93,12 @@ class EngineLogs:
         if ring is None:
             ring = self.rings[engine] = OutputRing(self.max_lines, self.max_bytes)
         line = ring.add(text, time.time())
-        for follower in list(self.followers.get(engine, ())):
-            follower(line)
+        followers = self.followers.get(engine, [])
+        for follower in list(followers):
+            try:
+                follower(line)
+            except Exception:  # noqa: BLE001 - a reader's bug must not stop the engine's output pump
+                followers.remove(follower)
 
     def last(self, engine: str, count: int) -> list[OutputLine]:
         ring = self.rings.get(engine)
