@@ -276,6 +276,12 @@ class RunningSteward:
     def health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/healthz", timeout=5).json()
 
+    def engine_lines(self, engine: str) -> list[str]:
+        """What *engine* printed, as steward keeps it (``GET /admin/engines/NAME/logs``, no key)."""
+        answer = httpx.get(f"{self.url}/admin/engines/{engine}/logs", params={"lines": 2000}, timeout=5)
+        answer.raise_for_status()
+        return [line["line"] for line in answer.json()["lines"]]
+
     def engine_endpoint(self, engine: str) -> str:
         return [e for e in self.events("ready") if e["engine"] == engine][-1]["endpoint"]
 

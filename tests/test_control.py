@@ -1,4 +1,4 @@
-"""``steward ps`` and ``steward load|unload|pin|unpin NAME`` against a real steward over fake
+"""``steward ps``, ``steward load|unload|pin|unpin NAME`` (and ``steward logs``'s key) against a real steward over fake
 llama-servers: each verb's output and exit status, the rules steward keeps (a pinned engine is
 not unloaded), the missing or wrong key, Ctrl-C during a wait, and the table as text."""
 
@@ -112,6 +112,10 @@ def test_with_keys_the_verbs_and_reload_say_which_key_they_need(start_steward: S
         "(an admin key) (steward says: ")
     status, _, err = steward_command("load", "chat", "--url", steward.url, env=no_key)
     assert status == 2 and "(401): steward has API keys: pass --key or set STEWARD_KEY (an admin key)" in err
+    status, _, err = steward_command("logs", "chat", "--url", steward.url, env=no_key)
+    assert status == 2 and "(401): steward has API keys: pass --key or set STEWARD_KEY (an admin key)" in err
+    status, _, err = steward_command("logs", "chat", "-f", "--url", steward.url, "--key", user)
+    assert status == 2 and "(403): logs needs an admin key" in err
     status, _, err = steward_command("unload", "chat", "--url", steward.url, "--key", user)
     assert status == 2 and "(403): unload needs an admin key: make one with `steward keys add NAME --admin" in err
     status, _, err = steward_command("ps", "--url", steward.url, "--key", "sk-not-a-key")

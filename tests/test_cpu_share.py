@@ -242,9 +242,9 @@ def engine_line(steward: RunningSteward, engine: str, text: str, timeout: float 
     """The first line *engine* printed that holds *text* (waited for)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for event in steward.events("engine_output"):
-            if event["engine"] == engine and text in event["line"]:
-                return str(event["line"])
+        for line in steward.engine_lines(engine):
+            if text in line:
+                return line
         time.sleep(0.05)
     raise AssertionError(f"{engine} printed no line with {text!r} within {timeout}s")
 

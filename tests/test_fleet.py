@@ -36,6 +36,7 @@ from supervisor.observe.events import EventLog
 from supervisor.observe.health import Health, HealthStatus
 from supervisor.observe.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
+from supervisor.top.keys import ESCAPE
 from supervisor.top.model import Top
 from supervisor.top.view import Frame
 from tests.conftest import free_port
@@ -295,6 +296,6 @@ def test_top_switches_to_a_node_s_own_view_with_its_key_and_back() -> None:
     assert top.press("n") and top.node == "b"
     assert top.press("n") and top.node is None  # past the last: the fleet
     assert top.press("n") and top.node == "a"
-    assert top.press("\x1b") and top.node is None
+    assert top.press(ESCAPE) and top.node is None
     assert top.press("2") and top.press("0") and top.node is None
     assert top.press("9") and top.node is None  # no ninth node

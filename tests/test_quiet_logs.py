@@ -1,7 +1,7 @@
 """Steward's own polls stay out of the logs: the lines an engine's access log writes for
 steward's health checks and ``GET /metrics`` reads, and a front door's ``GET /steward/state``
 polls of a node, are counted in /metrics, not written as events or usage rows; the engine's
-other lines are kept. Against a real steward and the fake vLLM (uvicorn's access log)."""
+other lines are kept (in its own log, ``GET /admin/engines/NAME/logs``). Against a real steward and the fake vLLM (uvicorn's access log)."""
 
 from __future__ import annotations
 
@@ -70,9 +70,9 @@ def test_steward_s_own_polls_are_counted_not_logged(start_steward: StewardFactor
                "steward's polls of the engine counted")
     assert ask(steward.base_url, "shared").status_code == 200
     # The engine's other lines are kept: its startup, and the access-log line of a client's request.
-    wait_until(lambda: any('"POST /v1/chat/completions HTTP/1.1" 200' in e["line"]
-                           for e in steward.events("engine_output")), "the chat's access-log line")
-    lines = [e["line"] for e in steward.events("engine_output")]
+    wait_until(lambda: any('"POST /v1/chat/completions HTTP/1.1" 200' in line
+                           for line in steward.engine_lines("shared")), "the chat's access-log line")
+    lines = steward.engine_lines("shared")
     assert any("vLLM API server version" in line for line in lines)
     assert not [line for line in lines if '"GET /metrics ' in line or '"GET /health ' in line]
 
@@ -130,7 +130,7 @@ def test_a_verbose_llama_server_s_health_check_lines_are_counted_not_logged(star
     assert ask(steward.base_url, "chat").status_code == 200
     wait_until(lambda: metric(steward.url, "steward_engine_poll_lines", engine="chat", path="/health") >= 5,
                "its health checks counted")
-    wait_until(lambda: any("request: POST /v1/chat/completions" in e["line"] for e in steward.events("engine_output")),
+    wait_until(lambda: any("request: POST /v1/chat/completions" in line for line in steward.engine_lines("chat")),
                "the chat's line kept")
-    assert not [e for e in steward.events("engine_output") if "request: GET /health" in e["line"]
-                and e["line"].endswith(" 200")]
+    assert not [line for line in steward.engine_lines("chat") if "request: GET /health" in line
+                and line.endswith(" 200")]

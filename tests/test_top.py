@@ -191,7 +191,7 @@ def test_the_events_screen_the_pause_and_an_unreachable_steward() -> None:
     assert len(events) == 30 and events[0].endswith("e back  q quit")
     assert [line.split()[3] for line in events[1:]] == [f"engine=e{i}" for i in range(29, 0, -1)]
     assert screen(Frame(URL, state, paused=True))[0].endswith("health degraded      PAUSED")  # no room for more
-    assert screen(Frame(URL, state, paused=True), width=120)[0].endswith("PAUSED  p resume  e events  q quit")
+    assert screen(Frame(URL, state, paused=True), width=120)[0].endswith("PAUSED  j/k select  p resume  e events  q quit")
     problem = "cannot reach steward at http://127.0.0.1:8080: nothing answers there; trying again every second"
     assert screen(Frame(URL, problem=problem))[:2] == [
         "steward 127.0.0.1:8080" + " " * 33 + "p pause  e events  q quit", problem[:79] + "…"]

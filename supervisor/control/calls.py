@@ -1,16 +1,21 @@
-"""The requests of ``steward ps`` and ``steward load|unload|pin|unpin``, and the wait for an
-action to be done. Refusals and an unreachable steward are top's typed errors (top/client.py)."""
+"""The requests of ``steward ps``, ``steward load|unload|pin|unpin`` and ``steward logs``, and
+the wait for an action to be done. Refusals, an unknown engine and an unreachable steward are
+top's typed errors (top/client.py)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import attrs
 import httpx
 import trio
 
 from supervisor.scheduler.types import EngineAction, EngineStatus
-from supervisor.top.client import Unreachable, check_answer, error_message, fetch_state, open_admin_client, unreachable
+from supervisor.top.client import (Unreachable, check_answer, error_message, fetch_state, follow_stream,
+                                   open_admin_client, unreachable)
 
 POLL_S = 0.2  # how often the state is read while a load or an unload is under way
 
@@ -65,3 +70,33 @@ def _crash(state: dict[str, Any], name: str) -> str:
     """Why *name* failed, as its last ``crash`` event in the state says (its exit and last output)."""
     crashes = [e for e in state.get("events", []) if e.get("event") == "crash" and e.get("engine") == name]
     return str(crashes[-1].get("detail")) if crashes else "steward's log says why (its `crash` event)"
+
+
+def logs_path(name: str, lines: int, *, follow: bool = False) -> str:
+    return f"/admin/engines/{quote(name, safe='')}/logs?lines={lines}" + ("&follow=1" if follow else "")
+
+
+async def engine_logs(url: str, key: str | None, name: str, lines: int) -> list[str]:
+    """The last *lines* lines of *name*'s output (NotFound if steward has no such engine)."""
+    async with open_admin_client(key) as client:
+        try:
+            response = await client.get(url + logs_path(name, lines))
+        except httpx.HTTPError as exc:
+            raise Unreachable(unreachable(url, exc)) from None
+        check_answer(response, url, has_key="authorization" in client.headers, command="logs")
+        return [str(line.get("line", "")) for line in response.json().get("lines", [])]
+
+
+async def follow_engine_logs(url: str, key: str | None, name: str, lines: int, on_line: Callable[[str], None]) -> None:
+    """*on_line* with the last *lines* lines of *name*'s output, then each new one, until steward
+    ends the stream (a line says how many a slow reader lost)."""
+
+    def told(data: str) -> None:
+        record = json.loads(data)
+        if "line" in record:
+            on_line(str(record["line"]))
+        elif record.get("dropped"):
+            on_line(f"[steward: {record['dropped']} lines dropped: this reader fell behind]")
+
+    async with open_admin_client(key) as client:
+        await follow_stream(client, url, logs_path(name, lines, follow=True), told, command="logs")

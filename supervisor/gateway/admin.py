@@ -15,16 +15,18 @@ import collections
 import json
 import math
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
+from supervisor.observe.engine_logs import MAX_LINES, OutputLine
 from supervisor.observe.events import Event, EventLog
-from supervisor.gateway.http.asgi import Receive, Scope, Send, open_disconnect_watch
+from supervisor.gateway.http.asgi import Receive, Scope, Send, open_disconnect_watch, send_error
+from supervisor.gateway.door import engine_logs_name
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.http.gate import RequestGate
 from supervisor.gateway.http.quart_app import json_error
@@ -41,6 +43,7 @@ from supervisor.scheduler.types import EngineAction, SchedulerSnapshot
 if TYPE_CHECKING:
     from supervisor.gateway.remote import NodeRouter
 
+T = TypeVar("T")
 STATE_VERSION = 1
 EVENTS_PATH = "/admin/events"
 RECENT_EVENTS = 30
@@ -48,6 +51,7 @@ RECENT_REJECTIONS = 20
 _REJECTIONS = frozenset({"reject", "timeout"})
 _QUEUE_SIZE = 1000  # events a slow /admin/events reader may fall behind before some are dropped
 _KEEPALIVE_S = 15.0
+DEFAULT_LOG_LINES = 100
 
 
 def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
@@ -161,6 +165,16 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
         except PeekRefused as refused:
             return json_error(error_body, refused.status, refused.message, code=refused.code)
 
+    @app.get("/admin/engines/<name>/logs")
+    async def admin_engine_logs(name: str) -> Response | dict[str, Any]:
+        """The engine's last ``lines`` lines (100), as JSON, or as plain text with ``format=text``."""
+        if name not in {e.name for e in scheduler.snapshot().engines}:
+            return json_error(error_body, 404, f"no engine named {name!r}", code="engine_not_found")
+        lines = events.engine_logs.last(name, _lines(request.args))
+        if request.args.get("format") == "text":
+            return Response("".join(line.line + "\n" for line in lines), content_type="text/plain; charset=utf-8")
+        return {"engine": name, "lines": [line.to_json() for line in lines]}
+
     @app.post("/admin/engines/<name>/<action>")
     async def admin_engine_action(name: str, action: str) -> Response | dict[str, Any]:
         engines = {e.name for e in scheduler.snapshot().engines}
@@ -183,41 +197,86 @@ async def serve_admin_events(scope: Scope, receive: Receive, send: Send, events:
     """``GET /admin/events[?event=a,b]``: each event as it is emitted, as an SSE ``data:`` line,
     until the client leaves or steward begins to shut down (an open stream never holds the drain)."""
     names = _wanted(scope.get("query_string", b"").decode("latin-1"))
-    queue_send, queue = trio.open_memory_channel[Event](_QUEUE_SIZE)
+    await serve_followed(receive, send, gate, events.listeners, lambda event: json.loads(event.to_json()),
+                         banner="steward events", wanted=None if names is None else lambda event: event.name in names)
+
+
+async def serve_engine_logs_follow(scope: Scope, receive: Receive, send: Send, scheduler: SchedulerClient,
+                                   events: EventLog, gate: RequestGate) -> None:
+    """``GET /admin/engines/NAME/logs?follow=1[&lines=N]``: the engine's last N lines, then each
+    new line as it comes, as SSE ``data:`` lines (``{"seq", "ts", "line"}``), as /admin/events."""
+    name = engine_logs_name(scope["path"])
+    if name is None or name not in {e.name for e in scheduler.snapshot().engines}:
+        await send_error(send, 404, f"no engine named {name!r}", code="engine_not_found")
+        return
+    logs = events.engine_logs
+    await serve_followed(receive, send, gate, logs.followers_of(name), OutputLine.to_json,
+                         banner=f"{name} output", backlog=logs.last(name, _lines(_query(scope))))
+
+
+async def serve_followed(receive: Receive, send: Send, gate: RequestGate, listeners: list[Callable[[T], None]],
+                            to_json: Callable[[T], dict[str, Any]], *, banner: str,
+                            wanted: Callable[[T], bool] | None = None, backlog: Sequence[T] = ()) -> None:
+    """Each item told to *listeners* (and *wanted*) from now on, after *backlog*, as an SSE
+    ``data:`` line, until the client leaves or steward begins to shut down. A reader too far
+    behind loses items (told as ``events_dropped``), never slows steward down."""
+    queue_send, queue = trio.open_memory_channel[T](_QUEUE_SIZE)
     dropped = 0
 
-    def follow(event: Event) -> None:
+    def follow(item: T) -> None:
         nonlocal dropped
-        if names is None or event.name in names:
+        if wanted is None or wanted(item):
             try:
-                queue_send.send_nowait(event)
+                queue_send.send_nowait(item)
             except trio.WouldBlock:
-                dropped += 1  # a reader this far behind loses events, never slows steward down
+                dropped += 1
 
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-    await send({"type": "http.response.body", "body": b": steward events\n\n", "more_body": True})
-    events.listeners.append(follow)
+    listeners.append(follow)  # before the first checkpoint: nothing told after *backlog* is missed
     try:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": f": {banner}\n\n".encode(), "more_body": True})
+        for item in backlog:
+            await send(_sse(to_json(item)))
         async with open_disconnect_watch(receive):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on, gate.closed, nursery.cancel_scope)
                 while True:
                     with trio.move_on_after(_KEEPALIVE_S):
-                        event = await queue.receive()
+                        item = await queue.receive()
                         lost, dropped = dropped, 0
                         if lost:
                             await send(_sse({"event": "events_dropped", "dropped": lost}))
-                        await send(_sse(json.loads(event.to_json())))
+                        await send(_sse(to_json(item)))
                         continue
                     await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
     finally:
-        events.listeners.remove(follow)
+        listeners.remove(follow)
     with trio.CancelScope(shield=True):
         try:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:  # noqa: BLE001 - the client is gone: nothing to finish
             pass
+
+
+def is_engine_logs_path(path: str) -> bool:
+    return engine_logs_name(path) is not None
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    return dict(part.partition("=")[::2] for part in scope.get("query_string", b"").decode("latin-1").split("&"))
+
+
+def _lines(query: Mapping[str, str]) -> int:
+    """``lines=N`` of a logs request: N within 0..MAX_LINES, else the default."""
+    try:
+        return max(0, min(MAX_LINES, int(query.get("lines", ""))))
+    except ValueError:
+        return DEFAULT_LOG_LINES
+
+
+def wants_follow(scope: Scope) -> bool:
+    return _query(scope).get("follow", "") not in ("", "0", "false")
 
 
 def _wanted(query: str) -> frozenset[str] | None:

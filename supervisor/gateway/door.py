@@ -54,6 +54,8 @@ MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", 
 # Those and a front door's polls of this node (/steward/state, the OpenAI listener's): no request event
 # nor usage row, a count in /metrics instead (steward_polls_answered).
 POLL_PATHS = MONITORING_PATHS | {STATE_PATH}
+# An engine's output (`steward logs`, top's log pane): read like the state, counted as one path whatever NAME.
+ENGINE_LOGS_PATH = "/admin/engines/NAME/logs"
 # Claude Code's probe when it starts (`HEAD /`, a "preflight" that reads anything but a 2xx as the
 # server being down): the OpenAI listener answers it 200 itself (app.py), as llama-server and
 # Ollama answer it, without a key and without a usage row. The other listeners pass `/` on.
@@ -460,12 +462,27 @@ def front_door(app: ASGI, door: FrontDoor, listener: str, shape_for: Callable[[S
                 door.refuse(exchange, refusal.code or "unauthorized")
                 await _send_auth_refusal(observed_send, refusal, shape_for(scope), body_unread(scope))
         finally:
-            if scope["path"] in POLL_PATHS:
-                door.events.count("poll_answered", listener=listener, path=scope["path"])
+            if (polled := polled_path(scope["path"])) is not None:
+                door.events.count("poll_answered", listener=listener, path=polled)
             elif not is_probe(scope, listener):
                 door.record(exchange)
 
     return guarded
+
+
+def polled_path(path: str) -> str | None:
+    """*path* as ``steward_polls_answered`` counts it if it is a poll (``ENGINE_LOGS_PATH`` for
+    every engine's logs: a label per name a client sends would grow without end), else None."""
+    if path in POLL_PATHS:
+        return path
+    return ENGINE_LOGS_PATH if engine_logs_name(path) is not None else None
+
+
+def engine_logs_name(path: str) -> str | None:
+    """NAME of ``/admin/engines/NAME/logs``, else None."""
+    prefix, _, rest = path.partition("/admin/engines/")
+    name, slash, tail = rest.rpartition("/")
+    return name if not prefix and slash and tail == "logs" and name and "/" not in name else None
 
 
 def is_probe(scope: Scope, listener: str = "openai") -> bool:

@@ -155,7 +155,7 @@ class AlertPolicy:
         self._loops_told.pop(engine, None)
         last = detail if len(detail) <= DETAIL_MAX else detail[: DETAIL_MAX - 3] + "..."
         body = (f"Engine {engine} crashed {failures} times in a row. The last time: {last}\n"
-                f"Look at its crash and engine_output events in the event log.")
+                f"Look at its crash events in the event log, and its own output: steward logs {engine}.")
         decision = self._unless_recent(now, Alert(AlertKind.CRASH_LOOP, f"Engine {engine} is crash-looping", body,
                                                   Priority.URGENT, ("rotating_light", "steward"), engine))
         if isinstance(decision, Alert):

@@ -31,6 +31,7 @@ from typing import IO, Any
 import attrs
 import trio
 
+from supervisor.observe.engine_logs import EngineLogs
 from supervisor.safe_text import recordable
 from supervisor.units import format_elapsed, format_size
 
@@ -101,6 +102,8 @@ class EventLog:
     recent_max: int = 200
     # Called with every event as it is emitted (metrics are counted from the events).
     listeners: list[Callable[[Event], None]] = attrs.Factory(list)
+    # The engines' own output, kept beside the log rather than in it (observe/engine_output.py).
+    engine_logs: EngineLogs = attrs.Factory(EngineLogs)
     _telling_failure: bool = False
 
     def emit(self, name: str, level: str = "info", **fields: Any) -> None:

@@ -313,6 +313,8 @@ class StewardMetrics:
         self.own_poll_lines = Counter("steward_engine_poll_lines", "Lines of an engine's access log for steward's "
                                       "own polls (its health checks, its /metrics reads): counted, not logged",
                                       ["engine", "path"], registry=r)
+        self.output_lines = Counter("steward_engine_output_lines", "Lines of an engine's output, kept in its "
+                                    "own log (steward logs NAME), not the event log", ["engine"], registry=r)
         self.polls_answered = Counter("steward_polls_answered", "Polls steward answered without a request event "
                                       "or usage row (/steward/state, /healthz, /metrics, /admin/state, ...)",
                                       ["listener", "path"], registry=r)
@@ -418,6 +420,8 @@ class StewardMetrics:
             # Counted only (EventLog.count): never in the log.
             case "engine_poll_line":
                 self.own_poll_lines.labels(f["engine"], f["path"]).inc()
+            case "engine_output_line":
+                self.output_lines.labels(f["engine"]).inc()
             case "poll_answered":
                 self.polls_answered.labels(f["listener"], f["path"]).inc()
 

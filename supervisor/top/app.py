@@ -1,9 +1,11 @@
 """The live loop of ``steward top``, and ``--once``.
 
-One nursery holds four tasks around one ``Top``: the event follower (``/admin/events``: each
+One nursery holds five tasks around one ``Top``: the event follower (``/admin/events``: each
 event is drawn at once and asks for a fresh state), the state poller (``/admin/state`` at
 least once a second, and shortly after a burst of events, once for the burst), the key
-reader, and the drawer, which redraws whenever one of them nudges it. Signals that end a
+reader, the asker (what a key asks of steward: an engine unloaded, pinned, its output
+followed; as ``steward unload|pin|unpin|logs`` ask it, the outcome a line on the screen), and
+the drawer, which redraws whenever one of them nudges it. Signals that end a
 pane (Ctrl-C, SIGTERM, tmux's SIGHUP) quit the way ``q`` does, so the terminal is always put
 back. A refused key ends top (exit 2); an unreachable steward is said on the screen and
 tried again.
@@ -12,6 +14,7 @@ tried again.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -24,14 +27,17 @@ import trio
 from rich.console import Console
 from rich.live import Live
 
+from supervisor.control.calls import ActionNotDone, act, follow_engine_logs
 from supervisor.top.client import AdminRefused, Unreachable, fetch_state, follow_events, open_admin_client
 from supervisor.top.keys import cbreak, read_keys
-from supervisor.top.model import Top
+from supervisor.top.model import Ask, LogPane, Top
 from supervisor.top.view import render_frame
 
 EXIT_OK = 0
 EXIT_UNREACHABLE = 1
 EXIT_REFUSED = 2
+LOG_LINES = 200  # of the followed engine's output, shown first
+ACT_WAIT_S = 5.0  # an action is done once steward accepts it: this bounds only that answer
 POLL_S = 1.0  # the state is fetched at least this often: idle times and waits move on
 SETTLE_S = 0.2  # after an event, wait this long for the rest of its burst before fetching
 RETRY_S = 1.0
@@ -85,7 +91,9 @@ async def serve_top(top: Top, key: str | None, live: Live, fd: int | None) -> st
             await nursery.start(poll_state, top, client, redraw, refetch)
             await nursery.start(follow_steward, top, client, redraw, refetch)
             if fd is not None:
-                await nursery.start(serve_keys, top, fd, redraw, nursery.cancel_scope, refetch)
+                asks_send, asks = trio.open_memory_channel[Ask](math.inf)
+                await nursery.start(serve_asks, top, key, asks, redraw, refetch)
+                await nursery.start(serve_keys, top, fd, redraw, nursery.cancel_scope, refetch, asks_send)
     except* AdminRefused as group:
         refused.extend(exc for exc in group.exceptions if isinstance(exc, AdminRefused))
     return str(refused[0]) if refused else None
@@ -144,11 +152,16 @@ async def follow_steward(top: Top, client: httpx.AsyncClient, redraw: Nudge, ref
         await trio.sleep(RETRY_S)
 
 
-async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, refetch: Nudge | None = None, *,
+async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, refetch: Nudge | None = None,
+                     asks: trio.MemorySendChannel[Ask] | None = None, *,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     def pressed(char: str) -> bool:
         node = top.node
         going = top.press(char)
+        if asks is not None:
+            for ask in top.asks:
+                asks.send_nowait(ask)  # unbounded: one a key press
+        top.asks.clear()
         redraw.nudge()
         if refetch is not None and top.node != node:
             refetch.nudge()  # another node's picture (or the fleet's): fetched now, not at the next poll
@@ -157,6 +170,53 @@ async def serve_keys(top: Top, fd: int, redraw: Nudge, done: trio.CancelScope, r
     task_status.started()
     if await read_keys(fd, pressed):
         done.cancel(reason="q pressed")
+
+
+async def serve_asks(top: Top, key: str | None, asks: trio.MemoryReceiveChannel[Ask], redraw: Nudge,
+                     refetch: Nudge, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Send each ask to steward: an action at once (its outcome said on the screen, the state
+    fetched again), the log pane's follow until it is closed. A refusal, a missing key or an
+    unreachable steward is a line on the screen, never the end of top."""
+    task_status.started()
+    following: trio.CancelScope | None = None
+    async with trio.open_nursery() as nursery:
+        async for ask in asks:
+            if isinstance(ask.action, LogPane):
+                if following is not None:
+                    following.cancel(reason="the log pane closed")
+                following = await nursery.start(_follow_log, top, key, ask.engine, redraw) \
+                    if ask.action is LogPane.OPEN else None
+            else:
+                nursery.start_soon(_act, top, key, ask, redraw, refetch)
+
+
+async def _act(top: Top, key: str | None, ask: Ask, redraw: Nudge, refetch: Nudge) -> None:
+    assert not isinstance(ask.action, LogPane)
+    try:
+        done = await act(top.url, key, ask.engine, ask.action, frozenset(), ACT_WAIT_S)
+    except (ActionNotDone, AdminRefused, Unreachable) as exc:
+        top.say(f"{ask.action.value} {ask.engine}: {exc}")
+    else:
+        top.say(f"{ask.action.value} {ask.engine}: done, {'pinned, ' if done.engine.get('pinned') else ''}"
+                f"{done.engine.get('status', '?')}")
+    refetch.nudge()
+    redraw.nudge()
+
+
+async def _follow_log(top: Top, key: str | None, engine: str, redraw: Nudge, *,
+                      task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+    def told(line: str) -> None:
+        top.saw_log_line(engine, line)
+        redraw.nudge()
+
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        try:
+            await follow_engine_logs(top.url, key, engine, LOG_LINES, told)
+            top.say(f"logs {engine}: steward ended the stream")
+        except (AdminRefused, Unreachable, ValueError) as exc:
+            top.say(f"logs {engine}: {exc}")
+        redraw.nudge()
 
 
 def print_once(url: str, key: str | None) -> int:

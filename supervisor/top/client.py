@@ -30,6 +30,10 @@ class Unreachable(Exception):
     """No usable answer from steward (yet)."""
 
 
+class NotFound(Unreachable):
+    """Steward says no such thing (404 in its error shape): an engine not in its config."""
+
+
 def admin_url(text: str) -> str:
     """``127.0.0.1:8080``, ``http://host:8080/`` or the OpenAI base URL ``.../v1`` -> the
     steward's root URL; ValueError with a sentence for anything else."""
@@ -71,15 +75,22 @@ async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top",
 async def follow_events(client: httpx.AsyncClient, url: str, on_event: Callable[[dict[str, Any]], None]) -> None:
     """Call *on_event* with each event as steward emits it, until the stream ends (steward
     stops); Unreachable if it cannot be had or breaks."""
+    await follow_stream(client, url, EVENTS_PATH, lambda data: on_event(_record(data)))
+
+
+async def follow_stream(client: httpx.AsyncClient, url: str, path: str, on_data: Callable[[str], None],
+                        command: str = "top") -> None:
+    """Call *on_data* with each SSE ``data:`` of *path* (an admin stream), until it ends;
+    NotFound (404), AdminRefused or Unreachable if it cannot be had or breaks."""
     timeout = httpx.Timeout(_TIMEOUT_S, read=_STREAM_READ_S)
     try:
-        async with client.stream("GET", url + EVENTS_PATH, timeout=timeout) as response:
+        async with client.stream("GET", url + path, timeout=timeout) as response:
             if response.status_code != 200:
                 await response.aread()
-            check_answer(response, url, has_key="authorization" in client.headers)
+            check_answer(response, url, has_key="authorization" in client.headers, command=command)
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
-                    on_event(_record(line[6:]))
+                    on_data(line[6:])
     except httpx.HTTPError as exc:
         raise Unreachable(unreachable(url, exc)) from None
 
@@ -97,12 +108,15 @@ def _record(data: str) -> dict[str, Any]:
 
 
 def check_answer(response: httpx.Response, url: str, *, has_key: bool, command: str = "top") -> None:
-    """AdminRefused for 401/403 (with what to do, for *command*), Unreachable for any other answer but 200."""
+    """AdminRefused for 401/403 (with what to do, for *command*), NotFound for steward's 404, Unreachable for any
+    other answer but 200."""
     if response.status_code in (401, 403):
         said = error_message(response)
         raise AdminRefused(f"{url} refused the admin API ({response.status_code}): "
                            f"{refusal_hint(response.status_code, has_key=has_key, command=command)}" +
                            (f" (steward says: {said})" if said else ""))
+    if response.status_code == 404 and response.headers.get("content-type", "").startswith("application/json"):
+        raise NotFound(error_message(response))  # steward's own answer: no such engine (not a wrong URL's 404)
     if response.status_code != 200:
         said = error_message(response)
         raise Unreachable(f"{url}{response.url.path} answered {response.status_code}" + (f": {said}" if said else ""))

@@ -61,6 +61,10 @@ class Frame:
     paused: bool = False
     problem: str | None = None  # why the picture may be old: steward cannot be reached, say
     node: str | None = None  # a front door's node whose own picture this is; None: the front door's
+    selected: str | None = None  # the engine the keys u, p and f act on
+    following: str | None = None  # an engine whose output fills the pane (its last lines: log)
+    log: Sequence[str] = ()
+    said: str | None = None  # how the last action asked with a key went
 
 
 @attrs.frozen
@@ -91,7 +95,11 @@ def render_frame(frame: Frame, *, width: int, height: int) -> RenderableType:
     lines: list[RenderableType] = [header]
     if frame.problem:
         lines.append(_line(frame.problem, "bold red"))
-    if state is None:
+    if frame.said:
+        lines.append(_line(frame.said, "yellow"))
+    if frame.following is not None:
+        body = _log_pane(frame.following, frame.log, height - len(lines))
+    elif state is None:
         if not frame.problem:
             lines.append(_line("waiting for steward's first answer", "dim"))
         body = _event_block(frame.events, height - len(lines), title=frame.screen is Screen.OVERVIEW)
@@ -101,7 +109,7 @@ def render_frame(frame: Frame, *, width: int, height: int) -> RenderableType:
         if reasons := _list(_get(state, "health"), "reasons"):
             lines.append(_line(f"health: {'; '.join(map(_text, reasons))}", "yellow"))
         hint = None if keys_shown else _keys(frame)  # a narrow pane: the keys go on the events' title
-        body = _overview(state, frame.events, width, height - len(lines), hint)
+        body = _overview(state, frame.events, width, height - len(lines), hint, frame.selected)
     return Group(*lines[:height], *body)
 
 
@@ -127,8 +135,17 @@ def split_bar(sizes: Sequence[int], width: int) -> list[int]:
 
 # --- the overview ----------------------------------------------------------------------------
 
+def _log_pane(engine: str, log: Sequence[str], room: int) -> list[RenderableType]:
+    """The followed engine's output, its newest lines at the bottom (made safe by steward)."""
+    title = Text.assemble((f"OUTPUT OF {engine}", "bold"), ("  Esc/q back", "dim"), no_wrap=True, overflow="ellipsis")
+    if room < 1:
+        return []
+    lines = [_line(line) for line in log] or [_line("(no output yet)", "dim")]
+    return [title, *lines[-(room - 1):]] if room > 1 else [title]
+
+
 def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], width: int, room: int,
-              hint: Text | None) -> list[RenderableType]:
+              hint: Text | None, selected: str | None = None) -> list[RenderableType]:
     wide = width >= WIDE
     nodes = _nodes(_list(state, "nodes"), width, room)
     room -= _height(nodes)
@@ -138,7 +155,7 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     room -= len(devices)
     queues = _queues(state, width, room)
     room -= len(queues)
-    engines = _engines(_list(state, "engines"), _number(state.get("time")), width, wide, room)
+    engines = _engines(_list(state, "engines"), _number(state.get("time")), width, wide, room, selected)
     room -= _height(engines)
     rejections = _titled("REJECTED", [_event_line(r) for r in _list(state, "rejections")],
                          min(room, _REJECTIONS_MAX + 1))
@@ -169,10 +186,18 @@ def _header(frame: Frame, state: Mapping[str, Any] | None, width: int) -> tuple[
 
 
 def _keys(frame: Frame) -> Text:
+    if frame.following is not None:
+        return Text("Esc/q back", "dim")
     state = frame.state if isinstance(frame.state, Mapping) else {}
     nodes = "0 fleet  n next  " if frame.node is not None else "1-9 node  " if _list(state, "nodes") else ""
-    return Text(f"{nodes}p {'resume' if frame.paused else 'pause'}  "
-                f"e {'back' if frame.screen is Screen.EVENTS else 'events'}  q quit", "dim")
+    pause = f"{'space' if frame.selected else 'p'} {'resume' if frame.paused else 'pause'}"
+    if frame.node is not None:  # a node's engines are the node's: no engine keys here
+        chosen = ""
+    elif frame.selected:
+        chosen = "u unload  p pin/unpin  f follow  "
+    else:  # once there is an engine to select
+        chosen = "j/k select  " if _list(state, "engines") else ""
+    return Text(f"{nodes}{chosen}{pause}  e {'back' if frame.screen is Screen.EVENTS else 'events'}  q quit", "dim")
 
 
 def _devices(devices: list[Any], width: int, wide: bool) -> list[RenderableType]:
@@ -202,9 +227,10 @@ def _devices(devices: list[Any], width: int, wide: bool) -> list[RenderableType]
     return lines
 
 
-def _engines(engines: list[Any], now: float | None, width: int, wide: bool, room: int) -> list[RenderableType]:
-    """A row per engine (a last row says how many did not fit). The other columns take what
-    they need; the name gets the rest, cut if it must be."""
+def _engines(engines: list[Any], now: float | None, width: int, wide: bool, room: int,
+             selected: str | None = None) -> list[RenderableType]:
+    """A row per engine (a last row says how many did not fit), the selected one in reverse.
+    The other columns take what they need; the name gets the rest, cut if it must be."""
     engines = [engine for engine in engines if isinstance(engine, Mapping)]
     if room < 2 or not engines:
         return []
@@ -220,7 +246,9 @@ def _engines(engines: list[Any], now: float | None, width: int, wide: bool, room
     for header in headers:
         table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in right else "left",
                          **({"width": name_width} if header == "ENGINE" else {}))
-    for row in rows:
+    for engine, row in zip(shown, rows, strict=False):
+        table.add_row(*row, style="reverse" if selected is not None and engine.get("name") == selected else None)
+    for row in rows[len(shown):]:
         table.add_row(*row)
     return [table]
 

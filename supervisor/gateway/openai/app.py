@@ -16,7 +16,8 @@ from quart_trio import QuartTrio
 
 from supervisor.apis import ModelKind, api_names, model_kind
 from supervisor.config import Config
-from supervisor.gateway.admin import EVENTS_PATH, add_admin_routes, is_admin_path, serve_admin_events, waiting_lines
+from supervisor.gateway.admin import (EVENTS_PATH, add_admin_routes, is_admin_path, is_engine_logs_path,
+                                      serve_admin_events, serve_engine_logs_follow, waiting_lines, wants_follow)
 from supervisor.gateway.openai.api_routes import error_shape_for
 from supervisor.gateway.http.asgi import Receive, Scope, Send, send_whole
 from supervisor.gateway.catalog import ModelCatalog
@@ -57,6 +58,8 @@ def create_app(config: Config, services: Services) -> QuartTrio:
             await images.serve_file(scope, send)
         elif scope["path"] == EVENTS_PATH and scope["method"] == "GET":
             await serve_admin_events(scope, receive, send, events, gate)
+        elif scope["method"] == "GET" and is_engine_logs_path(scope["path"]) and wants_follow(scope):
+            await serve_engine_logs_follow(scope, receive, send, scheduler, events, gate)
         else:
             await quart_asgi(scope, receive, send)
 
