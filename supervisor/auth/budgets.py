@@ -166,16 +166,16 @@ class BudgetLedger:
     clock: Callable[[], float] = time.time  # wall time: the periods are calendar ones
     _day_start: float = -math.inf
     _month_start: float = -math.inf
+    _next_roll: float = -math.inf  # the end of the day (a month ends with a day): the counts are good until then
     _day: dict[str, Used] = attrs.Factory(dict)
     _month: dict[str, Used] = attrs.Factory(dict)
 
     def __attrs_post_init__(self) -> None:
-        now = self.clock()
-        self._day_start, self._month_start = Period.DAY.start(now), Period.MONTH.start(now)
+        self._roll(self.clock())
 
     def load(self, day: Mapping[str, Used], month: Mapping[str, Used], now: float) -> None:
         """The counts of the periods holding *now*, as the usage log had them."""
-        self._day_start, self._month_start = Period.DAY.start(now), Period.MONTH.start(now)
+        self._roll(now)
         self._day, self._month = dict(day), dict(month)
 
     def observe_row(self, key: str | None, ts: float, used: Used) -> None:
@@ -190,6 +190,8 @@ class BudgetLedger:
 
     def check(self, key: ApiKey) -> Standing | None:
         """The budget that refuses *key*'s next request now, or None."""
+        if not any(budget.limit_of(key) is not None for budget in Budget):
+            return None  # most keys: no budget, nothing to work out
         now = self.clock()
         self._roll(now)
         return exhausted(key, self.used(key.name, Period.DAY), self.used(key.name, Period.MONTH), now)
@@ -198,7 +200,11 @@ class BudgetLedger:
         return (self._day if period is Period.DAY else self._month).get(name, NOTHING)
 
     def _roll(self, now: float) -> None:
-        if now >= Period.DAY.end(self._day_start):
+        """A new day (and month) from its first instant: the counts of the one before are dropped."""
+        if now < self._next_roll:
+            return
+        if Period.DAY.start(now) != self._day_start:
             self._day, self._day_start = {}, Period.DAY.start(now)
-        if now >= Period.MONTH.end(self._month_start):
+        if Period.MONTH.start(now) != self._month_start:
             self._month, self._month_start = {}, Period.MONTH.start(now)
+        self._next_roll = Period.DAY.end(now)
