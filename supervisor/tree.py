@@ -94,6 +94,7 @@ from supervisor.engines.service import serve_service_process
 from supervisor.observe.slowdown import ComputeCompany, PaceMeter, SpeedBook
 from supervisor.supervise import OnFailure, Supervision, serve_contained_nursery, supervise
 from supervisor.units import format_size
+from supervisor.usage.counted import keep_budget_counts
 from supervisor.usage.writer import UsageLog, serve_usage_log
 
 
@@ -195,6 +196,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     catalog = ModelCatalog.of(config)
     door = FrontDoor(events, usage, exposed=exposed_listeners(config), open_paths=frozenset(config.auth.open_paths),
                      aliases=catalog.names)
+    await keep_budget_counts(door.budgets, usage, events)  # what each key used today and this month
     async with httpx.AsyncClient(timeout=2.0) as http, trio.open_nursery() as root:
         reloader = Reloader(config_path or Path(), config, [d.nbytes for d in budgets], memory_device(probe), store,
                             plans, engines, catalog, client, events, http, root)

@@ -8,6 +8,7 @@ official `openai` and `ollama` clients where a client is the point, httpx elsewh
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -283,3 +284,47 @@ def test_a_refusal_sent_before_the_body_arrived_says_the_connection_closes(start
         refused = http.get("/models")
         assert refused.status_code == 401 and "close" not in refused.headers.get("connection", "")
         assert http.get("/models", headers={"authorization": f"Bearer {keys['family']}"}).status_code == 200
+
+
+def test_a_spent_budget_is_refused_until_it_resets_and_across_a_restart(start_steward: StewardFactory,
+                                                                         tmp_path: Path) -> None:
+    steward, keys = keyed_steward(start_steward, tmp_path, {"capped": {"budgets": {"requests_per_day": 2}}})
+    client = openai.OpenAI(base_url=steward.base_url, api_key=keys["capped"], max_retries=0)
+    for number in range(1, 3):
+        assert client.chat.completions.create(**CHAT).choices
+        _wait_requests(steward, number)  # counted when its usage row is recorded, at the answer's end
+    with pytest.raises(openai.RateLimitError) as spent:
+        client.chat.completions.create(**CHAT)
+    assert spent.value.code == "budget_exhausted"
+    assert "requests_per_day 2 of key capped used: 2; resets at " in spent.value.message
+    assert 1 <= int(spent.value.response.headers["retry-after"]) <= 86400
+    messages = httpx.post(f"{steward.base_url}/messages", timeout=30, headers={"x-api-key": keys["capped"]},
+                          json={"model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert messages.status_code == 429 and 1 <= int(messages.headers["retry-after"]) <= 86400
+    assert messages.json()["type"] == "error" and messages.json()["error"]["type"] == "rate_limit_error"
+    assert "requests_per_day 2 of key capped" in messages.json()["error"]["message"]
+    assert [e["reason"] for e in steward.events("refused")] == ["budget_exhausted", "budget_exhausted"]
+    metrics = httpx.get(f"{steward.url}/metrics", headers={"authorization": f"Bearer {keys['capped']}"}).text
+    assert 'reason="budget_exhausted"} 2.0' in metrics
+    steward.stop()
+
+    config = str(steward.events_path.parent / "config.yaml")
+    report = steward_cli("usage", "--config", config, "--budgets", "--json")
+    assert report.returncode == 0, report.stderr
+    (standing,) = json.loads(report.stdout)["budgets"]
+    assert (standing["key"], standing["budget"], standing["used"], standing["left"]) == (
+        "capped", "requests_per_day", 2, 0)
+    # A restart: the new steward reads what the key used today from the usage log.
+    again = start_steward({"chat": fake_model("1GiB")}, gpu=GPU, usage={"db": str(tmp_path / "usage.db")},
+                          auth={"keys_file": str(tmp_path / "keys.json")})
+    refused = httpx.post(f"{again.base_url}/chat/completions", json=CHAT, timeout=30,
+                         headers={"authorization": f"Bearer {keys['capped']}"})
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exhausted"
+
+
+def _wait_requests(steward: RunningSteward, count: int) -> None:
+    """Until *count* served requests were recorded (the request event comes with the usage row)."""
+    deadline = time.monotonic() + 10
+    while len([e for e in steward.events("request") if e["status"] == 200]) < count:
+        assert time.monotonic() < deadline, "the requests were not recorded"
+        time.sleep(0.02)

@@ -10,13 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from supervisor.auth.keys import ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
+from supervisor.auth.budgets import Budget, amount
+from supervisor.auth.keys import BUDGET_FIELDS, ApiKey, KeyCommandError, KeyFileError, add_key, list_keys, remove_key, unknown_models
 from supervisor.config import COMFYUI_SCOPE, load_config_for_command
 from supervisor.request_class import RequestClass
 
 EXIT_OK = 0
 EXIT_ERROR = 2
-_COLUMNS = ("NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN", "CREATED")
+_COLUMNS = ("NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN", "BUDGETS", "CREATED")
 
 
 def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -35,6 +36,12 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: igno
     add.add_argument("--rpm", type=int, metavar="N", help="at most N requests in any minute (default: no limit)")
     add.add_argument("--concurrency", type=int, metavar="N", help="at most N requests at once (default: no limit)")
     add.add_argument("--admin", action="store_true", help="may use steward's admin endpoints")
+    for field, kind, what in (("tokens_per_day", int, "prompt + completion tokens per day"),
+                              ("tokens_per_month", int, "prompt + completion tokens per month"),
+                              ("requests_per_day", int, "requests that reach an engine per day"),
+                              ("spend_per_month", float, "remote models' cost per month, e.g. 5.00")):
+        add.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind, metavar="N",
+                         help=f"a budget: at most {what} (calendar day or month, UTC; default: none)")
     listing = actions.add_parser("list", help="the keys, without their secrets")
     remove = actions.add_parser("remove", help="remove a key (a running steward stops accepting it)")
     remove.add_argument("name", metavar="NAME")
@@ -54,7 +61,9 @@ def run_keys(args: argparse.Namespace) -> int:
                      **({COMFYUI_SCOPE: COMFYUI_SCOPE} if config.comfyui is not None else {})}
             text = add_key(path, args.name, models=args.models, classes=args.classes,
                            default_class=args.default_class, rpm=args.rpm, concurrency=args.concurrency,
-                           admin=args.admin, known_models=known, ollama=config.ollama is not None)
+                           admin=args.admin, known_models=known, ollama=config.ollama is not None,
+                           budgets={field: value for field in BUDGET_FIELDS
+                                    if (value := getattr(args, field)) is not None})
             print(text)
             _say(f"key {args.name!r} added to {path}. Store it now: it is not shown again.")
             if first:
@@ -99,8 +108,14 @@ def format_key_table(keys: Sequence[ApiKey]) -> str:
 
 def _row(key: ApiKey) -> tuple[str, ...]:
     return (key.name, _listed(key.models), _listed(key.classes), key.default_class or "(listener's)",
-            _limit(key.rpm), _limit(key.concurrency), "yes" if key.admin else "no",
+            _limit(key.rpm), _limit(key.concurrency), "yes" if key.admin else "no", _budgets(key),
             key.created.strftime("%Y-%m-%d %H:%M:%SZ"))
+
+
+def _budgets(key: ApiKey) -> str:
+    """``tokens_per_day=100000,spend_per_month=5.00``, or ``-``."""
+    return ",".join(f"{budget}={amount(budget, limit)}" for budget in Budget
+                    if (limit := budget.limit_of(key)) is not None) or "-"
 
 
 def _listed(names: Sequence[str] | None) -> str:

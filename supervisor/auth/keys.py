@@ -37,7 +37,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, NewType, get_args, get_origin
@@ -57,6 +57,8 @@ _MAX_FILE_SIZE = 16 * 1024**2  # far beyond any key file; a bigger one is not ou
 
 KeyName = NewType("KeyName", str)
 KeyHash = NewType("KeyHash", str)  # SHA-256 of the key text, 64 lowercase hex digits
+Money = NewType("Money", float)  # a spend budget: positive, finite, below MONEY_LIMIT
+MONEY_LIMIT = 1e12  # far beyond any home lab's budget; a bigger one is a typo
 
 
 class KeyFileError(Exception):
@@ -94,6 +96,11 @@ class ApiKey:
     concurrency: PositiveInt | None = None  # requests at once
     admin: bool = False
     created: datetime
+    # Budgets (supervisor/auth/budgets.py): calendar day and month, UTC; None: no budget.
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+    requests_per_day: PositiveInt | None = None
+    spend_per_month: Money | None = None  # remote models' cost, in the currency their prices are in
 
     @property
     def allowed_classes(self) -> tuple[RequestClass, ...]:
@@ -225,7 +232,12 @@ def parse_key_file(data: bytes, path: str | Path) -> KeyFile:
 def write_key_file(path: str | Path, key_file: KeyFile) -> None:
     """Replace the file at *path* atomically with *key_file*, mode 0600. Raises KeyFileError."""
     path = Path(path)
-    text = json.dumps(_converter.unstructure(key_file), indent=2) + "\n"
+    raw = _converter.unstructure(key_file)
+    for key in raw["keys"]:  # a key without a budget reads as before budgets existed
+        for field in BUDGET_FIELDS:
+            if key.get(field) is None:
+                key.pop(field, None)
+    text = json.dumps(raw, indent=2) + "\n"
     try:
         # mkstemp creates the file with O_EXCL and mode 0600: it is never readable by others.
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -265,14 +277,16 @@ def locked_key_file(path: str | Path) -> Iterator[None]:
 def add_key(path: str | Path, name: str, *, models: Collection[str] | None = None,
             classes: Collection[str] | None = None, default_class: str | None = None, rpm: int | None = None,
             concurrency: int | None = None, admin: bool = False, known_models: Collection[str] = (),
-            ollama: bool = False, now: datetime | None = None) -> str:
+            ollama: bool = False, budgets: Mapping[str, float] | None = None, now: datetime | None = None) -> str:
     """Add a key named *name* to the key file at *path*; returns the key text, which nothing keeps.
 
     *known_models* are the names the config accepts (``config.alias_table()``, and ``comfyui`` with a
     ComfyUI listener); with *ollama*, other names are accepted too (they may be Ollama's own).
+    *budgets* maps a budget's field (``tokens_per_day``, ...) to its limit.
     Raises KeyCommandError or KeyFileError."""
     allowed, problems = _allowed_classes(classes)
-    problems = _name_problems(name) + _limit_problems(rpm, concurrency) + problems
+    budgets = dict(budgets or {})
+    problems = _name_problems(name) + _limit_problems(rpm, concurrency) + _budget_problems(budgets) + problems
     if default_class is not None and default_class not in (allowed or tuple(RequestClass)):
         problems.append(f"--default-class: {show(default_class)} is not one of the key's classes "
                         f"({', '.join(allowed or RequestClass)})")
@@ -286,7 +300,7 @@ def add_key(path: str | Path, name: str, *, models: Collection[str] | None = Non
     text = new_key_text()
     key = ApiKey(name=KeyName(name), hash=KeyHash(key_digest(text)), models=models, classes=allowed,
                  default_class=default_class, rpm=rpm, concurrency=concurrency, admin=admin,
-                 created=(now or datetime.now(UTC)).replace(microsecond=0))
+                 created=(now or datetime.now(UTC)).replace(microsecond=0), **budgets)
     with locked_key_file(path):
         key_file = load_key_file(path)
         if key_file.named(name) is not None:
@@ -343,6 +357,24 @@ def _limit_problems(rpm: int | None, concurrency: int | None) -> list[str]:
             (("rpm", rpm), ("concurrency", concurrency)) if value is not None and value <= 0]
 
 
+BUDGET_FIELDS = ("tokens_per_day", "tokens_per_month", "requests_per_day", "spend_per_month")
+
+
+def _budget_problems(budgets: Mapping[str, float]) -> list[str]:
+    """What is wrong with each budget, by the flag that set it (``--tokens-per-day``)."""
+    problems = []
+    for field, value in budgets.items():
+        if field not in BUDGET_FIELDS:
+            problems.append(f"not a budget: {show(field)} (budgets: {', '.join(BUDGET_FIELDS)})")
+            continue
+        structure = _structure_money if field == "spend_per_month" else _converter.get_structure_hook(PositiveInt)
+        try:
+            structure(value, None)
+        except ValueError as exc:
+            problems.append(f"--{field.replace('_', '-')}: {exc}")
+    return problems
+
+
 def _allowed_classes(classes: Collection[str] | None) -> tuple[tuple[RequestClass, ...] | None, list[str]]:
     """The classes in rank order (None: all), and what is wrong with them."""
     if classes is None:
@@ -369,6 +401,12 @@ def _structure_hash(value: Any, _: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value):
         return value
     raise ValueError("must be the SHA-256 of the key as 64 lowercase hex digits (steward keys add writes it)")
+
+
+def _structure_money(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < MONEY_LIMIT:
+        return float(value)  # NaN and infinity fail the comparison
+    raise ValueError(f"must be a positive amount below {MONEY_LIMIT:.0e}, like 5.00, got {show(value)}")
 
 
 def _structure_time(value: Any, _: Any) -> datetime:
@@ -402,6 +440,7 @@ def _make_converter() -> cattrs.Converter:
     converter = make_converter()
     converter.register_structure_hook(KeyName, _structure_name)
     converter.register_structure_hook(KeyHash, _structure_hash)
+    converter.register_structure_hook(Money, _structure_money)
     converter.register_structure_hook(datetime, _structure_time)
     converter.register_unstructure_hook(datetime, _unstructure_time)
     converter.register_structure_hook_factory(lambda t: get_origin(t) is tuple, _tuple_hook)

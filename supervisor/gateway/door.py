@@ -13,7 +13,7 @@ It is the outermost layer of each listener's ASGI app. For every HTTP request it
   when the answer ended, however it ended: refused, failed, cut, or left by its client (499).
   Health and metrics scrapes are not logged.
 
-What a key limits beyond that (models, classes, requests per minute, concurrency) needs the
+What a key limits beyond that (models, classes, budgets, requests per minute, concurrency) needs the
 request's body, so the handlers ask ``FrontDoor.admit`` once they know the model and class.
 The door's state (the key table, the limiter) is changed only by synchronous calls on
 trio's thread, so each check-and-count is atomic; the key watcher swaps the table whole.
@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 import trio
 
+from supervisor.auth.budgets import BudgetLedger
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable
 from supervisor.auth.limits import KeyLimiter, Refused
 from supervisor.observe.events import EventLog
@@ -301,6 +302,7 @@ class FrontDoor:
     aliases: Mapping[str, str] = attrs.Factory(dict)  # every accepted model name -> its model
     keys: KeyTable = attrs.Factory(lambda: KeyTable.from_key_file(KeyFile()))
     limiter: KeyLimiter = attrs.Factory(KeyLimiter)
+    budgets: BudgetLedger = attrs.Factory(BudgetLedger)  # what each key used today and this month
     pace: PaceMeter | None = None  # measures each served answer's decode rate and slowdown (slowdown.py)
 
     def replace_keys(self, table: KeyTable) -> None:
@@ -346,7 +348,7 @@ class FrontDoor:
     @contextmanager
     def admit(self, exchange: Exchange, *, model: str | None, klass: RequestClass) -> Iterator[None]:
         """Hold one of the key's requests for the body of the ``with``; RequestError (403, 429) if
-        the key may not use *model* or *klass*, or is over its rate or concurrency."""
+        the key may not use *model* or *klass*, has spent a budget, or is over its rate or concurrency."""
         key = exchange.key
         if key is None:
             yield
@@ -359,6 +361,11 @@ class FrontDoor:
             self.refuse(exchange, "class_not_allowed")
             raise Refusal(403, f"Key {key.name!r} may not ask for the class {str(klass)!r}; it may use: "
                                f"{', '.join(key.allowed_classes)}.", code="class_not_allowed")
+        # Before the rate: a request refused for its budget takes none of the key's rate.
+        if (spent := self.budgets.check(key)) is not None:
+            self.refuse(exchange, "budget_exhausted")
+            raise Refusal(429, f"Key {key.name!r} has spent a budget: {spent.message}.", code="budget_exhausted",
+                          retry_after=spent.retry_after(self.budgets.clock()))
         admission = self.limiter.admit(key, trio.current_time())
         if isinstance(admission, Refused):
             code = f"{admission.reason.value}_limited"

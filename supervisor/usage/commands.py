@@ -30,18 +30,47 @@ def add_usage_parser(commands: argparse._SubParsersAction) -> None:
     usage.add_argument("--by", choices=[grouping.value for grouping in Grouping], default=Grouping.KEY.value,
                        help="one line per what (key)")
     usage.add_argument("--json", action="store_true", help="print one JSON object")
+    usage.add_argument("--budgets", action="store_true",
+                       help="each key's budgets today and this month (UTC): used and left (needs --config)")
 
 
 def run_usage(args: argparse.Namespace) -> int:
     path = _usage_db(args)
     if path is None:
         return EXIT_UNREADABLE
+    if args.budgets:
+        return _run_budgets(args, path)
     try:
         report = read_usage(path, by=Grouping(args.by), since_s=args.since, now=time.time())
     except UsageReadError as exc:
         print(f"steward: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     print(json.dumps(report_json(report), indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _run_budgets(args: argparse.Namespace, path: str) -> int:
+    """The budgets' table: the keys from the config's key file, their counts from the usage log."""
+    from supervisor.auth.keys import KeyFileError, list_keys
+    from supervisor.config import load_config_for_command
+    from supervisor.usage.budget_report import budget_standings, budgets_json, format_budgets
+    from supervisor.usage.counted import read_budget_counts
+
+    if args.config is None:
+        print("steward: --budgets needs --config: the budgets are in its key file (auth.keys_file)", file=sys.stderr)
+        return EXIT_UNREADABLE
+    config = load_config_for_command(args.config)
+    if config is None:
+        return EXIT_UNREADABLE
+    now = time.time()
+    try:
+        keys = list_keys(config.auth.keys_file)
+        day, month = read_budget_counts(path, now)
+    except (KeyFileError, UsageReadError) as exc:
+        print(f"steward: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    found = budget_standings(keys, day, month, now)
+    print(json.dumps(budgets_json(path, found, now), indent=2) if args.json else format_budgets(path, found, now))
     return 0
 
 

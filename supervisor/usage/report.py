@@ -11,11 +11,12 @@ as a high rejected share, not as silence.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import re
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -102,28 +103,40 @@ def read_usage(path: str, *, by: Grouping, since_s: float, now: float) -> UsageR
 
 
 def _select(path: str, by: Grouping, start: float) -> list[Row]:
+    with read_only(path) as connection:
+        if connection is None:
+            return []  # an empty file: a database nobody wrote yet
+        # A log an older steward wrote (and no steward since opened) lacks the newer columns.
+        columns = table_columns(connection)
+        newer = ", ".join(name if name in columns else "NULL" for name in ("slowdown", "gpu_s"))
+        return connection.execute(
+            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {newer} '
+            f"FROM {TABLE} WHERE ts >= ?", (start,)).fetchall()
+
+
+def table_columns(connection: sqlite3.Connection) -> set[str]:
+    return {info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})")}
+
+
+@contextlib.contextmanager
+def read_only(path: str) -> Iterator[sqlite3.Connection | None]:
+    """The usage log at *path*, opened read-only (a reader never creates or changes the database a
+    running steward writes); None for an empty database. SQLite's errors inside the ``with``
+    become UsageReadError, naming the file."""
     where = Path(path)
     if not where.exists():
         raise UsageReadError(f"no usage log at {path}")
     if where.is_dir():
         raise UsageReadError(f"{path} is a directory, not a usage log")
     try:
-        # Read-only: a report never creates or changes the database a running steward writes.
         connection = sqlite3.connect(f"file:{quote(str(where.resolve()))}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise UsageReadError(f"cannot open {path}: {exc}") from None
     try:
         tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if TABLE not in tables:
-            if tables:
-                raise UsageReadError(f"{path} is a SQLite database but not a usage log (no table {TABLE!r})")
-            return []  # an empty file: a database nobody wrote yet
-        # A log an older steward wrote (and no steward since opened) lacks the newer columns.
-        columns = {info[1] for info in connection.execute(f"PRAGMA table_info({TABLE})")}
-        newer = ", ".join(name if name in columns else "NULL" for name in ("slowdown", "gpu_s"))
-        return connection.execute(
-            f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {newer} '
-            f"FROM {TABLE} WHERE ts >= ?", (start,)).fetchall()
+        if TABLE not in tables and tables:
+            raise UsageReadError(f"{path} is a SQLite database but not a usage log (no table {TABLE!r})")
+        yield connection if TABLE in tables else None
     except sqlite3.OperationalError as exc:  # it is a database: a lock, an I/O error, a folder it cannot write
         raise UsageReadError(f"cannot read {path}: {exc}") from None
     except sqlite3.DatabaseError as exc:
