@@ -1,8 +1,9 @@
 """The live loop of ``steward top``, and ``--once``.
 
-One nursery holds five tasks around one ``Top``: the event follower (``/admin/events``: each
+One nursery holds six tasks around one ``Top``: the event follower (``/admin/events``: each
 event is drawn at once and asks for a fresh state), the state poller (``/admin/state`` at
-least once a second, and shortly after a burst of events, once for the burst), the key
+least once a second, and shortly after a burst of events, once for the burst), the history
+poller (``/admin/history`` every 10 s, for the sparklines), the key
 reader, the asker (what a key asks of steward: an engine unloaded, pinned, its output
 followed; as ``steward unload|pin|unpin|logs`` ask it, the outcome a line on the screen), and
 the drawer, which redraws whenever one of them nudges it. Signals that end a
@@ -28,7 +29,14 @@ from rich.console import Console
 from rich.live import Live
 
 from supervisor.control.calls import ActionNotDone, act, follow_engine_logs
-from supervisor.top.client import AdminRefused, Unreachable, fetch_state, follow_events, open_admin_client
+from supervisor.top.client import (
+    AdminRefused,
+    Unreachable,
+    fetch_history,
+    fetch_state,
+    follow_events,
+    open_admin_client,
+)
 from supervisor.top.keys import cbreak, read_keys
 from supervisor.top.model import Ask, LogPane, Top
 from supervisor.top.view import render_frame
@@ -39,6 +47,7 @@ EXIT_REFUSED = 2
 LOG_LINES = 200  # of the followed engine's output, shown first
 ACT_WAIT_S = 5.0  # an action is done once steward accepts it: this bounds only that answer
 POLL_S = 1.0  # the state is fetched at least this often: idle times and waits move on
+HISTORY_S = 10.0  # the history, as often as steward samples it
 SETTLE_S = 0.2  # after an event, wait this long for the rest of its burst before fetching
 RETRY_S = 1.0
 FRAME_S = 0.05  # at most 20 pictures a second, however fast events come (a load test's requests)
@@ -89,6 +98,7 @@ async def serve_top(top: Top, key: str | None, live: Live, fd: int | None) -> st
             await nursery.start(serve_drawing, top, live, redraw)
             await nursery.start(quit_on_signals, nursery.cancel_scope, redraw)
             await nursery.start(poll_state, top, client, redraw, refetch)
+            await nursery.start(poll_history, top, client, redraw)
             await nursery.start(follow_steward, top, client, redraw, refetch)
             if fd is not None:
                 asks_send, asks = trio.open_memory_channel[Ask](math.inf)
@@ -136,6 +146,20 @@ async def poll_state(top: Top, client: httpx.AsyncClient, redraw: Nudge, refetch
         with trio.move_on_after(POLL_S):
             await refetch.wait()
             await trio.sleep(SETTLE_S)
+
+
+async def poll_history(top: Top, client: httpx.AsyncClient, redraw: Nudge, *,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The last hour's samples every HISTORY_S (steward takes one every 10 s), for the sparklines;
+    a steward that keeps none (an older one) or cannot be reached just shows none."""
+    task_status.started()
+    while True:
+        try:
+            top.saw_history(await fetch_history(client, top.url))
+            redraw.nudge()
+        except Unreachable:
+            pass  # the state poller says so on the screen
+        await trio.sleep(HISTORY_S)
 
 
 async def follow_steward(top: Top, client: httpx.AsyncClient, redraw: Nudge, refetch: Nudge, *,

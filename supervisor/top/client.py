@@ -17,6 +17,7 @@ import httpx
 
 STATE_PATH = "/admin/state"
 EVENTS_PATH = "/admin/events"
+HISTORY_PATH = "/admin/history"
 _TIMEOUT_S = 5.0
 # /admin/events sends a keep-alive comment every 15 s: a stream silent for longer is dead.
 _STREAM_READ_S = 45.0
@@ -70,6 +71,23 @@ async def fetch_state(client: httpx.AsyncClient, url: str, command: str = "top",
     if not isinstance(state, dict) or "engines" not in state:
         raise Unreachable(f"{url}{path} answered something that is not steward's state")
     return state
+
+
+async def fetch_history(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+    """``GET /admin/history``: the last hour's samples, oldest first; Unreachable (or NotFound
+    from a steward that keeps none) when they cannot be had, AdminRefused as the state's."""
+    try:
+        response = await client.get(url + HISTORY_PATH)
+    except httpx.HTTPError as exc:
+        raise Unreachable(unreachable(url, exc)) from None
+    check_answer(response, url, has_key="authorization" in client.headers)
+    try:
+        samples = response.json().get("samples")
+    except (ValueError, AttributeError):
+        samples = None
+    if not isinstance(samples, list):
+        raise Unreachable(f"{url}{HISTORY_PATH} answered something that is not steward's history")
+    return [sample for sample in samples if isinstance(sample, dict)]
 
 
 async def follow_events(client: httpx.AsyncClient, url: str, on_event: Callable[[dict[str, Any]], None]) -> None:

@@ -81,10 +81,11 @@ class Top:
     log: list[str] = attrs.Factory(list)  # its last lines, newest last
     said: str | None = None  # how the last ask went (a refusal, a missing key), one line
     asks: list[Ask] = attrs.Factory(list)  # for the live loop to send, oldest first
+    history: tuple[Mapping[str, Any], ...] = ()  # the steward's samples of the last hour, oldest first
 
     def frame(self) -> Frame:
         mine = {"screen": self.screen, "selected": self.selected, "following": self.following,
-                "log": tuple(self.log), "said": self.said}
+                "log": tuple(self.log), "said": self.said, "history": self.history}
         if self.held is not None:
             return attrs.evolve(self.held, **mine)
         if self.focus is not None:
@@ -120,6 +121,9 @@ class Top:
         self.state, self.problem = state, None
         recent = state.get("events")
         self.events = merge_events(self.events, recent if isinstance(recent, list) else [])
+
+    def saw_history(self, samples: list[Mapping[str, Any]]) -> None:
+        self.history = tuple(samples)
 
     def saw_event(self, record: Mapping[str, Any]) -> None:
         self.events = merge_events(self.events, [record])

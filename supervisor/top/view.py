@@ -32,6 +32,7 @@ from rich.text import Text
 from supervisor.observe.events import RECORD_KEYS, Event
 from supervisor.request_class import RequestClass
 from supervisor.observe.slowdown import format_factor
+from supervisor.top.sparkline import sparkline
 from supervisor.units import format_age, format_elapsed, format_size
 
 WIDE = 120  # columns from which the wider layout is used
@@ -65,6 +66,7 @@ class Frame:
     following: str | None = None  # an engine whose output fills the pane (its last lines: log)
     log: Sequence[str] = ()
     said: str | None = None  # how the last action asked with a key went
+    history: Sequence[Mapping[str, Any]] = ()  # /admin/history's samples, oldest first (the sparklines)
 
 
 @attrs.frozen
@@ -109,7 +111,7 @@ def render_frame(frame: Frame, *, width: int, height: int) -> RenderableType:
         if reasons := _list(_get(state, "health"), "reasons"):
             lines.append(_line(f"health: {'; '.join(map(_text, reasons))}", "yellow"))
         hint = None if keys_shown else _keys(frame)  # a narrow pane: the keys go on the events' title
-        body = _overview(state, frame.events, width, height - len(lines), hint, frame.selected)
+        body = _overview(state, frame.events, width, height - len(lines), hint, frame.selected, frame.history)
     return Group(*lines[:height], *body)
 
 
@@ -145,7 +147,8 @@ def _log_pane(engine: str, log: Sequence[str], room: int) -> list[RenderableType
 
 
 def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], width: int, room: int,
-              hint: Text | None, selected: str | None = None) -> list[RenderableType]:
+              hint: Text | None, selected: str | None = None,
+              history: Sequence[Mapping[str, Any]] = ()) -> list[RenderableType]:
     wide = width >= WIDE
     nodes = _nodes(_list(state, "nodes"), width, room)
     room -= _height(nodes)
@@ -153,6 +156,8 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     local = _list(state, "devices") if _list(state, "engines") or not nodes else []
     devices = _devices(local, width, wide)[:max(room, 0)]
     room -= len(devices)
+    sparks = history_lines(history, _budget(local), width) if local and room > 8 else []
+    room -= len(sparks)
     queues = _queues(state, width, room)
     room -= len(queues)
     engines = _engines(_list(state, "engines"), _number(state.get("time")), width, wide, room, selected)
@@ -160,8 +165,41 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     rejections = _titled("REJECTED", [_event_line(r) for r in _list(state, "rejections")],
                          min(room, _REJECTIONS_MAX + 1))
     room -= len(rejections)
-    return (nodes + devices + engines + queues + rejections
+    return (nodes + devices + sparks + engines + queues + rejections
             + _event_block(events, room, title=True, width=width, hint=hint))
+
+
+# What steward holds on a device in a history sample: every tier but the device's own.
+_HELD_TIERS = ("pinned", "hot", "cold", "asleep", "freeing", "exclusive")
+
+
+def history_lines(samples: Sequence[Mapping[str, Any]], budget: int, width: int) -> list[RenderableType]:
+    """One line of sparklines over the last samples that fit (one each 10 s): the memory steward
+    holds (scaled to the devices' budget), the steps queued, tokens per second out. None
+    before two samples: a line of one block says nothing."""
+    samples = [s for s in samples if isinstance(s, Mapping)]
+    if len(samples) < 2:
+        return []
+    span = max(4, (width - 60) // 3)
+    shown = samples[-span:]
+    held = [float(sum(_size(tiers.get(tier)) for tiers in _get(s, "devices").values() if isinstance(tiers, Mapping)
+                      for tier in _HELD_TIERS)) for s in shown]
+    queued = [float(sum(n for n in _get(s, "queued").values() if isinstance(n, int | float))) for s in shown]
+    tokens = [_number(s.get("tokens_per_s")) for s in shown]
+    minutes = format_elapsed(len(shown) * 10.0)
+    line = Text(f"last {minutes}", style="dim", no_wrap=True, overflow="ellipsis")
+    for label, values, ceiling, said in (
+            ("  memory ", held, float(budget) if budget else None, format_size(int(held[-1]))),
+            ("  queued ", queued, None, f"{queued[-1]:.0f}"),
+            ("  tokens/s ", tokens, None, "-" if tokens[-1] is None else f"{tokens[-1]:.0f}")):
+        line.append(label, "dim")
+        line.append(sparkline(values, span, ceiling=ceiling), "cyan")
+        line.append(f" {said}")
+    return [line]
+
+
+def _budget(devices: list[Any]) -> int:
+    return sum(_size(d.get("budget")) for d in devices if isinstance(d, Mapping))
 
 
 def _header(frame: Frame, state: Mapping[str, Any] | None, width: int) -> tuple[Text, bool]:
