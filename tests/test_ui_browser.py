@@ -30,7 +30,7 @@ import pytest
 from tests.conftest import free_port, stop_process
 from tests.test_demo import Demo, running_demo
 
-DEADLINE_S = 60.0
+DEADLINE_S = 80.0  # the screenshot waits for five 10 s samples
 WINDOW = (1280, 900)
 
 
@@ -51,8 +51,10 @@ class Browser:
 
     def texts(self, css: str) -> list[str]:
         """The text of each element *css* selects, read in one script: the page may be redrawn between two commands."""
-        return self.command("POST", "/execute/sync", {
-            "script": "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)", "args": [css]})
+        return self.run("return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)", css)
+
+    def run(self, script: str, *args: Any) -> Any:
+        return self.command("POST", "/execute/sync", {"script": script, "args": list(args)})
 
     def wait_for(self, condition: Callable[[], bool], what: str) -> None:
         """Poll *condition* until true (a WebDriverWait); the browser's round trip paces it."""
@@ -60,6 +62,12 @@ class Browser:
         while not condition():
             if time.monotonic() > deadline:
                 raise AssertionError(f"not within {DEADLINE_S:g}s: {what}")
+
+    def size_viewport(self, width: int, height: int) -> None:
+        """The page's own area *width* x *height* (a window's size includes what is around it)."""
+        self.command("POST", "/window/rect", {"width": width, "height": height})
+        inner = self.run("return [window.innerWidth, window.innerHeight]")
+        self.command("POST", "/window/rect", {"width": 2 * width - inner[0], "height": 2 * height - inner[1]})
 
     def screenshot(self, path: Path) -> None:
         path.write_bytes(base64.b64decode(self.command("GET", "/screenshot")))
@@ -90,12 +98,13 @@ def headless_chromium() -> Iterator[Browser]:
                     if http.get("/status").json()["value"]["ready"]:
                         break
                 assert time.monotonic() < deadline and driver.poll() is None, "chromedriver did not start"
-            args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
                     f"--window-size={WINDOW[0]},{WINDOW[1]}", f"--user-data-dir={profile}"]
             answer = http.post("/session", json={"capabilities": {"alwaysMatch": {
                 "browserName": "chrome", "goog:chromeOptions": {"binary": chromium, "args": args}}}})
             answer.raise_for_status()
             browser = Browser(http, answer.json()["value"]["sessionId"])
+            browser.size_viewport(*WINDOW)
             try:
                 yield browser
             finally:
@@ -151,9 +160,9 @@ def take_screenshot(path: Path) -> None:
             thread.start()
         browser.open(ui_url(demo))
         try:
-            browser.wait_for(lambda: len(browser.texts("figure")) >= 4, "the plots")
-            deadline = time.monotonic() + 65
-            browser.wait_for(lambda: time.monotonic() > deadline, "a minute of samples")
+            browser.wait_for(lambda: browser.run(
+                "const line = document.querySelector('svg.plot polyline');"
+                "return line ? line.getAttribute('points').split(' ').length : 0") >= 5, "five samples plotted")
         finally:
             stop.set()
             for thread in threads:

@@ -42,9 +42,9 @@ def render_live(state: Mapping[str, Any], history: Mapping[str, Any], usage: Map
         f'<p class="health {esc(health["status"])}">health: <b>{esc(health["status"])}</b> {esc(reasons)} '
         f'· mode {esc(state["mode"])}</p>',
         "<section><h2>Memory</h2>", *(_device_bar(d) for d in state["devices"]), "</section>",
+        '<section class="wide"><h2>Last hour</h2>', _plots(history["samples"]), "</section>",
         "<section><h2>Engines</h2>", _engines(state["engines"]), "</section>",
         "<section><h2>Queues</h2>", _classes(state["classes"]), _waiting(state["waiting"]), "</section>",
-        "<section><h2>Last hour</h2>", _plots(history["samples"]), "</section>",
         "<section><h2>Recent events</h2>", _recent(state["events"]), "</section>",
         "<section><h2>Usage</h2>", *(_usage(by, report) for by, report in usage.items()), "</section>",
     ])
@@ -129,7 +129,7 @@ def _plot(title: str, series: Mapping[str, Sequence[float]], show: Any) -> str:
         lines.append(f'<polyline class="line{index % 4}" points="{points}"><title>{esc(name)}</title></polyline>')
     names = " ".join(f'<span class="key line{i % 4}">{esc(name)}</span>' for i, name in enumerate(series))
     return (f'<figure><figcaption>{esc(title)} (max {esc(show(top))}) {names}</figcaption>'
-            f'<svg class="plot" viewBox="0 0 {_WIDTH} {_HEIGHT}" width="{_WIDTH}" height="{_HEIGHT}">'
+            f'<svg class="plot" viewBox="0 0 {_WIDTH} {_HEIGHT}" preserveAspectRatio="none">'
             f'{"".join(lines)}</svg></figure>')
 
 
