@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -111,9 +113,21 @@ def headless_chromium() -> Iterator[Browser]:
                 http.delete(f"/session/{browser.session}")
     finally:
         stop_process(driver)  # type: ignore[arg-type]
-        left = browser_processes(profile)
+        left = browser_gone(profile)
         shutil.rmtree(profile, ignore_errors=True)
-    assert not left, f"browser processes left behind: {left}"
+    assert not left, f"browser processes left behind (killed now): {left}"
+
+
+def browser_gone(profile: Path) -> list[int]:
+    """Waits (bounded) for the browser's processes to exit after their session; kills and
+    returns the ones still there."""
+    deadline = time.monotonic() + 10.0
+    while (left := browser_processes(profile)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling /proc: no event to wait on for another process tree's exit
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def ui_url(demo: Demo) -> str:
