@@ -23,10 +23,12 @@ from supervisor.gateway.http.gate import RequestGate
 from supervisor.gateway.errors import error_body
 from supervisor.gateway.openai import app as gateway_app
 from supervisor.gateway.openai.api_routes import error_shape_for
+from supervisor.gateway.admin import admin_state
 from supervisor.gateway.openai.app import create_app
+from supervisor.gateway.ui.page import render_live
 from supervisor.gateway.services import Services, body_limits
 from supervisor.observe.events import Event, EventLog
-from supervisor.observe.health import HealthWatch, RecentActivity
+from supervisor.observe.health import Health, HealthStatus, HealthWatch, RecentActivity
 from supervisor.observe.history import SAMPLES, History, Totals, serve_history, take_sample
 from supervisor.observe.metrics import StewardMetrics
 from supervisor.scheduler.core import Scheduler
@@ -174,3 +176,17 @@ async def test_with_keys_the_page_is_a_shell_and_its_data_needs_an_admin_key(tmp
     assert script.status_code == 200
     assert (anonymous.status_code, user.status_code, history.status_code) == (401, 403, 403)
     assert admin.status_code == 200 and "<td>alice</td>" in admin.text
+
+
+def test_the_fleet_and_the_plots_are_drawn_with_names_escaped() -> None:
+    s = Scheduler.create(16 * GIB, [EngineProfile("chat", 8 * GIB, 1)])
+    state = admin_state(s.snapshot(explained=True), Health(HealthStatus.OK, (), {}, {}, {}), [], "gpu",
+                        now=1.0, wall=1000.0)
+    sample = take_sample(s.snapshot(), "gpu", Totals(100, {"queue_full": 1}), Totals(0, {}), wall=1000.0,
+                         elapsed_s=10.0).to_json()
+    page = render_live(state, {"samples": [sample, sample]}, {},
+                       [{"name": HOSTILE, "availability": "asleep", "serves": ["chat", HOSTILE]}])
+    assert "<script>" not in page and page.count("&lt;script&gt;") == 2
+    assert "<h2>Fleet</h2>" in page and "<td>asleep</td>" in page
+    assert page.count("<polyline") == 1 + 3 + 1 + 1  # memory per device; queued per class; tokens/s; rejections
+    assert "tokens/s (max 10.0)" in page

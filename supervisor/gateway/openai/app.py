@@ -172,7 +172,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     add_health_routes(app, health, services.metrics, health_details)
     state_now = add_admin_routes(app, scheduler, health, events, device, services.reload,  # type: ignore[arg-type]
                                  services.history)
-    add_ui_routes(app, state_now, services.history, door, services.usage_db)
+    add_ui_routes(app, state_now, services.history, door, services.usage_db, nodes)
     return app
 
 

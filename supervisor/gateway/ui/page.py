@@ -34,8 +34,10 @@ def render_page(live: str, *, period: str, locked: bool) -> str:
             f'<main id="live">{live}</main><section><h2>Events</h2><ol id="events"></ol></section></body></html>')
 
 
-def render_live(state: Mapping[str, Any], history: Mapping[str, Any], usage: Mapping[str, Any]) -> str:
-    """What changes: health, devices, engines, queues, plots of the last hour, usage tables."""
+def render_live(state: Mapping[str, Any], history: Mapping[str, Any], usage: Mapping[str, Any],
+                fleet: Sequence[Mapping[str, Any]] = ()) -> str:
+    """What changes: health, devices, engines, queues, plots of the last hour, the fleet (a front
+    door's nodes), usage tables."""
     health = state["health"]
     reasons = "; ".join(health["reasons"])
     return "".join([
@@ -45,6 +47,9 @@ def render_live(state: Mapping[str, Any], history: Mapping[str, Any], usage: Map
         '<section class="wide"><h2>Last hour</h2>', _plots(history["samples"]), "</section>",
         "<section><h2>Engines</h2>", _engines(state["engines"]), "</section>",
         "<section><h2>Queues</h2>", _classes(state["classes"]), _waiting(state["waiting"]), "</section>",
+        *(("<section><h2>Fleet</h2>", _table(("node", "availability", "serves"),
+                                             ((n["name"], n["availability"], ", ".join(n["serves"])) for n in fleet),
+                                             "fleet"), "</section>") if fleet else ()),
         "<section><h2>Recent events</h2>", _recent(state["events"]), "</section>",
         "<section><h2>Usage</h2>", *(_usage(by, report) for by, report in usage.items()), "</section>",
     ])

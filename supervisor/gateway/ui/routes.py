@@ -18,6 +18,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from supervisor.gateway.door import UI_LIVE_PATH, UI_PATH, FrontDoor
+from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.ui.page import PERIODS, render_live, render_page
 from supervisor.observe.history import History
 from supervisor.usage.report import Grouping, UsageReadError, read_usage, report_json
@@ -32,7 +33,7 @@ _ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; cha
 
 
 def add_ui_routes(app: QuartTrio, state: Callable[[], dict[str, Any]], history: History | None, door: FrontDoor,
-                  usage_db: str | None) -> None:
+                  usage_db: str | None, nodes: NodeRouter | None = None) -> None:
 
     def period() -> str:
         chosen = request.args.get("period", "1h")
@@ -40,7 +41,9 @@ def add_ui_routes(app: QuartTrio, state: Callable[[], dict[str, Any]], history: 
 
     async def live(chosen: str) -> str:
         usage = await trio.to_thread.run_sync(_usage, usage_db, PERIODS[chosen], time.time())
-        return render_live(state(), (history or History()).to_json(), usage)
+        fleet = [{"name": view.name, "availability": view.availability.value, "serves": sorted(view.serves)}
+                 for view in (nodes.directory.views() if nodes is not None else [])]
+        return render_live(state(), (history or History()).to_json(), usage, fleet)
 
     @app.get(UI_PATH)
     async def ui_page() -> Response:
