@@ -38,6 +38,7 @@ if [ "${1:-}" = "test" ]; then
     sh deploy/install-vllm.sh >/dev/null
     sh deploy/install-aider.sh >/dev/null
     sh deploy/install-agent-clis.sh >/dev/null
+    sh deploy/install-chromium.sh
     if [ -n "${STEWARD_COMFYUI_SRC:-}" ]; then
         sh deploy/install-comfyui.sh >/dev/null
     fi

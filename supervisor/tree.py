@@ -10,6 +10,7 @@
        ├─ engine supervisors        (one task per engine; a reload adds and retires them)
        ├─ reloader                  (owns the running config: SIGHUP, steward reload)   restarted
        ├─ health watch, alerts      (logs each change of /healthz; posts to the webhook) restarted
+       ├─ history                   (samples the last hour for /admin/history and /ui)   restarted
        ├─ node directory            (one poller per node)                               restarted, each
        ├─ upstream probes, image jobs                                                  contained
        └─ HTTP server               (Hypercorn serving the Quart-Trio apps)             fatal
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,7 @@ from supervisor.gateway.ollama.app import error_shape as ollama_route_shape
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.http.server import Listener, serve_http
 from supervisor.gateway.relay.upstream import Timeouts
+from supervisor.observe.history import History, Totals, serve_history
 from supervisor.observe.health import HealthWatch, RecentActivity, StandingFaults, serve_health
 from supervisor.engines.measurements import MeasurementStore
 from supervisor.engines.memory_plan import budget_problems, plan_all
@@ -256,6 +259,10 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         metrics.watch(client, health, memory_device(probe), speeds)
         events.listeners.append(metrics.observe)
         usage.listeners.append(metrics.observe_usage)
+        history = await root.start(supervise, supervision, "history", functools.partial(
+            serve_history, History(), client.snapshot, lambda: Totals(metrics.completion_tokens(),
+                                                                       metrics.rejections()),
+            memory_device(probe), time.time))
         limits = body_limits(config)
         nodes = await _start_nodes(config, root, http, events, supervision) if config.nodes else None
         if nodes is not None:
@@ -272,7 +279,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
                   if turnstile is not None and comfy_nodes is not None else None)
         services = Services(scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
                             body_limits=limits, device=memory_device(probe), nodes=nodes, catalog=catalog,
-                            reload=reload, images=images)
+                            reload=reload, images=images, history=history, usage_db=config.usage.db)
         openai_app = create_app(config, services)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                error_shape_for, gateway_app.is_admin_route)]

@@ -38,3 +38,20 @@ def test_top_draws_the_last_minutes_as_sparklines_under_the_memory_bar() -> None
     assert all(len(text) <= 80 for text in lines)
     assert not [text for text in screen(Frame(URL, state, state["events"], history=tuple(history[:1])))
                 if text.startswith("last ")]  # one sample says nothing yet
+
+
+async def test_top_reads_the_samples_from_admin_history_and_takes_an_old_stewards_404_as_none() -> None:
+    import httpx
+    import pytest
+
+    from supervisor.top.client import Unreachable, fetch_history
+
+    def steward(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "old":
+            return httpx.Response(404, text="not found")
+        return httpx.Response(200, json={"interval_s": 10, "samples": [sample(2, 0, 0), "junk", sample(4, 1, 10)]})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(steward)) as client:
+        assert await fetch_history(client, "http://new") == [sample(2, 0, 0), sample(4, 1, 10)]
+        with pytest.raises(Unreachable):
+            await fetch_history(client, "http://old")

@@ -31,6 +31,7 @@ from supervisor.gateway.errors import error_body
 from supervisor.gateway.http.gate import RequestGate
 from supervisor.gateway.http.quart_app import json_error
 from supervisor.observe.health import Health, HealthWatch
+from supervisor.observe.history import HISTORY_PATH, History
 from supervisor.engines.memory_plan import Device, device_label
 from supervisor.nodes.fleet import FleetSnapshot, fleet_json, held_lines
 from supervisor.nodes.peek import PeekRefused
@@ -135,9 +136,15 @@ class RecentEvents:
 
 
 def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
-                     device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None) -> None:
+                     device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None,
+                     history: History | None = None) -> Callable[[], dict[str, Any]]:
+    """The admin routes; returns what ``GET /admin/state`` answers, for the page at /ui."""
     recent = RecentEvents()
     events.listeners.append(recent.observe)
+
+    def current_state() -> dict[str, Any]:
+        return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
+                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet())
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response | dict[str, Any]:
@@ -152,8 +159,11 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
 
     @app.get("/admin/state")
     async def admin_state_route() -> dict[str, Any]:
-        return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
-                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet())
+        return current_state()
+
+    @app.get(HISTORY_PATH)
+    async def admin_history() -> dict[str, Any]:
+        return (history or History()).to_json()
 
     @app.get("/admin/nodes/<name>/state")
     async def admin_node_state(name: str) -> Response | dict[str, Any]:
@@ -191,6 +201,8 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
         engine = next(e for e in scheduler.snapshot().engines if e.name == name)
         return {"engine": name, "action": wanted.value, "status": engine.status, "pinned": engine.pinned,
                 "draining": engine.draining}
+
+    return current_state
 
 
 async def serve_admin_events(scope: Scope, receive: Receive, send: Send, events: EventLog, gate: RequestGate) -> None:

@@ -44,9 +44,12 @@ from supervisor.gateway.relay.stream_errors import Failure, final_failure
 from supervisor.observe.slowdown import Pace, PaceMeter
 from supervisor.nodes.state import STATE_PATH
 from supervisor.request_class import RequestClass
+from supervisor.observe.history import HISTORY_PATH
 from supervisor.usage.row import UsageRow
 from supervisor.usage.writer import UsageLog
 
+UI_PATH = "/ui"
+UI_LIVE_PATH = "/ui/live"
 EXCHANGE = "steward.exchange"  # where handlers find the request's Exchange in the ASGI scope
 WEBSOCKET_KEY = "steward.websocket_key"  # a websocket's key, as the door found it (None: no key needed)
 # Polled every few seconds (steward top polls /admin/state; /admin/events is one long read): served by
@@ -54,9 +57,12 @@ WEBSOCKET_KEY = "steward.websocket_key"  # a websocket's key, as the door found 
 MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", "/admin/events"})
 # Those and a front door's polls of this node (/steward/state, the OpenAI listener's): no request event
 # nor usage row, a count in /metrics instead (steward_polls_answered).
-POLL_PATHS = MONITORING_PATHS | {STATE_PATH}
+POLL_PATHS = MONITORING_PATHS | {STATE_PATH, HISTORY_PATH, UI_LIVE_PATH}
 # An engine's output (`steward logs`, top's log pane): read like the state, counted as one path whatever NAME.
 ENGINE_LOGS_PATH = "/admin/engines/NAME/logs"
+# The /ui page's shell, its script and its style: no data in them, so a browser (which cannot send a
+# key on navigation) may fetch them; the page's data comes from /ui/live, an admin route.
+UI_SHELL_PATHS = frozenset({UI_PATH, UI_PATH + "/app.js", UI_PATH + "/app.css"})
 # Claude Code's probe when it starts (`HEAD /`, a "preflight" that reads anything but a 2xx as the
 # server being down): the OpenAI listener answers it 200 itself (app.py), as llama-server and
 # Ollama answer it, without a key and without a usage row. The other listeners pass `/` on.
@@ -323,7 +329,8 @@ class FrontDoor:
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
         if not self.required(listener) or scope["path"] in self.open_paths or is_probe(scope, listener) or (
-                listener == "openai" and scope["path"].startswith(CAPABILITY_PREFIX) and scope.get("method") == "GET"):
+                listener == "openai" and scope.get("method") == "GET" and (
+                    scope["path"].startswith(CAPABILITY_PREFIX) or scope["path"] in UI_SHELL_PATHS)):
             return None, None
         presented = presented_key(scope)
         key = self.keys.lookup(presented) if presented is not None else None

@@ -14,6 +14,7 @@ from supervisor.gateway.openai.images import ImageHandler
 from supervisor.gateway.remote import NodeRouter
 from supervisor.observe.events import EventLog
 from supervisor.observe.health import HealthWatch
+from supervisor.observe.history import History
 from supervisor.observe.metrics import StewardMetrics
 from supervisor.reload import Reload
 from supervisor.scheduler.actor import SchedulerClient
@@ -40,3 +41,5 @@ class Services:
     catalog: ModelCatalog | None = None  # default: the config's own (no reload replaces it)
     reload: Reload | None = None  # /steward/reload, where the config came from a file
     images: ImageHandler | None = None  # /v1/images/generations, with a comfyui section and an image model
+    history: History | None = None  # the last hour, sampled (/admin/history, /ui); None: no sampler runs
+    usage_db: str | None = None  # the usage log /ui reports from

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -425,8 +425,23 @@ class StewardMetrics:
             case "poll_answered":
                 self.polls_answered.labels(f["listener"], f["path"]).inc()
 
+    def completion_tokens(self) -> int:
+        """Completion tokens answered since start (the history's tokens/s: this counter's growth)."""
+        return int(sum(s.value for s in _totals(self.tokens) if s.labels.get("kind") == "completion"))
+
+    def rejections(self) -> dict[str, int]:
+        """Steps refused or timed out since start, by reason."""
+        by_reason: dict[str, int] = {}
+        for sample in _totals(self.rejected):
+            by_reason[sample.labels["reason"]] = by_reason.get(sample.labels["reason"], 0) + int(sample.value)
+        return by_reason
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _totals(counter: Counter) -> list[Any]:
+    return [sample for family in counter.collect() for sample in family.samples if sample.name.endswith("_total")]
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -21,13 +21,14 @@ from supervisor.gateway.admin import (EVENTS_PATH, add_admin_routes, is_admin_pa
 from supervisor.gateway.openai.api_routes import error_shape_for
 from supervisor.gateway.http.asgi import Receive, Scope, Send, send_whole
 from supervisor.gateway.catalog import ModelCatalog
-from supervisor.gateway.door import exchange_of, is_probe
+from supervisor.gateway.door import UI_PATH, exchange_of, is_probe
 from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.http.gate import gated
 from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH
 from supervisor.gateway.openai.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.http.quart_app import add_health_routes, json_error, new_quart_app
 from supervisor.gateway.services import Services
+from supervisor.gateway.ui.routes import add_ui_routes
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.engines.memory_plan import device_label
 from supervisor.nodes.fleet import fleet_json, held_lines
@@ -175,7 +176,9 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
     add_health_routes(app, health, services.metrics, health_details)
-    add_admin_routes(app, scheduler, health, events, device, services.reload, nodes)  # type: ignore[arg-type]
+    state_now = add_admin_routes(app, scheduler, health, events, device, services.reload,  # type: ignore[arg-type]
+                                 nodes, services.history)
+    add_ui_routes(app, state_now, services.history, door, services.usage_db)
     return app
 
 
@@ -184,4 +187,4 @@ _CAPABILITY = {ModelKind.CHAT: "completion", ModelKind.EMBEDDING: "embedding", M
 
 
 def is_admin_route(scope: Scope) -> bool:
-    return scope["path"].startswith("/steward/") or is_admin_path(scope["path"])
+    return scope["path"].startswith(("/steward/", UI_PATH)) or is_admin_path(scope["path"])
