@@ -382,9 +382,10 @@ def test_keys_add_list_remove(config_path: str, tmp_path: Path, capsys: pytest.C
     assert keys_command("list", "--config", config_path) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[0].split() == ["NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN",
-                                           "CREATED"]
-    assert out.splitlines()[1].split()[:7] == ["agents", "gpt-4o", "background,batch", "background", "30", "2", "no"]
-    assert out.splitlines()[2].split()[:7] == ["admin", "all", "all", "batch", "-", "-", "yes"]
+                                           "REMOTE", "CREATED"]
+    assert out.splitlines()[1].split()[:8] == ["agents", "gpt-4o", "background,batch", "background", "30", "2", "no",
+                                               "listed"]
+    assert out.splitlines()[2].split()[:8] == ["admin", "all", "all", "batch", "-", "-", "yes", "no"]
     assert key_digest(text) not in out and err == ""
 
     assert keys_command("remove", "agents", "--config", config_path) == 0

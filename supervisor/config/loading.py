@@ -207,6 +207,8 @@ def parse_config(raw: object) -> Config:
         raise ConfigError(["models: required key is missing (a mapping of model name to its engine)"])
     if "image_models" in raw:
         raise ConfigError(["image_models: unknown key (an image model goes under models, with runtime: comfyui)"])
+    if "remote_models" in raw:
+        raise ConfigError(["remote_models: unknown key (a remote model goes under models, with runtime: remote)"])
     raw, images = _split_models(raw, IMAGE_RUNTIME)
     raw, remotes = _split_models(raw, REMOTE_RUNTIME)
     problems = []

@@ -135,6 +135,10 @@ class PriceConfig:
     input: Price = Price(0.0)
     output: Price = Price(0.0)
 
+    def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
+        """What a request cost at these prices (a count the answer did not tell: 0)."""
+        return ((prompt_tokens or 0) * self.input + (completion_tokens or 0) * self.output) / 1e6
+
 
 @attrs.frozen
 class RemoteModelConfig:
