@@ -69,7 +69,8 @@ def test_add_writes_only_the_hash_in_a_private_file(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(content) == {"version": 1, "keys": [{
         "name": "agents", "hash": key_digest(text), "models": ["chat", "gpt-4o"], "classes": ["background", "batch"],
-        "default_class": "background", "rpm": 30, "concurrency": 2, "admin": False, "created": "2025-06-01T12:00:00Z",
+        "default_class": "background", "rpm": 30, "concurrency": 2, "admin": False, "no_remote": None,
+        "created": "2025-06-01T12:00:00Z",
     }]}
     assert (tmp_path / "steward-keys.json.lock").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -10,6 +10,7 @@ that names it, and silence past the timeouts is ``UpstreamStalled``.
 
 from __future__ import annotations
 
+import errno
 import math
 import ssl
 from collections.abc import AsyncIterator, Sequence
@@ -85,13 +86,14 @@ class HttpsOpener:
 
 
 def _refused(exc: BaseException) -> bool:
-    """Whether the connection was refused (nothing listens): the one failure worth trying again."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return "refused" in str(exc).lower()
+    """Whether the connection was refused (nothing listens): the one failure worth trying again.
+    anyio words a failed connect as an OSError over a group of one error per address tried."""
+    if isinstance(exc, ConnectionRefusedError) or (isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_refused(inner) for inner in exc.exceptions)
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and _refused(cause)
 
 
 def _said(exc: BaseException) -> str:
