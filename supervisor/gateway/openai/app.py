@@ -43,10 +43,10 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     started = int(time.time())
     catalog = services.catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
-    remote = RemoteModels(catalog, door, events, scheduling_policy(config).queue_timeout)
+    clouds = RemoteModels(catalog, door, events, scheduling_policy(config).queue_timeout)
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, remote)
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -127,7 +127,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     async def list_models() -> dict[str, Any]:
         local = [model_entry(name) for name in aliases if visible(name)]
         local += [image_entry(name) for name in catalog.images if name not in aliases and visible_image(name)]
-        local += [entry for entry in remote.model_entries(started) if visible_cloud(entry["id"])]
+        local += [entry for entry in clouds.model_entries(started) if visible_cloud(entry["id"])]
         remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
                   if entry["id"] not in aliases and visible_remote(entry["id"])]
         entries = [entry for entry in local + remote if wanted(entry)]
@@ -145,7 +145,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:
         if model_id in catalog.remote and visible_cloud(model_id):
-            entry = next(e for e in remote.model_entries(started) if e["id"] == model_id)
+            entry = next(e for e in clouds.model_entries(started) if e["id"] == model_id)
             return anthropic_entry(entry) if for_anthropic() else entry
         if model_id in catalog.images and model_id not in aliases and visible_image(model_id):
             entry = image_entry(model_id)
