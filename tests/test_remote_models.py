@@ -244,6 +244,9 @@ def test_a_cloud_behind_tls_is_a_model_like_a_local_one(start_steward: StewardFa
         listed = {m.id: m.model_dump() for m in client.models.list()}
         assert listed["cloud"]["owned_by"] == "remote" and listed["cloud"]["steward"]["memory"] == 0
         assert "cloud" not in steward.health()["engines"]
+        state = httpx.get(f"{steward.url}/admin/state", timeout=10).json()
+        assert {row["name"]: (row["memory"], row["max_concurrency"]) for row in state["remote"]} == {
+            "cloud": (0, 2), "untrusted": (0, 4), "wrong-key": (0, 4)}
 
         # A burst over max_concurrency waits for a place, then is served; the cloud never had more than 2.
         with concurrent.futures.ThreadPoolExecutor(5) as pool:

@@ -15,7 +15,7 @@ import collections
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -51,7 +51,8 @@ _KEEPALIVE_S = 15.0
 
 
 def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
-                now: float, wall: float, fleet: FleetSnapshot | None = None) -> dict[str, Any]:
+                now: float, wall: float, fleet: FleetSnapshot | None = None,
+                remote: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The picture: memory per device by tier, every engine, the queues and why they wait,
     recent rejections and events, and a front door's *fleet*: its nodes, and the requests held
     for them (among the waiting too). *now*: the scheduler's clock; *wall*: the wall clock."""
@@ -80,6 +81,7 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                             **_pace(health, klass)}
                     for klass in RequestClass},
         "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
+        "remote": list(remote),  # the remote models (a cloud's: no memory), gateway/cloud.py
         **(fleet_json(fleet, wall) if fleet is not None else {"nodes": [], "held": []}),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
@@ -131,7 +133,8 @@ class RecentEvents:
 
 
 def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
-                     device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None) -> None:
+                     device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None,
+                     remote: Callable[[], list[dict[str, Any]]] = list) -> None:
     recent = RecentEvents()
     events.listeners.append(recent.observe)
 
@@ -149,7 +152,8 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
     @app.get("/admin/state")
     async def admin_state_route() -> dict[str, Any]:
         return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
-                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet())
+                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet(),
+                           remote=remote())
 
     @app.get("/admin/nodes/<name>/state")
     async def admin_node_state(name: str) -> Response | dict[str, Any]:

@@ -90,6 +90,16 @@ class RemoteModels:
         limiter = self._limiters.get(name)
         return 0 if limiter is None else limiter.borrowed_tokens
 
+    def state(self) -> list[dict[str, Any]]:
+        """Each remote model as /admin/state shows it: where it goes, its places in use, who waits."""
+        rows = []
+        for name, model in self.catalog.remote_models.items():
+            limiter = self._limiters.get(name)
+            rows.append({"name": name, "upstream": model.upstream, "api": model.api, "memory": 0,
+                         "max_concurrency": model.max_concurrency, "in_flight": self.in_flight(name),
+                         "waiting": 0 if limiter is None else limiter.statistics().tasks_waiting})
+        return rows
+
     async def serve(self, scope: Scope, routed: RoutedRequest, exchange: Exchange, send: Send) -> None:
         """Admit the request (its key), wait for a place at the cloud, relay it there and the answer back."""
         name = self.catalog.remote[routed.name]

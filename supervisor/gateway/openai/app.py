@@ -184,7 +184,8 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
     add_health_routes(app, health, services.metrics, health_details)
-    add_admin_routes(app, scheduler, health, events, device, services.reload, nodes)  # type: ignore[arg-type]
+    add_admin_routes(app, scheduler, health, events, device, services.reload, nodes,  # type: ignore[arg-type]
+                     clouds.state)
     return app
 
 
