@@ -168,14 +168,14 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 @contextlib.contextmanager
-def cloud(tmp_path: Path) -> Iterator[tuple[str, Path, httpx.Client]]:
-    """The fake vLLM behind TLS as `gpt-cloud`, with CLOUD_KEY as its key: (its base URL, the CA, a client)."""
+def cloud(tmp_path: Path, served: str = "gpt-cloud", *extra: str) -> Iterator[tuple[str, Path, httpx.Client]]:
+    """The fake vLLM behind TLS as *served*, with CLOUD_KEY as its key: (its base URL, the CA, a client)."""
     ca, certificate, private_key = make_certificates(tmp_path)
     port = free_port()
     process = FORKSERVER.start("fakes.openai_server", [
-        "--port", str(port), "--served-model-name", "gpt-cloud", "--api-key", CLOUD_KEY,
+        "--port", str(port), "--served-model-name", served, "--api-key", CLOUD_KEY,
         "--ssl-certfile", str(certificate), "--ssl-keyfile", str(private_key), "--tokens-per-second", "40",
-        "--disable-uvicorn-access-log"], output=tmp_path / "cloud.log")
+        "--disable-uvicorn-access-log", *extra], output=tmp_path / "cloud.log")
     client = httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=ssl.create_default_context(cafile=ca))
     try:
         deadline = time.monotonic() + 30
@@ -276,6 +276,35 @@ def test_a_cloud_behind_tls_is_a_model_like_a_local_one(start_steward: StewardFa
             assert row["cost"] == pytest.approx(row["prompt_tokens"] * 0.15 / 1e6 + row["completion_tokens"] * 0.6 / 1e6)
         assert [row["cost"] for row in rows if row["model"] == "local"] == [None]
         assert any(row["model"] == "untrusted" and row["status"] == 502 for row in rows)
+
+
+@pytest.mark.slow
+def test_an_anthropic_cloud_gets_its_key_in_x_api_key(start_steward: StewardFactory, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import anthropic
+
+    monkeypatch.setenv("CLOUD_KEY", CLOUD_KEY)
+    with cloud(tmp_path, "claude-cloud", "--anthropic-key") as (upstream, ca, direct):
+        steward = start_steward({"claude": remote(upstream=upstream, api="anthropic", served_name="claude-cloud",
+                                                  ca_file=str(ca), price={"input": 3, "output": 15})})
+        client = anthropic.Anthropic(base_url=steward.url, api_key="unused", max_retries=0)
+        message = client.messages.create(model="claude", max_tokens=6, messages=ASKED)
+        assert message.model == "claude" and message.usage.output_tokens > 0
+        with client.messages.stream(model="claude", max_tokens=6, messages=ASKED) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text == "".join(block.text for block in message.content if block.type == "text")
+        assert final.model == "claude"
+        assert direct.get("/fake/stats").json()["api_requests"] == 2
+        # An OpenAI route to an Anthropic cloud is refused in OpenAI's shape, and nothing is sent.
+        wrong = httpx.post(f"{steward.base_url}/chat/completions", timeout=10,
+                           json={"model": "claude", "messages": ASKED})
+        assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "model_not_supported"
+        rows = usage_rows(steward.events_path.parent / "steward-usage.db", 3)
+        served = [row for row in rows if row["status"] == 200]
+        assert len(served) == 2 and all(row["engine"] == "remote:claude" for row in served)
+        assert all(row["cost"] == pytest.approx((row["prompt_tokens"] * 3 + row["completion_tokens"] * 15) / 1e6)
+                   and row["completion_tokens"] for row in served)
 
 
 async def test_waiting_for_a_place_is_bounded_by_the_queue_timeout(autojump_clock: trio.testing.MockClock) -> None:

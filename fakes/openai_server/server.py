@@ -94,6 +94,8 @@ class FakeVllm:
     def _unauthorized(self, ex: Exchange) -> bool:
         """vLLM's --api-key middleware guards /v1 only."""
         key = self.cfg.api_key
+        if self.cfg.anthropic_key:  # --anthropic-key: the cloud a test stands up speaks as Anthropic's
+            return key is not None and ex.request.path.startswith("/v1") and ex.request.headers.get("x-api-key") != key
         return (key is not None and ex.request.path.startswith("/v1")
                 and ex.request.headers.get("authorization") != f"Bearer {key}")
 
