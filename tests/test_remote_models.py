@@ -111,6 +111,23 @@ def test_a_key_variable_not_set_or_an_unreadable_ca_file_refuses_the_config(tmp_
     assert [p.split(":")[0] for p in remote_key_problems(config, {"CLOUD_KEY": "k"})] == ["models.cloud.ca_file"]
 
 
+def test_steward_check_shows_a_remote_model_and_refuses_a_missing_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.check import run_check
+    from supervisor.exit_status import EXIT_CONFIG
+
+    config = parse_config({"models": {"cloud": remote(max_concurrency=2, price={"input": 0.15, "output": 0.6})},
+                           "gpu": {"probe": "none"}, "state_file": None, "usage": {"db": None},
+                           "auth": {"keys_file": str(tmp_path / "keys.json")}})
+    monkeypatch.delenv("CLOUD_KEY", raising=False)
+    assert run_check(config) == EXIT_CONFIG
+    assert "models.cloud.key_env: CLOUD_KEY is not set" in capsys.readouterr().err
+    monkeypatch.setenv("CLOUD_KEY", "k")
+    assert run_check(config) == 0
+    assert ("remote cloud  https://api.example.com/v1 (openai API, key from $CLOUD_KEY, 2 at once, 0.15/0.6 per "
+            "million tokens in/out): no GPU memory") in capsys.readouterr().out
+
+
 # --- keys, prices, retries ------------------------------------------------------------------------------------
 
 
@@ -351,3 +368,35 @@ async def test_waiting_for_a_place_is_bounded_by_the_queue_timeout(autojump_cloc
     exchange.key = key(models=("cloud",), no_remote=True)
     with pytest.raises(Refusal, match="may not use remote models"):
         await models.serve(scope, routed, exchange, send)
+
+
+def test_steward_keys_add_says_whether_a_key_may_use_remote_models(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    import yaml
+
+    from supervisor.auth.commands import add_keys_parser, run_keys
+    from supervisor.auth.keys import list_keys
+
+    keys_file = tmp_path / "keys.json"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"gpu": {"probe": "none"}, "auth": {"keys_file": str(keys_file)},
+                                      "models": {"cloud": remote(aliases=["mini"])}}))
+
+    def keys(*argv: str) -> int:
+        parser = argparse.ArgumentParser(prog="steward")
+        add_keys_parser(parser.add_subparsers(dest="command", required=True))
+        return run_keys(parser.parse_args(["keys", *argv, "--config", str(config)]))
+
+    assert keys("add", "home", "--no-remote") == 0
+    assert keys("add", "agents", "--models", "mini") == 0  # a remote model's alias is a name a key may list
+    assert keys("add", "out", "--remote") == 0
+    with pytest.raises(SystemExit):  # one or the other
+        keys("add", "both", "--remote", "--no-remote")
+    assert {key.name: key.may_reach_remote for key in list_keys(keys_file)} == {"home": False, "agents": True,
+                                                                               "out": True}
+    capsys.readouterr()
+    assert keys("list") == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(row[0], row[7]) for row in rows] == [("home", "no"), ("agents", "listed"), ("out", "yes")]
