@@ -30,6 +30,14 @@ from supervisor.gateway.relay.upstream import (
 
 # The body is relayed byte for byte and read by steward's answer readers: never compressed.
 _IDENTITY = (b"accept-encoding", b"identity")
+# A cloud's own request id would stand beside steward's X-Request-Id (the usage row's): it goes
+# on under a name of its own; its cookies are the cloud's business, not the client's.
+_RENAMED = {b"x-request-id": b"x-remote-request-id"}
+_DROPPED = frozenset({b"set-cookie"})
+
+
+def _relayed_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(_RENAMED.get(name.lower(), name), value) for name, value in raw if name.lower() not in _DROPPED]
 
 
 @attrs.define(eq=False)
@@ -80,7 +88,7 @@ class HttpsOpener:
             except httpx.HTTPError as exc:
                 raise UpstreamError(f"request to {host}:{port} failed: {_said(exc)}") from None
             try:
-                yield HttpsResponse(response.status_code, list(response.headers.raw), response)
+                yield HttpsResponse(response.status_code, _relayed_headers(response.headers.raw), response)
             finally:
                 await response.aclose()
 
