@@ -354,10 +354,11 @@ class HttpServer:
         task_status.started(listeners[0].socket.getsockname()[1])
         await trio.serve_listeners(self.serve_connection, listeners)
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
+    async def serve_connection(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
         self.connections += 1
         try:
-            client = stream.socket.getpeername()[0]
+            sock = stream.transport_stream.socket if isinstance(stream, trio.SSLStream) else stream.socket
+            client = sock.getpeername()[0]
         except OSError:
             client = "?"
         conn = HttpConnection(stream, client, self.policy)

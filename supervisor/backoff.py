@@ -18,12 +18,14 @@ class Backoff:
     # Set when retrying must end (steward shuts down): a request that never reached its
     # upstream must not hold the drain open for the whole shutdown timeout.
     until: trio.Event | None = attrs.field(default=None, eq=False)
+    retries: int | None = None  # how many delays there are; None: retrying goes on
 
     def delays(self) -> Iterator[float]:
-        delay = self.initial
-        while True:
+        delay, left = self.initial, self.retries
+        while left is None or left > 0:
             yield delay
             delay = min(delay * 2, self.maximum)
+            left = None if left is None else left - 1
 
     async def sleep(self, delay: float) -> bool:
         """Wait *delay* seconds before the next try; False when retrying must end instead."""

@@ -17,6 +17,7 @@ from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_budgets
 from supervisor.config import Config, ConfigError, FallbackConfig, ModelConfig
 from supervisor.config_policy import (
+    check_remote_keys,
     compute_shares,
     engine_profiles,
     engine_specs,
@@ -42,6 +43,7 @@ def run_check(config: Config) -> int:
         return EXIT_CONFIG
     specs = engine_specs(config)
     try:
+        check_remote_keys(config, os.environ)
         budgets = resolve_budgets(config, readings)
         plans = plan_all(config, {name: specs[name].command(0) for name in config.models},
                          MeasurementStore.open(config.state_file), memory_device(probe))
@@ -111,6 +113,11 @@ def run_check(config: Config) -> int:
             also = f" ({', '.join(image.aliases)})" if image.aliases else ""
             print(f"  model    {name}{also}: /v1/images/generations from {image.workflow}, {image.size}, "
                   f"{image.steps} steps by default")
+    for name, remote in config.remote_models.items():
+        also = f" ({', '.join(remote.aliases)})" if remote.aliases else ""
+        print(f"\nremote {name}{also}  {remote.upstream} ({remote.api} API, key from ${remote.key_env}, "
+              f"{remote.max_concurrency} at once, {remote.price.input:g}/{remote.price.output:g} per million tokens "
+              f"in/out{', CAs also from ' + remote.ca_file if remote.ca_file else ''}): no GPU memory")
     for name, node in config.nodes.items():
         key = f"key from ${node.key_env}" if node.key_env else "no key"
         wake = node.wake

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -19,6 +20,7 @@ from supervisor.address import Address
 from supervisor.backoff import Backoff
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError, FallbackConfig
 from supervisor.engines.spec import EngineSpec, HealthChecks
+from supervisor.gateway.relay.tls import tls_context
 from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
 from supervisor.nodes.spec import NodeSpec
@@ -186,3 +188,25 @@ def node_specs(config: Config, environ: Mapping[str, str]) -> list[NodeSpec]:
     if problems:
         raise ConfigError(problems)
     return specs
+
+
+def remote_key_problems(config: Config, environ: Mapping[str, str]) -> list[str]:
+    """What keeps the remote models from being served here: a key variable that is not set, a
+    ca_file that cannot be read (`steward run` and `steward check` refuse the config)."""
+    problems = []
+    for name, model in config.remote_models.items():
+        if not environ.get(model.key_env):
+            problems.append(f"models.{name}.key_env: {model.key_env} is not set in steward's environment (it "
+                            f"holds the cloud's API key)")
+        if model.ca_file is not None:
+            try:
+                tls_context(model.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                problems.append(f"models.{name}.ca_file: cannot read {model.ca_file} as PEM certificates: "
+                                f"{getattr(exc, 'strerror', None) or exc}")
+    return problems
+
+
+def check_remote_keys(config: Config, environ: Mapping[str, str]) -> None:
+    if problems := remote_key_problems(config, environ):
+        raise ConfigError(problems)

@@ -18,6 +18,7 @@ Events: ``reload`` (added, removed, changed, unchanged), ``reload_refused`` (pro
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import attrs
@@ -25,7 +26,7 @@ import httpx
 import trio
 
 from supervisor.config import Config, ConfigError, load_config
-from supervisor.config_policy import engine_profiles, engine_specs, scheduling_policy
+from supervisor.config_policy import check_remote_keys, engine_profiles, engine_specs, scheduling_policy
 from supervisor.engines.driver import EngineHandle, serve_engine
 from supervisor.engines.spec import EngineSpec
 from supervisor.observe.events import EventLog
@@ -62,6 +63,7 @@ class Reloader:
             plan = plan_reload(self.config, new)
             if isinstance(plan, list):
                 raise ConfigError(plan)
+            check_remote_keys(new, os.environ)  # a remote model's key must be set, as at the start
             specs = engine_specs(new)
             fresh = [*plan.added, *plan.changed]
             plans = {**self.plans, **plan_all(_only(new, fresh), {n: specs[n].command(0) for n in fresh},

@@ -48,6 +48,7 @@ from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_bu
 from supervisor.config import OLLAMA_ENGINE, Config, ConfigError
 from supervisor.config_policy import (
     build_scheduler,
+    check_remote_keys,
     compute_shares,
     engine_profiles,
     engine_specs,
@@ -184,6 +185,7 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
     for name, share in compute.shares.items():
         events.emit("compute_share", "info", engine=name, threads=share.threads, source=share.source.value,
                     cpus=None if share.cpus is None else str(share.cpus), how=share.how)
+    check_remote_keys(config, os.environ)  # what `steward check` refuses, `run` refuses too
     specs = engine_specs(config)
     store = MeasurementStore.open(config.state_file)
     plans = plan_all(config, {name: specs[name].command(0) for name in config.models}, store, memory_device(probe))

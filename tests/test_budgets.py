@@ -172,22 +172,21 @@ async def test_counts_are_read_back_from_the_usage_log(tmp_path: Path) -> None:
     assert ledger.used("alice", Period.MONTH) == Used(90, 3, 0.0)
 
 
-def test_spend_is_read_from_a_cost_column_where_there_is_one(tmp_path: Path) -> None:
+def test_spend_is_the_cost_column_and_a_log_older_than_it_spends_nothing(tmp_path: Path) -> None:
     db, now = tmp_path / "usage.db", at("2026-12-04T13:05:00")
     assert read_budget_counts(str(db), now) == ({}, {})  # no log yet
     trio.run(_write_rows, db, now)
-    assert read_budget_counts(str(db), now)[1]["alice"].spend == 0.0  # no cost column: no spend
-    with sqlite3.connect(db) as connection:  # what a steward with remote models adds (schema version 4)
-        connection.execute("ALTER TABLE requests ADD COLUMN cost REAL")
-        connection.execute("UPDATE requests SET cost = 1.25")
     day, month = read_budget_counts(str(db), now)
     assert day["alice"].spend == 1.25 and month["alice"].spend == 2.5
+    with sqlite3.connect(db) as connection:  # a log of a steward before remote models (schema version 3)
+        connection.execute("ALTER TABLE requests DROP COLUMN cost")
+    assert read_budget_counts(str(db), now)[1]["alice"].spend == 0.0
 
 
 async def _write_rows(db: Path, now: float) -> None:
     async with open_usage_log(db) as (usage, _):
-        usage.record(usage_row(0, ts=now))
-        usage.record(usage_row(1, ts=at("2026-12-01T00:00:00")))
+        usage.record(usage_row(0, ts=now, cost=1.25))
+        usage.record(usage_row(1, ts=at("2026-12-01T00:00:00"), cost=1.25))
 
 
 async def test_an_unreadable_log_is_a_warning_and_budgets_count_from_zero(tmp_path: Path) -> None:

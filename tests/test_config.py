@@ -431,6 +431,10 @@ BY_TYPE: dict[str, tuple[list[object], list[object]]] = {
     "Fraction": ([0.5, "10%", 1], [0]),
     "SlowdownFactor": ([0, 1, 3.0, 10], [0.5, -1, "x", True, math.inf]),
     "ImageSize": (["1024x1024", "512x768"], ["big", "0x512", 1024]),
+    "RemoteUrl": (["https://api.openai.com/v1", "http://127.0.0.1:8443/v1", "https://[::1]:443"],
+                  ["http://api.openai.com/v1", "ftp://x", "https://", "https://h:99999"]),
+    "EnvName": (["OPENAI_API_KEY", "_K"], ["1X", "A-B", ""]),
+    "Price": ([0, 0.15, 60], [-1, math.inf, math.nan, "free"]),
     "str": (["llama-server", "/models/m.gguf", "gpt-4o", "chat", "-np", "--parallel=3", "4"],
             ["a@b", "", "two", *HOSTILE_TEXT]),
     "bool": ([True, False], ["yes"]),
@@ -505,7 +509,7 @@ def only_config_errors(load: Callable[[], Config], raw: object = None, where: st
     try:
         config = load()
     except ConfigError as exc:
-        keys = [*get_type_hints(Config), "(top level)", "image_models", *(map(key_text, raw) if isinstance(raw, dict)
+        keys = [*get_type_hints(Config), "(top level)", "image_models", "remote_models", *(map(key_text, raw) if isinstance(raw, dict)
                                                                          else [])]
         heads = "|".join(re.escape(printable(key)) for key in [*keys, where] if key)
         assert exc.problems

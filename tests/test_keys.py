@@ -69,7 +69,8 @@ def test_add_writes_only_the_hash_in_a_private_file(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(content) == {"version": 1, "keys": [{
         "name": "agents", "hash": key_digest(text), "models": ["chat", "gpt-4o"], "classes": ["background", "batch"],
-        "default_class": "background", "rpm": 30, "concurrency": 2, "admin": False, "created": "2025-06-01T12:00:00Z",
+        "default_class": "background", "rpm": 30, "concurrency": 2, "admin": False, "no_remote": None,
+        "created": "2025-06-01T12:00:00Z",
     }]}
     assert (tmp_path / "steward-keys.json.lock").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
@@ -382,9 +383,10 @@ def test_keys_add_list_remove(config_path: str, tmp_path: Path, capsys: pytest.C
     assert keys_command("list", "--config", config_path) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[0].split() == ["NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN",
-                                           "BUDGETS", "CREATED"]
-    assert out.splitlines()[1].split()[:7] == ["agents", "gpt-4o", "background,batch", "background", "30", "2", "no"]
-    assert out.splitlines()[2].split()[:7] == ["admin", "all", "all", "batch", "-", "-", "yes"]
+                                           "REMOTE", "BUDGETS", "CREATED"]
+    assert out.splitlines()[1].split()[:8] == ["agents", "gpt-4o", "background,batch", "background", "30", "2", "no",
+                                               "listed"]
+    assert out.splitlines()[2].split()[:8] == ["admin", "all", "all", "batch", "-", "-", "yes", "no"]
     assert key_digest(text) not in out and err == ""
 
     assert keys_command("remove", "agents", "--config", config_path) == 0

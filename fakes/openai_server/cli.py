@@ -29,6 +29,9 @@ class Config:
     max_num_seqs: int
     max_model_len: int
     api_key: str | None
+    ssl_certfile: str | None             # uvicorn's: serve HTTPS with this certificate (and ssl_keyfile)
+    ssl_keyfile: str | None
+    anthropic_key: bool                  # --api-key is checked in x-api-key, as Anthropic's API does
     dev_mode: bool                       # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
     access_log: bool
     tokens_per_second: float
@@ -85,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-model-len", type=human_int, default=2048)
     g.add_argument("--api-key", default=None)
+    g.add_argument("--ssl-certfile", default=None)
+    g.add_argument("--ssl-keyfile", default=None)
     g.add_argument("--kv-cache-memory-bytes", type=parse_size, default=None,
                    help="the KV cache share of --memory (default: half of what sleep does not keep)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true")
@@ -104,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fail-health-after", type=int, default=None, metavar="N", help="then /health is 500")
     f.add_argument("--crash-after-requests", type=int, default=None, metavar="N", help="then exit 1")
     f.add_argument("--hang-after-requests", type=int, default=None, metavar="N", help="then answer nothing")
+    f.add_argument("--anthropic-key", action="store_true",
+                   help="check --api-key in x-api-key (Anthropic's header), not Authorization: Bearer")
     f.add_argument("--wake-fails", action="store_true", help="/wake_up answers 500 and stays asleep")
     return p
 
@@ -135,6 +142,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | No
         host=args.host, port=args.port, model=model,
         served_model_names=tuple(args.served_model_name or [model]),
         max_num_seqs=max(1, args.max_num_seqs), max_model_len=max(1, args.max_model_len), api_key=args.api_key,
+        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, anthropic_key=args.anthropic_key,
         dev_mode=environ.get(DEV_MODE_ENV, "0") not in ("", "0", "false", "False"),
         access_log=not args.disable_uvicorn_access_log, tokens_per_second=args.tokens_per_second,
         default_max_tokens=max(1, args.default_max_tokens), start_delay=args.start_delay,

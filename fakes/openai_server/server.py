@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 from urllib.parse import parse_qsl
 
 import attrs
@@ -38,6 +40,8 @@ class FakeVllm:
     http: HttpServer = attrs.field(init=False)
     created: int = attrs.field(factory=lambda: int(time.time()), init=False)
     good_health: int = attrs.field(default=0, init=False)  # /health 200s given (--fail-health-after)
+    api_requests: int = attrs.field(default=0, init=False)  # /v1 requests let in (the key checked)
+    unauthorized: int = attrs.field(default=0, init=False)  # /v1 requests refused for their key
     routes: dict[tuple[str, str], Route] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -66,8 +70,10 @@ class FakeVllm:
         req = ex.request
         try:
             if self._unauthorized(ex):
+                self.unauthorized += 1
                 await reply.json(401, UNAUTHORIZED)
                 return
+            self.api_requests += req.path.startswith("/v1")
             handler = self.routes.get((req.method, req.path))
             if handler is not None:
                 await handler(reply)
@@ -88,6 +94,8 @@ class FakeVllm:
     def _unauthorized(self, ex: Exchange) -> bool:
         """vLLM's --api-key middleware guards /v1 only."""
         key = self.cfg.api_key
+        if self.cfg.anthropic_key:  # --anthropic-key: the cloud a test stands up speaks as Anthropic's
+            return key is not None and ex.request.path.startswith("/v1") and ex.request.headers.get("x-api-key") != key
         return (key is not None and ex.request.path.startswith("/v1")
                 and ex.request.headers.get("authorization") != f"Bearer {key}")
 
@@ -116,7 +124,8 @@ class FakeVllm:
         await reply.json(200, {"started": s.started, "running": s.running, "waiting": s.waiting,
                                "max_running": s.max_running, "max_waiting": s.max_waiting,
                                "sleep_level": engine.sleep_level, "held_bytes": engine.memory.held,
-                               "holder_pid": engine.memory.holder_pid})
+                               "holder_pid": engine.memory.holder_pid, "api_requests": self.api_requests,
+                               "unauthorized": self.unauthorized})
 
     # ---- sleep mode (VLLM_SERVER_DEV_MODE=1)
 
@@ -222,9 +231,14 @@ async def run_server(cfg: Config, log: Log) -> int:
             server = FakeVllm(cfg, log, Engine(cfg, log, memory))
             await server.engine.load()
             sock.listen(BACKLOG)
-            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            listener: trio.abc.Listener[Any] = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            scheme = "http"
+            if cfg.ssl_certfile is not None:  # uvicorn's --ssl-certfile: the cloud a test stands up
+                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                context.load_cert_chain(cfg.ssl_certfile, cfg.ssl_keyfile)
+                listener, scheme = trio.SSLListener(listener, context, https_compatible=True), "https"
             port = sock.getsockname()[1]
-            log.vllm("api_server.py:1971", f"Starting vLLM API server 0 on http://{cfg.host}:{port}")
+            log.vllm("api_server.py:1971", f"Starting vLLM API server 0 on {scheme}://{cfg.host}:{port}")
             log.uvicorn(f"Started server process [{os.getpid()}]")
             log.uvicorn("Waiting for application startup.")
             log.uvicorn("Application startup complete.")

@@ -17,7 +17,7 @@ from supervisor.request_class import RequestClass
 
 EXIT_OK = 0
 EXIT_ERROR = 2
-_COLUMNS = ("NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN", "BUDGETS", "CREATED")
+_COLUMNS = ("NAME", "MODELS", "CLASSES", "DEFAULT", "RPM", "CONCURRENCY", "ADMIN", "REMOTE", "BUDGETS", "CREATED")
 
 
 def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,6 +42,12 @@ def add_keys_parser(commands: argparse._SubParsersAction) -> None:  # type: igno
                               ("spend_per_month", float, "remote models' cost per month, e.g. 5.00")):
         add.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind, metavar="N",
                          help=f"a budget: at most {what} (calendar day or month, UTC; default: none)")
+    remote = add.add_mutually_exclusive_group()
+    remote.add_argument("--no-remote", dest="no_remote", action="store_const", const=True,
+                        help="may never use a remote model (a cloud), even one --models names (default for a key "
+                             "whose --models names none)")
+    remote.add_argument("--remote", dest="no_remote", action="store_const", const=False,
+                        help="may use remote models (a key without --models: all of them)")
     listing = actions.add_parser("list", help="the keys, without their secrets")
     remove = actions.add_parser("remove", help="remove a key (a running steward stops accepting it)")
     remove.add_argument("name", metavar="NAME")
@@ -57,13 +63,14 @@ def run_keys(args: argparse.Namespace) -> int:
     try:
         if args.keys_command == "add":
             first = not list_keys(path)
-            known = {**config.alias_table(), **config.image_alias_table(),
+            known = {**config.alias_table(), **config.image_alias_table(), **config.remote_alias_table(),
                      **({COMFYUI_SCOPE: COMFYUI_SCOPE} if config.comfyui is not None else {})}
             text = add_key(path, args.name, models=args.models, classes=args.classes,
                            default_class=args.default_class, rpm=args.rpm, concurrency=args.concurrency,
                            admin=args.admin, known_models=known, ollama=config.ollama is not None,
                            budgets={field: value for field in BUDGET_FIELDS
-                                    if (value := getattr(args, field)) is not None})
+                                    if (value := getattr(args, field)) is not None},
+                           no_remote=args.no_remote)
             print(text)
             _say(f"key {args.name!r} added to {path}. Store it now: it is not shown again.")
             if first:
@@ -108,8 +115,13 @@ def format_key_table(keys: Sequence[ApiKey]) -> str:
 
 def _row(key: ApiKey) -> tuple[str, ...]:
     return (key.name, _listed(key.models), _listed(key.classes), key.default_class or "(listener's)",
-            _limit(key.rpm), _limit(key.concurrency), "yes" if key.admin else "no", _budgets(key),
+            _limit(key.rpm), _limit(key.concurrency), "yes" if key.admin else "no", _remote(key), _budgets(key),
             key.created.strftime("%Y-%m-%d %H:%M:%SZ"))
+
+
+def _remote(key: ApiKey) -> str:
+    """Whether it may use remote models: yes, no, or those MODELS lists."""
+    return "listed" if key.no_remote is None and key.models is not None else "yes" if key.may_reach_remote else "no"
 
 
 def _budgets(key: ApiKey) -> str:

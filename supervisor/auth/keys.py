@@ -95,6 +95,9 @@ class ApiKey:
     rpm: PositiveInt | None = None  # requests per minute (any 60 s)
     concurrency: PositiveInt | None = None  # requests at once
     admin: bool = False
+    # Remote models (a cloud: the request leaves the house): True forbids them (--no-remote), False
+    # allows them (--remote); None: only those its models list names.
+    no_remote: bool | None = None
     created: datetime
     # Budgets (supervisor/auth/budgets.py): calendar day and month, UTC; None: no budget.
     tokens_per_day: PositiveInt | None = None
@@ -109,6 +112,11 @@ class ApiKey:
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    @property
+    def may_reach_remote(self) -> bool:
+        """Whether its requests may go to a remote model (which may_use limits besides)."""
+        return self.models is not None if self.no_remote is None else not self.no_remote
 
     @property
     def reaches_comfyui(self) -> bool:
@@ -277,7 +285,8 @@ def locked_key_file(path: str | Path) -> Iterator[None]:
 def add_key(path: str | Path, name: str, *, models: Collection[str] | None = None,
             classes: Collection[str] | None = None, default_class: str | None = None, rpm: int | None = None,
             concurrency: int | None = None, admin: bool = False, known_models: Collection[str] = (),
-            ollama: bool = False, budgets: Mapping[str, float] | None = None, now: datetime | None = None) -> str:
+            ollama: bool = False, budgets: Mapping[str, float] | None = None, now: datetime | None = None,
+            no_remote: bool | None = None) -> str:
     """Add a key named *name* to the key file at *path*; returns the key text, which nothing keeps.
 
     *known_models* are the names the config accepts (``config.alias_table()``, and ``comfyui`` with a
@@ -299,7 +308,7 @@ def add_key(path: str | Path, name: str, *, models: Collection[str] | None = Non
         default_class = allowed[0]  # the highest-ranked class it may ask for
     text = new_key_text()
     key = ApiKey(name=KeyName(name), hash=KeyHash(key_digest(text)), models=models, classes=allowed,
-                 default_class=default_class, rpm=rpm, concurrency=concurrency, admin=admin,
+                 default_class=default_class, rpm=rpm, concurrency=concurrency, admin=admin, no_remote=no_remote,
                  created=(now or datetime.now(UTC)).replace(microsecond=0), **budgets)
     with locked_key_file(path):
         key_file = load_key_file(path)

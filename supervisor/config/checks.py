@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import re
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -31,7 +32,7 @@ from supervisor.units import format_duration, show
 
 def check_semantics(config: Config) -> list[str]:
     problems = []
-    if not (config.models or config.image_models) and config.ollama is None and config.comfyui is None \
+    if not (config.models or config.image_models or config.remote_models) and config.ollama is None and config.comfyui is None \
             and not config.nodes:
         problems.append("models: must name at least one model (or configure ollama, comfyui or nodes)")
     seen: dict[str, str] = {}
@@ -76,6 +77,7 @@ def check_semantics(config: Config) -> list[str]:
             (why := _invisible_problem(config.comfyui.warm_model)) is not None:
         problems.append(f"comfyui.warm_model: {why}")
     problems += _front_door_problems(config) + _node_problems(config) + _image_model_problems(config)
+    problems += _remote_model_problems(config)
     problems += _warm_problems(config) + _fallback_problems(config)
     if config.gpu.probe == "simulated" and not config.gpu.simulated_dir:
         problems.append("gpu.simulated_dir: required when gpu.probe is 'simulated'")
@@ -131,6 +133,8 @@ def _warm_problems(config: Config) -> list[str]:
         elif name in config.image_models:
             problems.append(f"{key}: {show(name)} is an image model: its workflow runs in ComfyUI, which steward "
                             f"does not load")
+        elif name in config.remote_alias_table():
+            problems.append(f"{key}: {show(name)} is a remote model: a cloud serves it, steward loads nothing")
         elif name == OLLAMA_ENGINE and config.ollama is not None:
             problems.append(f"{key}: 'ollama' is not under models; to warm an Ollama model after an image job, "
                             f"set comfyui.warm_model")
@@ -143,21 +147,38 @@ def _warm_problems(config: Config) -> list[str]:
 
 
 def _image_model_problems(config: Config) -> list[str]:
-    problems = []
-    names = config.alias_table()
-    seen: dict[str, str] = {}
+    problems = _split_model_names(config.image_models, config.alias_table())
     for name, model in config.image_models.items():
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name):
-            problems.append(f"models.{name}: a model name may hold letters, digits and ._:/- (no '@')")
         if config.comfyui is None:
             problems.append(f"models.{name}.runtime: comfyui runs the workflow in the ComfyUI of the comfyui "
                             f"section, and there is none")
         if not model.workflow:
             problems.append(f"models.{name}.workflow: must be the path of an API-format workflow file")
+    return problems
+
+
+def _remote_model_problems(config: Config) -> list[str]:
+    """Remote models' names clash with no other model's (an engine's, an image model's); hooks.py
+    checked each value (the URL, the variable's name, the prices)."""
+    problems = _split_model_names(config.remote_models, {**config.alias_table(), **config.image_alias_table()})
+    for name, model in config.remote_models.items():
+        if model.served_name == "":
+            problems.append(f"models.{name}.served_name: must be the model's name at the cloud, or left out")
+    return problems
+
+
+def _split_model_names(models: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """The names of models split from the engines' (image, remote): valid, and each name or alias
+    naming one model only (*names*: every name the others take)."""
+    problems = []
+    seen: dict[str, str] = {}
+    for name, model in models.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/\-]*", name):
+            problems.append(f"models.{name}: a model name may hold letters, digits and ._:/- (no '@')")
         for alias in model.aliases:
             if (why := _alias_problem(alias)) is not None:
                 problems.append(f"models.{name}.aliases: {why}")
-            if alias in names or alias in seen or alias in config.image_models:
+            if alias in names or alias in seen or alias in models:
                 problems.append(f"models.{name}.aliases: {alias!r} already names "
                                 f"{names.get(alias) or seen.get(alias, alias)!r}")
             seen[alias] = name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Literal, get_args, get_origin
 
@@ -23,6 +24,7 @@ from supervisor.config.schema import (
     Count,
     DeviceIndex,
     Duration,
+    EnvName,
     Fraction,
     Host,
     ImageSize,
@@ -32,6 +34,8 @@ from supervisor.config.schema import (
     Port,
     PositiveDuration,
     PositiveInt,
+    Price,
+    RemoteUrl,
     Size,
     SlowdownFactor,
     UpstreamAddress,
@@ -129,6 +133,37 @@ def _structure_node_address(value: Any, _: Any) -> Address:
         raise ValueError(f"must be http://HOST:PORT (steward speaks plain HTTP to its nodes; put TLS in a "
                          f"tunnel or VPN between them), got {show(value)}")
     raise ValueError(f"must be a node's URL like http://192.168.1.20:8080, got {show(value)}")
+
+
+def _structure_remote_url(value: Any, _: Any) -> str:
+    """A cloud API's base URL: https, or plain http to this machine only (a key must never cross
+    a network in clear text)."""
+    if not isinstance(value, str):
+        raise ValueError(f"must be an API's base URL like https://api.openai.com/v1, got {show(value)}")
+    parsed = urllib.parse.urlsplit(value)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if (parsed.scheme not in ("https", "http") or not parsed.hostname or port == -1 or parsed.query
+            or parsed.fragment or parsed.username is not None or parsed.password is not None):
+        raise ValueError(f"must be an API's base URL like https://api.openai.com/v1, got {show(value)}")
+    if parsed.scheme == "http" and not Address(parsed.hostname, port or 80).is_loopback:
+        raise ValueError(f"must be https:// (http:// only to a loopback address: the key would cross the network "
+                         f"in clear text), got {show(value)}")
+    return value.rstrip("/")
+
+
+def _structure_env_name(value: Any, _: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        return value
+    raise ValueError(f"must be the name of an environment variable, got {show(value)}")
+
+
+def _structure_price(value: Any, _: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e9:
+        return float(value)
+    raise ValueError(f"must be a price per million tokens, 0 or more (e.g. 0.15), got {show(value)}")
 
 
 def _structure_mac(value: Any, _: Any) -> MacAddress:
@@ -264,6 +299,9 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook(UpstreamAddress, _address_hook(1, ""))
     converter.register_structure_hook(NodeAddress, _structure_node_address)
     converter.register_structure_hook(MacAddress, _structure_mac)
+    converter.register_structure_hook(RemoteUrl, _structure_remote_url)
+    converter.register_structure_hook(EnvName, _structure_env_name)
+    converter.register_structure_hook(Price, _structure_price)
     converter.register_structure_hook(Fraction, _structure_fraction)
     converter.register_structure_hook(SlowdownFactor, _structure_slowdown_factor)
     converter.register_structure_hook(ImageSize, _structure_image_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import yaml
@@ -16,9 +16,12 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from supervisor.config.checks import check_semantics
 from supervisor.config.hooks import converter
-from supervisor.config.schema import IMAGE_RUNTIME, Config, ImageModelConfig
+from supervisor.config.schema import IMAGE_RUNTIME, REMOTE_RUNTIME, Config, ImageModelConfig, RemoteModelConfig
 from supervisor.gateway.comfy.workflow import load_workflow
 from supervisor.units import show
+
+
+_Model = TypeVar("_Model")
 
 
 class ConfigError(Exception):
@@ -85,6 +88,8 @@ def resolve_paths(config: Config, folder: Path) -> Config:
         config, state_file=beside(config.state_file),
         image_models={name: attrs.evolve(model, workflow=beside(model.workflow))
                       for name, model in config.image_models.items()},
+        remote_models={name: attrs.evolve(model, ca_file=beside(model.ca_file))
+                       for name, model in config.remote_models.items()},
         log=attrs.evolve(config.log, file=beside(config.log.file)),
         auth=attrs.evolve(config.auth, keys_file=beside(config.auth.keys_file)),
         usage=attrs.evolve(config.usage, db=beside(config.usage.db)))
@@ -202,35 +207,45 @@ def parse_config(raw: object) -> Config:
         raise ConfigError(["models: required key is missing (a mapping of model name to its engine)"])
     if "image_models" in raw:
         raise ConfigError(["image_models: unknown key (an image model goes under models, with runtime: comfyui)"])
-    raw, images = _split_image_models(raw)
+    if "remote_models" in raw:
+        raise ConfigError(["remote_models: unknown key (a remote model goes under models, with runtime: remote)"])
+    raw, images = _split_models(raw, IMAGE_RUNTIME)
+    raw, remotes = _split_models(raw, REMOTE_RUNTIME)
     problems = []
     try:
         config = converter.structure(raw, Config)
     except ClassValidationError as exc:
         problems = _describe(exc, "")
-    image_models = {}
-    for name, entry in images.items():
-        try:
-            image_models[name] = converter.structure(entry, ImageModelConfig)
-        except ClassValidationError as exc:
-            problems += _describe(exc, f"models.{name}")
+    image_models, image_problems = _structure_models(images, ImageModelConfig)
+    remote_models, remote_problems = _structure_models(remotes, RemoteModelConfig)
+    problems += image_problems + remote_problems
     if problems:
         raise ConfigError(problems)
-    config = attrs.evolve(config, image_models=image_models)
+    config = attrs.evolve(config, image_models=image_models, remote_models=remote_models)
     problems = check_semantics(config)
     if problems:
         raise ConfigError(problems)
     return config
 
 
-def _split_image_models(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The config without its image models, and those (they are workflows, not engines)."""
+def _split_models(raw: dict[str, Any], runtime: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config without its models of *runtime*, and those: image models (workflows) and remote
+    models (cloud APIs) are not engines, and have a schema of their own."""
     models = raw["models"]
     if not isinstance(models, dict):
         return raw, {}
-    images = {name: entry for name, entry in models.items()
-              if isinstance(entry, dict) and entry.get("runtime") == IMAGE_RUNTIME}
-    return {**raw, "models": {name: entry for name, entry in models.items() if name not in images}}, images
+    split = {name: entry for name, entry in models.items() if isinstance(entry, dict) and entry.get("runtime") == runtime}
+    return {**raw, "models": {name: entry for name, entry in models.items() if name not in split}}, split
+
+
+def _structure_models(entries: dict[str, Any], kind: type[_Model]) -> tuple[dict[str, _Model], list[str]]:
+    models, problems = {}, []
+    for name, entry in entries.items():
+        try:
+            models[name] = converter.structure(entry, kind)
+        except ClassValidationError as exc:
+            problems += _describe(exc, f"models.{name}")
+    return models, problems
 
 
 def _describe(exc: BaseException, path: str) -> list[str]:

@@ -135,6 +135,47 @@ class ImageModelConfig:
     negative_prompt: str = ""  # {{negative_prompt}} when a request asks for none
 
 
+REMOTE_RUNTIME = "remote"  # a model of this runtime is a cloud API, not an engine (RemoteModelConfig)
+RemoteApiName = Literal["openai", "anthropic"]  # supervisor.gateway.remote_models.RemoteApi's values
+RemoteUrl = NewType("RemoteUrl", str)  # https://HOST[:PORT][/BASE]; http:// only to a loopback address
+EnvName = NewType("EnvName", str)  # the name of an environment variable
+Price = NewType("Price", float)  # per million tokens, 0 or more, in the currency the cloud bills in
+
+
+@attrs.frozen
+class PriceConfig:
+    """What a million tokens cost at the cloud: what the usage log's ``cost`` is computed with."""
+
+    input: Price = Price(0.0)
+    output: Price = Price(0.0)
+
+    def cost(self, prompt_tokens: int | None, completion_tokens: int | None) -> float:
+        """What a request cost at these prices (a count the answer did not tell: 0)."""
+        return ((prompt_tokens or 0) * self.input + (completion_tokens or 0) * self.output) / 1e6
+
+
+@attrs.frozen
+class RemoteModelConfig:
+    """A model served by a cloud API (`runtime: remote`): no GPU memory, no engine slot; requests
+    for it go to ``upstream`` with the key in ``key_env``, at most ``max_concurrency`` at once."""
+
+    runtime: Literal["remote"]
+    # The API's base URL as its SDK takes it, e.g. https://api.openai.com/v1: a route's path
+    # after /v1 is appended to it.
+    upstream: RemoteUrl
+    # The environment variable holding the cloud's key: never in the config.
+    key_env: EnvName
+    api: RemoteApiName = "openai"
+    served_name: str | None = None  # the model's name at the cloud; default: the name here
+    aliases: list[str] = attrs.Factory(list)
+    max_concurrency: PositiveInt = PositiveInt(4)  # requests at the cloud at once; more wait (queue timeout)
+    price: PriceConfig = attrs.Factory(PriceConfig)
+    # A PEM bundle of CAs trusted besides the system's (a cloud behind a private CA); beside the config.
+    ca_file: str | None = None
+    # Connecting and the first byte of the answer, then between two chunks.
+    timeout: PositiveDuration = PositiveDuration(600.0)
+
+
 @attrs.frozen
 class DeviceConfig:
     budget: Size | None = None  # what steward may reserve on this device; default: gpu.budget, else its total
@@ -401,6 +442,8 @@ class Config:
     capabilities: dict[str, list[str]] = attrs.Factory(dict)
     # The models of `runtime: comfyui`, split from `models` as they are read (parse_config).
     image_models: dict[str, ImageModelConfig] = attrs.Factory(dict)
+    # The models of `runtime: remote`, split from `models` as they are read (parse_config).
+    remote_models: dict[str, RemoteModelConfig] = attrs.Factory(dict)
 
     def alias_table(self) -> dict[str, str]:
         """Every name a client may send, mapped to the model it means."""
@@ -414,5 +457,12 @@ class Config:
         """Every name a client may send for an image model, mapped to that model."""
         table = {name: name for name in self.image_models}
         for name, model in self.image_models.items():
+            table.update(dict.fromkeys(model.aliases, name))
+        return table
+
+    def remote_alias_table(self) -> dict[str, str]:
+        """Every name a client may send for a remote model, mapped to that model."""
+        table = {name: name for name in self.remote_models}
+        for name, model in self.remote_models.items():
             table.update(dict.fromkeys(model.aliases, name))
         return table

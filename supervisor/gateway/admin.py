@@ -56,7 +56,8 @@ DEFAULT_LOG_LINES = 100
 
 
 def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
-                now: float, wall: float, fleet: FleetSnapshot | None = None) -> dict[str, Any]:
+                now: float, wall: float, fleet: FleetSnapshot | None = None,
+                remote: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The picture: memory per device by tier, every engine, the queues and why they wait,
     recent rejections and events, and a front door's *fleet*: its nodes, and the requests held
     for them (among the waiting too). *now*: the scheduler's clock; *wall*: the wall clock."""
@@ -85,6 +86,7 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                             **_pace(health, klass)}
                     for klass in RequestClass},
         "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
+        "remote": list(remote),  # the remote models (a cloud's: no memory), gateway/cloud.py
         **(fleet_json(fleet, wall) if fleet is not None else {"nodes": [], "held": []}),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
@@ -137,14 +139,16 @@ class RecentEvents:
 
 def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
                      device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None,
-                     history: History | None = None) -> Callable[[], dict[str, Any]]:
+                     history: History | None = None,
+                     remote: Callable[[], list[dict[str, Any]]] = list) -> Callable[[], dict[str, Any]]:
     """The admin routes; returns what ``GET /admin/state`` answers, for the page at /ui."""
     recent = RecentEvents()
     events.listeners.append(recent.observe)
 
     def current_state() -> dict[str, Any]:
         return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
-                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet())
+                           now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet(),
+                           remote=remote())
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response | dict[str, Any]:

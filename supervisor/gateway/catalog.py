@@ -2,7 +2,7 @@
 its model by: one mapping each, shared by the inference handler, the front door and the
 model list, and replaced in place on a reload so that every holder sees the new config.
 Image models (`runtime: comfyui`) are not engines: they have their own table, with their
-workflows read from their files."""
+workflows read from their files; nor are remote models (`runtime: remote`, gateway/cloud.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import attrs
 
 from adapters import model_apis, model_runtime
 from supervisor.apis import Api
-from supervisor.config import Config, ImageModelConfig
+from supervisor.config import Config, ImageModelConfig, RemoteModelConfig
 from supervisor.gateway.relay.chunked import CUT_RUNTIME
 from supervisor.gateway.relay.context_refusal import SlotConfig, slot_config
 from supervisor.gateway.comfy.workflow import Workflow, load_workflow
@@ -35,6 +35,8 @@ class ModelCatalog:
     # prompt too long for a slot names (gateway/relay/context_refusal.py).
     contexts: dict[str, SlotConfig] = attrs.Factory(dict)
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
+    remote: dict[str, str] = attrs.Factory(dict)  # every accepted remote model name -> its model
+    remote_models: dict[str, RemoteModelConfig] = attrs.Factory(dict)  # remote model -> its config
     # Every accepted name, of an engine's model or an image model -> its model: what a key's
     # model list is read with (a key may name an alias).
     names: dict[str, str] = attrs.Factory(dict)
@@ -55,11 +57,12 @@ class ModelCatalog:
         contexts = {name: context for name, model in config.models.items()
                     if (context := slot_config(name, model)) is not None}
         images = _image_models(config)
-        names = {**aliases, **{alias: model.name for alias, model in images.items()}}
+        remote = config.remote_alias_table()
+        names = {**aliases, **{alias: model.name for alias, model in images.items()}, **remote}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
                            (self.step_tokens, step_tokens), (self.contexts, contexts), (self.images, images),
-                           (self.names, names)):
+                           (self.remote, remote), (self.remote_models, config.remote_models), (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]
             table.update(new)

@@ -35,6 +35,7 @@ import trio
 from supervisor.auth.budgets import BudgetLedger
 from supervisor.auth.keys import ApiKey, KeyFile, KeyTable
 from supervisor.auth.limits import KeyLimiter, Refused
+from supervisor.config.schema import PriceConfig
 from supervisor.observe.events import EventLog
 from supervisor.gateway.answer_tail import AnswerTail
 from supervisor.gateway.http.asgi import ASGI, Receive, RequestError, Scope, Send, header_value, send_whole
@@ -100,6 +101,7 @@ class Exchange:
     klass: RequestClass | None = None
     queued_s: float | None = None
     gpu_s: float | None = None  # what its steps held, added up (the scheduler's StepAccount)
+    price: PriceConfig | None = None  # a remote model's: what its tokens cost (the row's cost)
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -214,7 +216,8 @@ class Exchange:
             duration_s=round(now - self.arrived, 6), prompt_tokens=prompt, completion_tokens=completion,
             request_bytes=self.request_bytes, response_bytes=self.response_bytes,
             decode_tps=pace.decode_tps if pace is not None else None,
-            slowdown=pace.slowdown if pace is not None else None, gpu_s=_round(self.gpu_s))
+            slowdown=pace.slowdown if pace is not None else None, gpu_s=_round(self.gpu_s),
+            cost=None if self.price is None else round(self.price.cost(prompt, completion), 9))
 
     def tail_tokens(self) -> tuple[int | None, int | None]:
         """The token counts at the answer's end, read once (the answer ended: its tail is whole)."""
@@ -414,7 +417,7 @@ class FrontDoor:
                          queued_s=row.queued_s, duration_s=row.duration_s, prompt_tokens=row.prompt_tokens,
                          completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id,
                          ttft_s=row.ttft_s, decode_tps=row.decode_tps, slowdown=row.slowdown, beside=beside,
-                         gpu_s=row.gpu_s)
+                         gpu_s=row.gpu_s, cost=row.cost)
 
     def _pace(self, exchange: Exchange, now: float) -> Pace | None:
         """A served answer's decode rate and slowdown, and what computed beside it."""

@@ -14,9 +14,9 @@ from supervisor.safe_text import recordable
 TABLE = "requests"
 # Bumped when the table changes; the writer refuses a database written by a newer steward, and
 # adds to an older one's table the columns it lacks (ADDED_COLUMNS: the version that added them).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("decode_tps", "REAL"), ("slowdown", "REAL")),
-                                                         3: (("gpu_s", "REAL"),)}
+                                                         3: (("gpu_s", "REAL"),), 4: (("cost", "REAL"),)}
 
 
 @attrs.frozen
@@ -46,6 +46,9 @@ class UsageRow:
     # Seconds it held what it was granted: an engine's slot (each step's, added up) or the whole
     # GPU for an image job; what a key's work cost in GPU time. None: never granted.
     gpu_s: float | None = None
+    # What it cost at a remote model's prices (models.NAME.price, per million tokens, in the
+    # currency the cloud bills in); None: a model of this machine's.
+    cost: float | None = None
 
 
 # The table's columns, in UsageRow's order; ``class`` is a keyword in Python, not in SQL.

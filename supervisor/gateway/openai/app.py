@@ -21,6 +21,7 @@ from supervisor.gateway.admin import (EVENTS_PATH, add_admin_routes, is_admin_pa
 from supervisor.gateway.openai.api_routes import error_shape_for
 from supervisor.gateway.http.asgi import Receive, Scope, Send, send_whole
 from supervisor.gateway.catalog import ModelCatalog
+from supervisor.gateway.cloud import RemoteModels
 from supervisor.gateway.door import UI_PATH, exchange_of, is_probe
 from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.http.gate import gated
@@ -31,6 +32,7 @@ from supervisor.gateway.services import Services
 from supervisor.gateway.ui.routes import add_ui_routes
 from supervisor.gateway.relay.upstream import Timeouts
 from supervisor.engines.memory_plan import device_label
+from supervisor.config_policy import scheduling_policy
 from supervisor.nodes.fleet import fleet_json, held_lines
 from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
 
@@ -43,9 +45,10 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     started = int(time.time())
     catalog = services.catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
+    clouds = RemoteModels(catalog, door, events, scheduling_policy(config).queue_timeout)
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts)
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -128,6 +131,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     async def list_models() -> dict[str, Any]:
         local = [model_entry(name) for name in aliases if visible(name)]
         local += [image_entry(name) for name in catalog.images if name not in aliases and visible_image(name)]
+        local += [entry for entry in clouds.model_entries(started) if visible_cloud(entry["id"])]
         remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
                   if entry["id"] not in aliases and visible_remote(entry["id"])]
         entries = [entry for entry in local + remote if wanted(entry)]
@@ -137,8 +141,16 @@ def create_app(config: Config, services: Services) -> QuartTrio:
                     "last_id": data[-1]["id"] if data else None}
         return {"object": "list", "data": entries}
 
+    def visible_cloud(name: str) -> bool:
+        """A remote model is listed to a key that may send to it (its list and its --remote)."""
+        key = exchange_of(request.scope).key
+        return key is None or (key.may_reach_remote and door.may_use(key, catalog.remote[name]))
+
     @app.get("/v1/models/<path:model_id>")
     async def get_model(model_id: str) -> Response | dict[str, Any]:
+        if model_id in catalog.remote and visible_cloud(model_id):
+            entry = next(e for e in clouds.model_entries(started) if e["id"] == model_id)
+            return anthropic_entry(entry) if for_anthropic() else entry
         if model_id in catalog.images and model_id not in aliases and visible_image(model_id):
             entry = image_entry(model_id)
             return anthropic_entry(entry) if for_anthropic() else entry
@@ -177,7 +189,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
 
     add_health_routes(app, health, services.metrics, health_details)
     state_now = add_admin_routes(app, scheduler, health, events, device, services.reload,  # type: ignore[arg-type]
-                                 nodes, services.history)
+                                 nodes, services.history, clouds.state)
     add_ui_routes(app, state_now, services.history, door, services.usage_db)
     return app
 

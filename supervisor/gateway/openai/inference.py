@@ -42,6 +42,7 @@ from supervisor.gateway.door import CREDENTIAL_HEADERS, Exchange, FrontDoor, Ref
 from supervisor.gateway.relay.embeddings import AssembledStep, EmbeddingsAssembly, split_inputs
 from supervisor.gateway.granted import answer_job_failed, serve_granted
 from supervisor.gateway.relay.proxy import Failed, UpstreamRequest, relay
+from supervisor.gateway.cloud import RemoteModels
 from supervisor.gateway.remote import NodeRouter
 from supervisor.gateway.relay.reshaped import reading_answer
 from supervisor.gateway.relay.context_refusal import ContextWall, SlotConfig
@@ -79,11 +80,19 @@ class InferenceHandler:
     # model -> its slot context as its config sets it: what a refusal of a prompt too long for it names
     # (context_refusal.py); a model missing here: the engine's refusal as it came, in the route's shape.
     contexts: Mapping[str, SlotConfig] = attrs.Factory(dict)
+    remote: RemoteModels | None = None  # the models a cloud serves (`runtime: remote`)
 
     async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
                               exchange: Exchange) -> None:
-        """A model no engine here serves: a node's, if one serves it, else a 404."""
+        """A model no engine here serves: a cloud's or a node's, if one serves it, else a 404."""
         routed = not_here.request
+        if self.remote is not None and self.remote.serves(not_here.name):
+            try:
+                async with open_disconnect_watch(receive):
+                    await self.remote.serve(scope, routed, exchange, send)
+            except RequestError as refused:
+                await self._refuse(send, refused, routed.route, exchange)
+            return
         if self.nodes is None or not self.nodes.serves(not_here.name):
             await self._refuse(send, not_here.refusal(), routed.route, exchange)
             return

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import attrs
 
@@ -34,6 +36,9 @@ from supervisor.gateway.relay.upstream import (
 )
 from supervisor.scheduler.actor import Abort
 
+# Opens one request upstream: (host, port, method, target, headers, body, timeouts) -> its response.
+Opener = Callable[..., AbstractAsyncContextManager[Any]]
+
 # Headers of one connection, not of the message: never relayed (Content-Length is, when the
 # body goes through unchanged: clients such as curl --http1.0 need it to know the answer ended).
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
@@ -50,6 +55,9 @@ class UpstreamRequest:
     target: bytes
     headers: Sequence[tuple[bytes, bytes]]
     body: bytes | StreamedBody
+    # How the connection is opened: the h11 client to an engine here, or HTTPS to a cloud
+    # (https_upstream.py); both answer alike.
+    opener: Opener = open_upstream_request
 
 
 @attrs.frozen
@@ -144,7 +152,9 @@ async def _relay_with_retries(relayed: _Relayed, request: UpstreamRequest, what:
                     continue
             if delays is None:
                 return Failed(UpstreamFailure.of(exc), what, exc)
-            delay = next(delays)
+            delay = next(delays, None)
+            if delay is None:  # as many tries as the backoff allows, all refused
+                return Failed(UpstreamFailure.of(exc), what, exc)
             if on_retry is not None:
                 on_retry(delay, str(exc))
             if not await retry.sleep(delay):  # type: ignore[union-attr]  # the client leaving cancels this wait
@@ -194,8 +204,8 @@ class _Relayed:
 
 
 async def _relay_once(relayed: _Relayed, request: UpstreamRequest, timeouts: Timeouts) -> None:
-    async with open_upstream_request(request.host, request.port, request.method, request.target,
-                                     request.headers, request.body, timeouts) as upstream:
+    async with request.opener(request.host, request.port, request.method, request.target,
+                              request.headers, request.body, timeouts) as upstream:
         await relayed.start(AnswerHead.of(upstream.status, upstream.headers, HOP_BY_HOP))
         body = relayed.answer.body  # each chunk straight to the answer: complete only at its end
         async for chunk in upstream.iter_body():
