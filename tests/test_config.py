@@ -825,3 +825,12 @@ def test_a_fallback_chain_reaches_the_schedulers_profile_and_check_shows_it(caps
 def test_fallback_problems_name_the_route(route: dict[str, object], expected: str) -> None:
     raw = {"models": {"big": {**GOOD, "fallback": [route]}, "small": {**GOOD, "aliases": ["tiny"]}}}
     assert problems(raw) == [expected]
+
+
+def test_a_fallback_to_a_remote_model_is_refused_for_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLOUD_KEY", "sk-test")
+    raw = {"models": {"big": {**GOOD, "fallback": [{"model": "cloud", "when": ["wait"]}]},
+                      "cloud": {"runtime": "remote", "upstream": "https://api.example.com/v1", "api": "openai",
+                                "key_env": "CLOUD_KEY"}}}
+    assert problems(raw) == ["models.big.fallback[0].model: 'cloud' is a remote model; a chain goes to models "
+                             "steward runs (a fallback to a cloud is not built yet)"]
