@@ -48,7 +48,12 @@ class FakeProcess:
         return self.get("/fake/stats").json()
 
     def log(self) -> str:
-        return self.log_path.read_text()
+        """Its output so far: nothing until it opens its log (the forkserver's child opens it
+        after the start returns: on a busy machine a first read may come before)."""
+        try:
+            return self.log_path.read_text()
+        except FileNotFoundError:
+            return ""
 
     def answers(self) -> bool:
         if self.proc.poll() is not None:
