@@ -75,6 +75,12 @@ def explain(s: CoreState, job: Job) -> Wait:
     return Wait(reason, f"{what} waits: {detail}")
 
 
+def wait_detail(s: CoreState, job: Job) -> str:
+    """Why *job* waits, without its subject ("needs 4.0 GiB, 2.0 GiB free; ..."): for a rule that
+    says it in a sentence of its own (a fallback's why)."""
+    return _why(s, job)[1]
+
+
 def _why(s: CoreState, job: Job) -> tuple[WaitReason, str]:
     now = s.now
     rank = job.klass.rank

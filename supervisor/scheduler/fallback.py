@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from supervisor.scheduler.eviction import place
-from supervisor.scheduler.explain import explain
+from supervisor.scheduler.explain import wait_detail
 from supervisor.scheduler.state import CoreState, rounded
 from supervisor.scheduler.types import EngineState, EngineStatus, FallbackRoute, FallbackWhen, Job, unmeasured_load_s
 from supervisor.units import format_duration, format_elapsed
@@ -112,11 +112,9 @@ def _may_serve(s: CoreState, job: Job, target: str, now: float) -> bool:
     if job.may_use is not None and target not in job.may_use:
         return False
     if engine.status in (EngineStatus.READY, EngineStatus.STARTING):
-        return not engine.draining
-    if engine.status is EngineStatus.FAILED or not s.may_start(engine, now):
-        return False
-    if engine.status not in (EngineStatus.STOPPED, EngineStatus.SLEEPING):
-        return False  # on its way out: it would have to load again
+        return True
+    if engine.status not in (EngineStatus.STOPPED, EngineStatus.SLEEPING) or not s.may_start(engine, now):
+        return False  # failed, or on its way out: it would have to load again
     option = place(s, engine, now, {}, {}, (job.klass.rank, job.seq), idle_only=False)
     return option is not None and (option.fits or option.victims is not None)
 
@@ -136,7 +134,7 @@ def _why(s: CoreState, job: Job, engine: EngineState, route: FallbackRoute, when
     said = f"{job.klass} request for {engine.name} goes to {route.model}"
     match when:
         case FallbackWhen.NO_ROOM:
-            return f"{said}: {explain(s, job).why.split(' waits: ', 1)[-1]}"
+            return f"{said}: {wait_detail(s, job)}"
         case FallbackWhen.WAIT:
             bound = _bound(s, job, route)
             source = "the route's wait" if route.wait is not None else f"{job.klass}'s slo_wait"

@@ -67,17 +67,20 @@ def observe_devices(s: CoreState, now: float, readings: Sequence[DeviceUse]) -> 
                 released = s.release(engine)
                 s.emit("released", "info", engine=engine.name, released=released, free=s.ledger.free)
     for pid, engine in live.items():
-        share = {device: reading.processes[pid] for device, reading in enumerate(readings)
-                 if pid in reading.processes}
+        share = _share_of(pid, readings)
         if engine.serving and share:
             _measure(s, engine, share)
         elif engine.status is EngineStatus.SLEEPING and share:
             _measure_asleep(s, engine, share)
     for pid, engine in unloaded.items():
-        share = {device: reading.processes[pid] for device, reading in enumerate(readings)
-                 if pid in reading.processes}
+        share = _share_of(pid, readings)
         if share and not s.ledger.releasing(engine.name):
             _reserve_unloaded(s, engine, share)
+
+
+def _share_of(pid: int, readings: Sequence[DeviceUse]) -> dict[int, int]:
+    """What process *pid* holds on each device it is listed on."""
+    return {device: reading.processes[pid] for device, reading in enumerate(readings) if pid in reading.processes}
 
 
 def _reserve_unloaded(s: CoreState, engine: EngineState, share: dict[int, int]) -> None:

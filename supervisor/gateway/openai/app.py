@@ -48,7 +48,8 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     clouds = RemoteModels(catalog, door, events, scheduling_policy(config).queue_timeout)
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
-                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds)
+                                 catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds,
+                                 catalog.fallbacks)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

@@ -81,6 +81,8 @@ class InferenceHandler:
     # (context_refusal.py); a model missing here: the engine's refusal as it came, in the route's shape.
     contexts: Mapping[str, SlotConfig] = attrs.Factory(dict)
     remote: RemoteModels | None = None  # the models a cloud serves (`runtime: remote`)
+    # model -> the models its fallback chain names; a model missing here has none.
+    fallbacks: Mapping[str, tuple[str, ...]] = attrs.Factory(dict)
 
     async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
                               exchange: Exchange) -> None:
@@ -127,10 +129,10 @@ class InferenceHandler:
             await self._refuse(send, exc, route, exchange)
 
     def _may_use(self, routed: RoutedRequest, exchange: Exchange) -> frozenset[str]:
-        """The models a fallback (scheduler rule 11) may send this request to: those serving its
-        route that its key may use."""
+        """The models a fallback (scheduler rule 11) may send this request to: those of its
+        model's chain that serve its route and that its key may use (none without a chain)."""
         key, api = exchange.key, routed.route.api
-        return frozenset(model for model in set(self.aliases.values())
+        return frozenset(model for model in self.fallbacks.get(routed.model, ())
                          if ((served := self.apis.get(model)) is None or api in served)
                          and (key is None or self.door.may_use(key, model)))
 
