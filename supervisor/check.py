@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Container
 
 from adapters.llama_server import fits_itself
 from supervisor.accounting.cpu_share import describe_share, usable_cpus
@@ -94,7 +95,7 @@ def run_check(config: Config) -> int:
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
         for route in model.fallback:
-            print(f"  fallback {describe_route(route)}")
+            print(f"  fallback {describe_route(route, config.remote_models)}")
         if model.command is not None and shutil.which(model.command[0]) is None:
             print(f"  warning  {model.command[0]} is not an executable program here")
         if model.model is not None and not os.path.exists(model.model):
@@ -167,12 +168,14 @@ def _auth_problems(config: Config) -> list[str]:
     return [] if problem is None else [problem]
 
 
-def describe_route(route: FallbackConfig) -> str:
-    """``-> gemma4-e4b for background, batch when no_room or wait (past 30s)``"""
+def describe_route(route: FallbackConfig, remote: Container[str] = ()) -> str:
+    """``-> gemma4-e4b for background, batch when no_room or wait (past 30s)``; *remote*: the
+    names of the models a cloud serves."""
     classes = "every class" if route.classes is None else ", ".join(route.classes)
     bound = "" if "wait" not in route.when else f" (past {format_duration(route.wait)})" if route.wait is not None \
         else " (past the class's slo_wait)"
-    return f"-> {route.model} for {classes} when {' or '.join(route.when)}{bound}"
+    cloud = " (a cloud: runtime remote)" if route.model in remote else ""
+    return f"-> {route.model}{cloud} for {classes} when {' or '.join(route.when)}{bound}"
 
 
 def _tier(model: ModelConfig) -> str:

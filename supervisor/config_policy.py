@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 
 import attrs
 
@@ -110,7 +110,7 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
                               fixed_memory=plans[name].source == "config", idle_unload=model.idle_unload,
                               sleep_memory=model.sleep.memory if model.sleep is not None else None,
                               devices=_devices(specs[name]), splittable=specs[name].runtime.splits,
-                              fallback=fallback_routes(model.fallback))
+                              fallback=fallback_routes(model.fallback, config.remote_models))
                 for name, model in config.models.items()]
     if config.ollama is not None:
         profiles.append(EngineProfile(OLLAMA_ENGINE, config.ollama.memory, config.ollama.parallel,
@@ -118,10 +118,12 @@ def engine_profiles(config: Config, specs: Mapping[str, EngineSpec], plans: Mapp
     return profiles
 
 
-def fallback_routes(chain: Sequence[FallbackConfig]) -> tuple[FallbackRoute, ...]:
-    """A model's fallback chain as the scheduler takes it (models.NAME.fallback)."""
+def fallback_routes(chain: Sequence[FallbackConfig], remote: Container[str] = ()) -> tuple[FallbackRoute, ...]:
+    """A model's fallback chain as the scheduler takes it (models.NAME.fallback); *remote*: the
+    names of the models a cloud serves (runtime: remote)."""
     return tuple(FallbackRoute(route.model, frozenset(FallbackWhen(when) for when in route.when),
-                               None if route.classes is None else frozenset(route.classes), route.wait)
+                               None if route.classes is None else frozenset(route.classes), route.wait,
+                               remote=route.model in remote)
                  for route in chain)
 
 

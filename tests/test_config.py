@@ -827,10 +827,17 @@ def test_fallback_problems_name_the_route(route: dict[str, object], expected: st
     assert problems(raw) == [expected]
 
 
-def test_a_fallback_to_a_remote_model_is_refused_for_now(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fallback_to_a_remote_model_reaches_the_profile_marked_remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.check import describe_route
+    from supervisor.config_policy import fallback_routes
+    from supervisor.scheduler.types import FallbackRoute, FallbackWhen
+
     monkeypatch.setenv("CLOUD_KEY", "sk-test")
     raw = {"models": {"big": {**GOOD, "fallback": [{"model": "cloud", "when": ["wait"]}]},
                       "cloud": {"runtime": "remote", "upstream": "https://api.example.com/v1", "api": "openai",
                                 "key_env": "CLOUD_KEY"}}}
-    assert problems(raw) == ["models.big.fallback[0].model: 'cloud' is a remote model; a chain goes to models "
-                             "steward runs (a fallback to a cloud is not built yet)"]
+    config = parse_config(raw)  # no problem: it would raise
+    assert fallback_routes(config.models["big"].fallback, config.remote_models) == (
+        FallbackRoute("cloud", frozenset({FallbackWhen.WAIT}), remote=True),)
+    assert describe_route(config.models["big"].fallback[0], config.remote_models) == \
+        "-> cloud (a cloud: runtime remote) for every class when wait (past the class's slo_wait)"

@@ -35,7 +35,7 @@ from supervisor.config_policy import remote_key_problems
 from supervisor.gateway.relay.https_upstream import HttpsOpener
 from supervisor.gateway.relay.tls import tls_context
 from supervisor.gateway.relay.upstream import UpstreamUnreachable
-from tests.conftest import FORKSERVER, StewardFactory, free_port, stop_process
+from tests.conftest import FORKSERVER, StewardFactory, fake_model, free_port, stop_process
 
 CLOUD_KEY = "sk-cloud-test-0123456789"
 
@@ -264,6 +264,9 @@ def test_a_cloud_behind_tls_is_a_model_like_a_local_one(start_steward: StewardFa
         state = httpx.get(f"{steward.url}/admin/state", timeout=10).json()
         assert {row["name"]: (row["memory"], row["max_concurrency"]) for row in state["remote"]} == {
             "cloud": (0, 2), "untrusted": (0, 4), "wrong-key": (0, 4)}
+        assert {row["name"]: row["in_flight"] for row in steward.health()["remote"]} == {
+            "cloud": 0, "untrusted": 0, "wrong-key": 0}
+        assert 'steward_remote_places{model="cloud"} 2.0' in httpx.get(f"{steward.url}/metrics", timeout=10).text
 
         # A burst over max_concurrency waits for a place, then is served; the cloud never had more than 2.
         with concurrent.futures.ThreadPoolExecutor(5) as pool:
@@ -324,32 +327,108 @@ def test_an_anthropic_cloud_gets_its_key_in_x_api_key(start_steward: StewardFact
                    and row["completion_tokens"] for row in served)
 
 
+@pytest.mark.slow
+def test_a_model_whose_engine_fails_falls_back_to_the_cloud(start_steward: StewardFactory, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's chain: background and batch to the smaller local variant, interactive to a cloud
+    when the model's engine failed. The answers name the cloud's model; the usage row the model asked
+    for and the cloud that served it, with its cost and no GPU time; a key that may not send data out
+    of the house is never sent there."""
+    from supervisor.auth.keys import add_key
+
+    monkeypatch.setenv("CLOUD_KEY", CLOUD_KEY)
+    keys = tmp_path / "keys.json"
+    with cloud(tmp_path) as (upstream, ca, direct):
+        models = {
+            "big": fake_model("2GiB", extra=["--fail-load", "out of memory"], fallback=[
+                {"model": "small", "when": ["no_room", "failed"], "classes": ["background", "batch"]},
+                {"model": "cloud", "when": ["wait", "failed"], "classes": ["interactive"]}]),
+            "small": fake_model("1GiB"),
+            "cloud": remote(upstream=upstream, served_name="gpt-cloud", ca_file=str(ca), price={"input": 1, "output": 2})}
+        names = ["big", "small", "cloud"]
+        outward = add_key(keys, "outward", models=names, known_models=names).split()[-1]
+        private = add_key(keys, "private", models=names, known_models=names, no_remote=True).split()[-1]
+        steward = start_steward(models, gpu={"probe": "none", "budget": "4GiB"}, auth={"keys_file": str(keys)},
+                                usage={"db": str(tmp_path / "u.db")}, engines={"restart_backoff": "60s"})
+        client = openai.OpenAI(base_url=steward.base_url, api_key=outward, max_retries=0)
+
+        # A key that may not send data out of the house waits for big's engine, as without a chain,
+        # and is told its start failed; nothing reached the cloud for it.
+        refused = httpx.post(f"{steward.base_url}/chat/completions", timeout=30,
+                             headers={"authorization": f"Bearer {private}"},
+                             json={"model": "big", "messages": ASKED, "max_tokens": 4})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_start_failed"
+        assert direct.get("/fake/stats").json()["api_requests"] == 0 and not steward.events("fallback")
+
+        # big's engine waits for its restart, a minute away: an interactive request goes to the cloud.
+        raw = client.chat.completions.with_raw_response.create(model="big", messages=ASKED, max_tokens=6)
+        answer = raw.parse()
+        assert (answer.model, raw.headers["x-steward-model"]) == ("cloud", "cloud")
+        direct_answer = direct.post("/v1/chat/completions", headers={"authorization": f"Bearer {CLOUD_KEY}"},
+                                    json={"model": "gpt-cloud", "messages": ASKED, "max_tokens": 6}).json()
+        assert answer.choices[0].message.content == direct_answer["choices"][0]["message"]["content"]
+        moved = steward.wait_event("fallback")
+        assert (moved["model"], moved["to"], moved["when"], moved["remote"]) == ("big", "cloud", "failed", True)
+        assert moved["why"].startswith("interactive request for big goes to cloud (a cloud): big's engine failed")
+        chunks = list(client.chat.completions.create(model="big", messages=ASKED, max_tokens=6, stream=True))
+        assert {chunk.model for chunk in chunks} == {"cloud"}
+        # A background request goes to the local variant, not out of the house.
+        background = client.chat.completions.create(model="big", messages=ASKED, max_tokens=4,
+                                                    extra_headers={"x-steward-class": "background"})
+        assert background.model == "small"
+        steward.stop()
+
+    with sqlite3.connect(tmp_path / "u.db") as db:
+        db.row_factory = sqlite3.Row
+        rows = [dict(row) for row in db.execute("SELECT * FROM requests ORDER BY ts")]
+    assert [(row["key"], row["model"], row["engine"], row["status"]) for row in rows] == [
+        ("private", "big", None, 503), ("outward", "big", "remote:cloud", 200), ("outward", "big", "remote:cloud", 200),
+        ("outward", "big", "small", 200)]
+    for row in rows[1:3]:
+        assert row["cost"] == pytest.approx((row["prompt_tokens"] * 1 + row["completion_tokens"] * 2) / 1e6)
+        assert not row["gpu_s"]  # a cloud's time is no GPU time here
+    assert rows[3]["cost"] is None and rows[3]["gpu_s"] > 0
+
+
+class OnePlaceTaken:
+    """Remote model ``cloud`` (max_concurrency 1, queue timeout 5 s) whose one place someone holds,
+    and a chat request for it: what the next request to it meets."""
+
+    def __init__(self, max_queue: dict[Any, float] | None = None) -> None:
+        from supervisor.gateway.catalog import ModelCatalog
+        from supervisor.gateway.cloud import RemoteModels
+        from supervisor.gateway.door import FrontDoor
+        from supervisor.gateway.routed import route_request
+        from supervisor.observe.events import EventLog
+        from supervisor.request_class import RequestClass
+        from supervisor.usage.writer import UsageLog
+
+        self.config = parse_config({"models": {"cloud": remote(max_concurrency=1)}})
+        catalog = ModelCatalog.of(self.config)
+        send_events, _ = trio.open_memory_channel[Any](math.inf)
+        events = EventLog(send_events, recent_max=1000)
+        door = FrontDoor(events, UsageLog(None, events, None), aliases=catalog.names)
+        self.models = RemoteModels(catalog, door, events, dict.fromkeys(RequestClass, 5.0),
+                                   max_queue or dict.fromkeys(RequestClass, math.inf), environ={"CLOUD_KEY": "k"})
+        self.scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                      "raw_path": b"/v1/chat/completions", "headers": [], "query_string": b""}
+        self.routed = route_request(self.scope, b'{"model": "cloud", "messages": []}', {}).request  # type: ignore[union-attr]
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def take(self) -> None:
+        await self.models._limiter("cloud", self.config.remote_models["cloud"]).acquire_on_behalf_of("someone")
+
+
 async def test_waiting_for_a_place_is_bounded_by_the_queue_timeout(autojump_clock: trio.testing.MockClock) -> None:
     """max_concurrency holds: a request past it waits, and is answered 503 queue_timeout when no place frees."""
-    from supervisor.gateway.catalog import ModelCatalog
-    from supervisor.gateway.cloud import RemoteModels
-    from supervisor.gateway.door import Exchange, FrontDoor, Refusal
-    from supervisor.gateway.routed import route_request
-    from supervisor.observe.events import EventLog
-    from supervisor.request_class import RequestClass
-    from supervisor.usage.writer import UsageLog
+    from supervisor.gateway.door import Exchange, Refusal
 
-    config = parse_config({"models": {"cloud": remote(max_concurrency=1)}})
-    catalog = ModelCatalog.of(config)
-    send_events, _ = trio.open_memory_channel[Any](math.inf)
-    events = EventLog(send_events, recent_max=1000)
-    door = FrontDoor(events, UsageLog(None, events, None), aliases=catalog.names)
-    models = RemoteModels(catalog, door, events, dict.fromkeys(RequestClass, 5.0), environ={"CLOUD_KEY": "k"})
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "headers": [], "query_string": b""}
-    routed = route_request(scope, b'{"model": "cloud", "messages": []}', {}).request  # type: ignore[union-attr]
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    holder = models._limiter("cloud", config.remote_models["cloud"])
-    await holder.acquire_on_behalf_of("someone")  # the one place is taken
+    one = OnePlaceTaken()
+    await one.take()
+    models, scope, routed, sent, send = one.models, one.scope, one.routed, one.sent, one.send
     exchange = Exchange.arriving(scope, "openai")
     start = trio.current_time()
     await models.serve(scope, routed, exchange, send)
@@ -368,6 +447,36 @@ async def test_waiting_for_a_place_is_bounded_by_the_queue_timeout(autojump_cloc
     exchange.key = key(models=("cloud",), no_remote=True)
     with pytest.raises(Refusal, match="may not use remote models"):
         await models.serve(scope, routed, exchange, send)
+
+
+async def test_past_the_classs_max_queue_a_request_is_refused_429_at_once(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Waiting for a remote model's places is bounded in count too (classes.C.max_queue), and the
+    places and waiters are in /metrics."""
+    from supervisor.gateway.door import Exchange
+    from supervisor.observe.metrics import StewardMetrics
+    from supervisor.request_class import RequestClass
+
+    one = OnePlaceTaken({**dict.fromkeys(RequestClass, 9), RequestClass.INTERACTIVE: 1})
+    await one.take()
+    models, scope, routed, sent, send = one.models, one.scope, one.routed, one.sent, one.send
+    metrics = StewardMetrics()
+    metrics.watch_remote(models.state)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(models.serve, scope, routed, Exchange.arriving(scope, "openai"), send)
+        await trio.testing.wait_all_tasks_blocked()
+        scraped = metrics.render().decode()
+        assert 'steward_remote_in_flight{model="cloud"} 1.0' in scraped
+        assert 'steward_remote_waiting{model="cloud"} 1.0' in scraped
+        assert 'steward_remote_places{model="cloud"} 1.0' in scraped
+        start = trio.current_time()
+        exchange = Exchange.arriving(scope, "openai")
+        await models.serve(scope, routed, exchange, send)
+        assert trio.current_time() == start  # refused at once, not after a wait
+        assert sent[0]["status"] == 429 and b"classes.interactive.max_queue" in sent[1]["body"]
+        assert exchange.row(trio.current_time()).error == "queue_full"
+        sent.clear()
+    assert sent[0]["status"] == 503  # the one that waited: its queue timeout
 
 
 def test_steward_keys_add_says_whether_a_key_may_use_remote_models(tmp_path: Path,

@@ -156,6 +156,17 @@ def test_a_wide_pane_shows_more_every_tier_the_planned_memory_and_how_long_an_en
     assert f"     10s ×1   {WHY}" in lines  # one line: it fits
 
 
+def test_remote_models_have_a_row_each_under_the_engines_with_their_places_and_waiters() -> None:
+    state = {**hot_ollama_state(), "remote": [
+        {"name": "cloud-small", "upstream": "https://api.example.com/v1", "api": "openai", "memory": 0,
+         "max_concurrency": 4, "in_flight": 3, "waiting": 2}]}
+    lines = screen(Frame(URL, state, state["events"]), height=30)
+    at = next(i for i, line in enumerate(lines) if line.startswith("CLOUD"))
+    assert lines[at].split() == ["CLOUD", "PLACES", "WAITING", "UPSTREAM"]
+    assert lines[at + 1].split() == ["cloud-small", "3/4", "2", "https://api.example.com/v1"]
+    assert lines[at - 1].split()[0] == "gemma4-e2b"  # right under the engines
+
+
 def test_long_names_and_reasons_are_cut_never_wrapped_and_the_priorities_hold_in_a_short_pane() -> None:
     state = busy_state()
     frame = Frame(URL, state, state["events"])

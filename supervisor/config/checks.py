@@ -108,8 +108,7 @@ def _fallback_problems(config: Config) -> list[str]:
             elif route.model in config.image_models:
                 problems.append(f"{key}.model: {show(route.model)} is an image model; a chat cannot go there")
             elif route.model in config.remote_models:
-                problems.append(f"{key}.model: {show(route.model)} is a remote model; a chain goes to models steward "
-                                f"runs (a fallback to a cloud is not built yet)")
+                pass  # a cloud's (runtime: remote): the request leaves for it, if its key may send data out
             elif route.model in aliases and route.model not in config.models:
                 problems.append(f"{key}.model: {show(route.model)} is an alias; name the model, "
                                 f"{show(aliases[route.model])}")

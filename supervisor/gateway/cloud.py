@@ -19,6 +19,7 @@ holds the request's ``cost`` at the model's prices.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import ssl
 import urllib.parse
@@ -33,6 +34,7 @@ from supervisor.config import RemoteModelConfig
 from supervisor.gateway.catalog import ModelCatalog
 from supervisor.gateway.door import Exchange, FrontDoor, Refusal
 from supervisor.gateway.http.asgi import Scope, Send, send_error
+from supervisor.gateway.openai.api_routes import ApiRoute
 from supervisor.gateway.relay.answer_model import ModelNamed
 from supervisor.gateway.relay.https_upstream import HttpsOpener
 from supervisor.gateway.relay.tls import tls_context
@@ -66,6 +68,8 @@ class RemoteModels:
     door: FrontDoor
     events: EventLog
     queue_timeout: Mapping[RequestClass, float]  # per class: how long a request may wait for a place
+    # per class: how many requests may wait for one of a model's places (then 429 queue_full)
+    max_queue: Mapping[RequestClass, float] = attrs.Factory(lambda: dict.fromkeys(RequestClass, math.inf))
     environ: Mapping[str, str] = attrs.Factory(lambda: os.environ)
     _limiters: dict[str, trio.CapacityLimiter] = attrs.Factory(dict)
     _contexts: dict[str | None, ssl.SSLContext] = attrs.Factory(dict)  # per ca_file
@@ -85,6 +89,10 @@ class RemoteModels:
                                         "api": model.api, "status": "remote", "memory": 0,
                                         "slots": model.max_concurrency, "in_flight": self.in_flight(name)}})
         return entries
+
+    def may_serve(self, name: str, route: ApiRoute) -> bool:
+        """Whether remote model *name* serves *route* (its cloud's API is the route's)."""
+        return route.api.value in _SERVES[RemoteApi(self.catalog.remote_models[name].api)]
 
     def in_flight(self, name: str) -> int:
         limiter = self._limiters.get(name)
@@ -124,26 +132,50 @@ class RemoteModels:
                                f"key with --remote, or one whose --models name {name!r}.", param="model",
                           code="remote_not_allowed")
         with self.door.admit(exchange, model=name, klass=routed.klass):
-            limiter = self._limiter(name, model)
-            waited_from = trio.current_time()
-            with trio.move_on_after(self.queue_timeout[routed.klass]) as waiting:
-                await limiter.acquire()
-            exchange.waited(trio.current_time() - waited_from)
-            if waiting.cancelled_caught:
-                exchange.error = "queue_timeout"
-                self.events.emit("remote_wait", "info", model=name, **{"class": routed.klass},
-                                 request_id=exchange.request_id, waited_s=trio.current_time() - waited_from)
-                await send_error(send, 503, f"the {model.max_concurrency} requests remote model {name!r} may have "
-                                 f"at its cloud at once are taken, and none came free in time", shape=shape,
-                                 code="queue_timeout", retry_after=5.0)
-                return
-            try:
-                await self._relay(scope, routed, name, model, exchange, send)
-            finally:
-                limiter.release()
+            await self._serve_placed(scope, routed, name, exchange, send)
+
+    async def serve_fallback(self, scope: Scope, routed: RoutedRequest, name: str, exchange: Exchange,
+                             send: Send) -> None:
+        """A request the scheduler sent along its model's fallback chain to remote model *name*
+        (its key's leave was asked before it was queued): the usage row names the model asked for,
+        the answer and its ``x-steward-model`` header the one that served it."""
+        model = self.catalog.remote_models[name]
+        exchange.engine, exchange.price = f"{REMOTE_ENGINE_PREFIX}{name}", model.price
+        await self._serve_placed(scope, routed, name, exchange, send, fallback=True)
+
+    async def _serve_placed(self, scope: Scope, routed: RoutedRequest, name: str, exchange: Exchange, send: Send,
+                            *, fallback: bool = False) -> None:
+        """Wait for one of the model's places at its cloud (its class's queue timeout at most), and relay."""
+        model = self.catalog.remote_models[name]
+        limiter = self._limiter(name, model)
+        if limiter.available_tokens == 0 and limiter.statistics().tasks_waiting >= self.max_queue[routed.klass]:
+            exchange.error = "queue_full"
+            self.events.emit("remote_queue_full", "info", model=name, **{"class": routed.klass},
+                             request_id=exchange.request_id, waiting=limiter.statistics().tasks_waiting)
+            await send_error(send, 429, f"{limiter.statistics().tasks_waiting} requests wait for remote model "
+                             f"{name!r} already, the most its {routed.klass} class may have waiting "
+                             f"(classes.{routed.klass}.max_queue)", shape=routed.route.error_shape,
+                             code="queue_full", retry_after=5.0)
+            return
+        waited_from = trio.current_time()
+        with trio.move_on_after(self.queue_timeout[routed.klass]) as waiting:
+            await limiter.acquire()
+        exchange.waited(trio.current_time() - waited_from)
+        if waiting.cancelled_caught:
+            exchange.error = "queue_timeout"
+            self.events.emit("remote_wait", "info", model=name, **{"class": routed.klass},
+                             request_id=exchange.request_id, waited_s=trio.current_time() - waited_from)
+            await send_error(send, 503, f"the {model.max_concurrency} requests remote model {name!r} may have "
+                             f"at its cloud at once are taken, and none came free in time",
+                             shape=routed.route.error_shape, code="queue_timeout", retry_after=5.0)
+            return
+        try:
+            await self._relay(scope, routed, name, model, exchange, send, fallback=fallback)
+        finally:
+            limiter.release()
 
     async def _relay(self, scope: Scope, routed: RoutedRequest, name: str, model: RemoteModelConfig,
-                     exchange: Exchange, send: Send) -> None:
+                     exchange: Exchange, send: Send, *, fallback: bool) -> None:
         url = urllib.parse.urlsplit(model.upstream)
         port = url.port or (443 if url.scheme == "https" else 80)
         path = (scope["raw_path"] or scope["path"].encode()).decode("latin-1")
@@ -171,7 +203,7 @@ class RemoteModels:
         self.events.emit("remote_request", "debug", model=name, upstream=f"{url.hostname}:{port}",
                          **{"class": routed.klass}, request_id=exchange.request_id)
         tap = reading_answer(send, routed.route, exchange, keep_usage_chunk=routed.keep_usage_chunk,
-                             stream=routed.stream, model=name, request=routed.payload)
+                             stream=routed.stream, model=name, request=routed.payload, fallback=fallback)
         tap.readers.insert(0, ModelNamed(name))  # the cloud names its own model; the client is told steward's
 
         def on_status(status: int) -> None:

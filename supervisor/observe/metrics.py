@@ -246,6 +246,27 @@ class _FleetCollector(Collector):
         yield from (state, age, free, held)
 
 
+class _RemoteCollector(Collector):
+    """The remote models (runtime: remote): their places at the cloud in use and who waits, read at
+    scrape time from the gateway's (the last one told: a listener made again replaces it)."""
+
+    def __init__(self) -> None:
+        self.rows: Callable[[], list[dict[str, Any]]] = list
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        places = GaugeMetricFamily("steward_remote_places", "Requests a remote model may have at its cloud at once "
+                                   "(max_concurrency)", labels=["model"])
+        in_flight = GaugeMetricFamily("steward_remote_in_flight", "Requests at a remote model's cloud now",
+                                      labels=["model"])
+        waiting = GaugeMetricFamily("steward_remote_waiting", "Requests waiting for one of a remote model's places",
+                                    labels=["model"])
+        for row in self.rows():
+            places.add_metric([row["name"]], row["max_concurrency"])
+            in_flight.add_metric([row["name"]], row["in_flight"])
+            waiting.add_metric([row["name"]], row["waiting"])
+        yield from (places, in_flight, waiting)
+
+
 @attrs.define(eq=False, slots=False)
 class StewardMetrics:
     registry: CollectorRegistry = attrs.Factory(CollectorRegistry)
@@ -323,11 +344,17 @@ class StewardMetrics:
         self.route_waits = Counter("steward_route_waits", "Requests a front door held for a node to wake",
                                    ["node"], registry=r)
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
+        self._remote = _RemoteCollector()
+        r.register(self._remote)
 
     def watch(self, scheduler: SchedulerClient, health: HealthWatch | None = None, device: str = "gpu",
               speeds: SpeedBook | None = None) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
         self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens, speeds))
+
+    def watch_remote(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        """The remote models' places and waiters (gateway/cloud.py's ``state``), read at each scrape."""
+        self._remote.rows = rows
 
     def watch_fleet(self, fleet: Callable[[], FleetSnapshot]) -> None:
         """A front door's: its nodes and the requests held for them, read at each scrape."""

@@ -298,7 +298,7 @@ class SchedulerClient:
             try:
                 yield lease
             finally:
-                if account is not None:
+                if account is not None and not lease.grant.remote:  # a cloud's time is no GPU time here
                     account.held(trio.current_time() - granted)
             finished_cleanly = True
         finally:

@@ -13,7 +13,10 @@ serves a request of its classes when one of its ``when`` holds for the request n
 and its target may serve it sooner: a model of this steward, not the one asked for, that the
 caller's key may use, not failed, not removed, and either loaded (or loading) or loadable
 now, into free memory or over engines its class may evict. A target with no room leaves the
-request where it is: it waits, as without a chain.
+request where it is: it waits, as without a chain. A target a cloud serves (runtime: remote)
+takes no memory and no slot here, so it may always serve (if the key may send data out): the
+request leaves the scheduler with a ``Grant`` marked ``remote``, and the gateway relays it to
+the cloud, where it waits for one of the model's places.
 
 A request goes to a fallback once, and a fallback's own chain is not followed: no loop. Only
 a request of one step goes (a generation cut into steps, embeddings in chunks, stay with the
@@ -30,7 +33,8 @@ from collections.abc import Iterator
 from supervisor.scheduler.eviction import place
 from supervisor.scheduler.explain import wait_detail
 from supervisor.scheduler.state import CoreState, rounded
-from supervisor.scheduler.types import EngineState, EngineStatus, FallbackRoute, FallbackWhen, Job, unmeasured_load_s
+from supervisor.scheduler.types import (EngineState, EngineStatus, FallbackRoute, FallbackWhen, Grant, Job,
+                                       unmeasured_load_s)
 from supervisor.units import format_duration, format_elapsed
 
 _NOT_LOADED = (EngineStatus.STOPPED, EngineStatus.SLEEPING, EngineStatus.FAILED)
@@ -39,14 +43,20 @@ _NOT_LOADED = (EngineStatus.STOPPED, EngineStatus.SLEEPING, EngineStatus.FAILED)
 def reroute(s: CoreState, now: float) -> None:
     """Every waiting request whose model's chain sends it elsewhere now goes there."""
     for job in list(s.waiting.values()):
-        engine = _chained(s, job)
-        if engine is None:
-            continue
-        for route in engine.profile.fallback:
-            when = _holds(s, job, engine, route, now)
-            if when is not None and _may_serve(s, job, route.model, now):
-                _move(s, job, engine, route, when, now)
-                break
+        take(s, job, now)
+
+
+def take(s: CoreState, job: Job, now: float) -> bool:
+    """Send waiting *job* along its model's chain if a route holds for it now: whether it went."""
+    engine = _chained(s, job)
+    if engine is None:
+        return False
+    for route in engine.profile.fallback:
+        when = _holds(s, job, engine, route, now)
+        if when is not None and _may_serve(s, job, route, now):
+            _move(s, job, engine, route, when, now)
+            return True
+    return False
 
 
 def next_times(s: CoreState) -> Iterator[float]:
@@ -105,11 +115,14 @@ def _bound(s: CoreState, job: Job, route: FallbackRoute) -> float:
     return route.wait if route.wait is not None else s.policy.slo_wait[job.klass]
 
 
-def _may_serve(s: CoreState, job: Job, target: str, now: float) -> bool:
-    engine = s.engines.get(target)
-    if engine is None or target == job.model or engine.retiring is not None:
+def _may_serve(s: CoreState, job: Job, route: FallbackRoute, now: float) -> bool:
+    target = route.model
+    if target == job.model or (job.may_use is not None and target not in job.may_use):
         return False
-    if job.may_use is not None and target not in job.may_use:
+    if route.remote:
+        return job.may_use is not None  # a cloud's: no room to find, no engine to fail; only where a caller said it may
+    engine = s.engines.get(target)
+    if engine is None or engine.retiring is not None:
         return False
     if engine.status in (EngineStatus.READY, EngineStatus.STARTING):
         return True
@@ -123,15 +136,19 @@ def _move(s: CoreState, job: Job, engine: EngineState, route: FallbackRoute, whe
     why = _why(s, job, engine, route, when, now)
     s.unqueue(job)
     job.fallback_from, job.model = job.model, route.model
+    waited_s = rounded(now - job.submitted)
+    s.emit("fallback", "info", job=job.id, request=job.request, model=job.fallback_from, to=route.model,
+           **{"class": job.klass}, when=when.value, waited_s=waited_s, remote=route.remote, why=why)
+    if route.remote:  # it leaves the scheduler: the gateway relays it to the cloud
+        s.effects.append(Grant(job.id, route.model, None, waited_s=waited_s, remote=True))
+        return
     job.held_until = None  # a swap hold was for the model it asked for
     s.queues[job.klass].push(job)
     s.waiting[job.id] = job
-    s.emit("fallback", "info", job=job.id, request=job.request, model=job.fallback_from, to=route.model,
-           **{"class": job.klass}, when=when.value, waited_s=rounded(now - job.submitted), why=why)
 
 
 def _why(s: CoreState, job: Job, engine: EngineState, route: FallbackRoute, when: FallbackWhen, now: float) -> str:
-    said = f"{job.klass} request for {engine.name} goes to {route.model}"
+    said = f"{job.klass} request for {engine.name} goes to {route.model}{' (a cloud)' if route.remote else ''}"
     match when:
         case FallbackWhen.NO_ROOM:
             return f"{said}: {wait_detail(s, job)}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import attrs
 
 from supervisor.address import Address
+from supervisor.scheduler import fallback
 from supervisor.scheduler.eviction import admin_option, evict
 from supervisor.scheduler.state import CoreState, rounded
 from supervisor.request_class import ALL_CLASSES
@@ -82,9 +83,12 @@ def engine_exited(s: CoreState, name: str, generation: int, now: float, detail: 
     s.emit("crash", "error", engine=name, during_start=was_starting, detail=detail,
            released=released, failures=engine.failures, restart_in_s=delay)
     if was_starting:
-        # Steps waiting for this start get a clean error now rather than a hang.
+        # Steps waiting for this start go along their model's chain (`failed`), or get a clean
+        # error now rather than a hang.
         for klass in ALL_CLASSES:
             for job in list(s.queues[klass].line(name)):
+                if fallback.take(s, job, now):
+                    continue
                 s.unqueue(job)
                 s.fail(job, 503, "engine_start_failed", f"engine {name!r} failed to start: {detail}",
                        retry_after=delay, reason="engine_start_failed")

@@ -84,6 +84,9 @@ class FallbackRoute:
     when: frozenset[FallbackWhen]
     classes: frozenset[RequestClass] | None = None  # None: every class
     wait: float | None = None  # the bound for `wait`; None: the class's slo_wait
+    # Its model is a cloud's (runtime: remote): never loaded, never out of room; the request
+    # leaves the scheduler for it (a Grant with ``remote``), and waits for its places at the gateway.
+    remote: bool = False
 
     def serves(self, klass: RequestClass) -> bool:
         return self.classes is None or klass in self.classes
@@ -443,6 +446,9 @@ class Grant:
     # How long it waited on the scheduler's clock: 0.0 exactly when granted as it was taken. The
     # one "waited" steward has: the dispatch event's, /healthz's share, the usage log's queued_s.
     waited_s: float = attrs.field(default=0.0, eq=False)
+    # The request went to a fallback a cloud serves (*engine* names that remote model): it holds
+    # no slot here, and the gateway relays it to the cloud.
+    remote: bool = False
 
 
 @attrs.frozen

@@ -162,10 +162,12 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     room -= len(queues)
     engines = _engines(_list(state, "engines"), _number(state.get("time")), width, wide, room, selected)
     room -= _height(engines)
+    clouds = _clouds(_list(state, "remote"), width, room)
+    room -= _height(clouds)
     rejections = _titled("REJECTED", [_event_line(r) for r in _list(state, "rejections")],
                          min(room, _REJECTIONS_MAX + 1))
     room -= len(rejections)
-    return (nodes + devices + sparks + engines + queues + rejections
+    return (nodes + devices + sparks + engines + clouds + queues + rejections
             + _event_block(events, room, title=True, width=width, hint=hint))
 
 
@@ -287,6 +289,29 @@ def _engines(engines: list[Any], now: float | None, width: int, wide: bool, room
     for engine, row in zip(shown, rows, strict=False):
         table.add_row(*row, style="reverse" if selected is not None and engine.get("name") == selected else None)
     for row in rows[len(shown):]:
+        table.add_row(*row)
+    return [table]
+
+
+def _clouds(clouds: list[Any], width: int, room: int) -> list[RenderableType]:
+    """The remote models (runtime: remote), a row each: their places at the cloud in use (of
+    max_concurrency), the requests waiting for one, and where they go. No memory, no engine."""
+    clouds = [cloud for cloud in clouds if isinstance(cloud, Mapping)]
+    if room < 2 or not clouds:
+        return []
+    headers = ["CLOUD", "PLACES", "WAITING", "UPSTREAM"]
+    shown = clouds if len(clouds) + 1 <= room else clouds[:room - 2]
+    rows = [[Text(_text(cloud.get("name", "?")), style="bold"),
+             Text(f"{_count(cloud.get('in_flight'))}/{_count(cloud.get('max_concurrency'))}"),
+             Text(str(_count(cloud.get("waiting")))), Text(_text(cloud.get("upstream", "-")), style="dim")]
+            for cloud in shown]
+    if len(shown) < len(clouds):
+        rows.append([Text(f"+{len(clouds) - len(shown)} more", style="dim"), *(Text("") for _ in headers[1:])])
+    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold", width=width)
+    for header in headers:
+        table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in ("PLACES", "WAITING")
+                         else "left", ratio=1 if header == "UPSTREAM" else None)
+    for row in rows:
         table.add_row(*row)
     return [table]
 

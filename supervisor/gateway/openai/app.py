@@ -45,7 +45,9 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     started = int(time.time())
     catalog = services.catalog or ModelCatalog.of(config)
     aliases = catalog.aliases  # the same mapping as the door's: a reload replaces its contents
-    clouds = RemoteModels(catalog, door, events, scheduling_policy(config).queue_timeout)
+    policy = scheduling_policy(config)
+    clouds = RemoteModels(catalog, door, events, policy.queue_timeout, policy.max_queue)
+    services.metrics.watch_remote(clouds.state)
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
                                  catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds,
@@ -171,6 +173,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
                 "queued": snapshot.queued,
                 "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
                 **({} if fleet is None else fleet_json(fleet, time.time())),
+                "remote": clouds.state(),  # the cloud's models: places in use, requests waiting for one
                 "classes": {k: {"queued": snapshot.queued_by_class[k], "running": snapshot.running_by_class[k]}
                             for k in snapshot.queued_by_class},
                 "engines": {e.name: {"status": e.status, "in_flight": e.in_flight, "slots": e.slots,

@@ -18,6 +18,7 @@ import attrs
 
 from supervisor.address import Address
 from supervisor.apis import Api, api_names
+from supervisor.auth.keys import ApiKey
 from supervisor.observe.events import EventLog
 from supervisor.gateway.openai.api_routes import API_PATHS, API_ROUTES, ApiRoute, api_route
 from supervisor.gateway.http.asgi import (
@@ -131,10 +132,17 @@ class InferenceHandler:
     def _may_use(self, routed: RoutedRequest, exchange: Exchange) -> frozenset[str]:
         """The models a fallback (scheduler rule 11) may send this request to: those of its
         model's chain that serve its route and that its key may use (none without a chain)."""
-        key, api = exchange.key, routed.route.api
         return frozenset(model for model in self.fallbacks.get(routed.model, ())
-                         if ((served := self.apis.get(model)) is None or api in served)
-                         and (key is None or self.door.may_use(key, model)))
+                         if self._may_fall_back_to(model, routed.route, exchange.key))
+
+    def _may_fall_back_to(self, model: str, route: ApiRoute, key: ApiKey | None) -> bool:
+        """Whether a request on *route* with *key* may go to *model*: it serves the route, the key
+        may use it, and a cloud's only where the key may send data out of the house."""
+        if self.remote is not None and self.remote.serves(model):
+            return self.remote.may_serve(model, route) and (
+                key is None or (key.may_reach_remote and self.door.may_use(key, model)))
+        served = self.apis.get(model)
+        return (served is None or route.api in served) and (key is None or self.door.may_use(key, model))
 
     def _served_by(self, routed: RoutedRequest, lease: Lease) -> RoutedRequest:
         """The request as the granted engine takes it: the model asked for, or the fallback the
@@ -190,6 +198,10 @@ class InferenceHandler:
             return
 
         async def answering(lease: Lease, tracked: Send) -> None:
+            if lease.grant.remote:  # the scheduler sent it along its chain to a cloud's model
+                assert self.remote is not None and lease.grant.engine is not None
+                await self.remote.serve_fallback(scope, routed, lease.grant.engine, exchange, tracked)
+                return
             exchange.engine = lease.grant.engine
             served = self._served_by(routed, lease)
             await self._proxy(scope, served, reading_answer(
