@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from supervisor.observe.events import Event
+from supervisor.observe.model_server_metrics import ModelServerCollector
 from supervisor.engines.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.request_class import RequestClass
@@ -328,6 +329,7 @@ class StewardMetrics:
               speeds: SpeedBook | None = None) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
         self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens, speeds))
+        self.registry.register(ModelServerCollector(scheduler))  # what a cluster's router reads, per model
 
     def watch_fleet(self, fleet: Callable[[], FleetSnapshot]) -> None:
         """A front door's: its nodes and the requests held for them, read at each scrape."""
