@@ -15,11 +15,12 @@ engines); the route in process, behind the OpenAI listener's real door.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import httpx
+import pytest
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,7 +41,9 @@ from supervisor.scheduler.readiness import ReadinessState
 from supervisor.scheduler.types import EngineProfile
 from supervisor.tree import _listener
 from supervisor.usage.writer import UsageLog
+from tests.conftest import StewardFactory, fake_model
 from tests.harness import GIB, LOAD_S, Harness, start_harness
+from tests.test_deploy import wait_until
 from tests.test_ui import ADMIN_KEY, key_file
 
 # The protocol's table (v1.5.0): the metric, its type, what it means; and the label vLLM gives it.
@@ -162,7 +165,7 @@ async def openai_listener(keyed: bool) -> AsyncIterator[tuple[httpx.AsyncClient,
         nursery.cancel_scope.cancel()
 
 
-async def test_the_readiness_route_answers_200_503_404_without_a_key_as_healthz_does(tmp_path: Path) -> None:
+async def test_the_readiness_route_answers_200_503_404_without_a_key_as_healthz_does() -> None:
     async with openai_listener(keyed=True) as (client, harness):
         cold = await client.get("/healthz/models/chat")
         assert (cold.status_code, cold.json()["state"], cold.json()["ready"]) == (200, "loadable", True)
@@ -184,3 +187,49 @@ async def test_the_readiness_route_answers_200_503_404_without_a_key_as_healthz_
     assert keyed_metrics.status_code == 200 and 'vllm:num_requests_running{model_name="chat"}' in keyed_metrics.text
     # Probes are polls: counted under one path, never one label per name a client sends.
     assert 'steward_polls_answered_total{listener="openai",path="/healthz/models/NAME"} 5.0' in keyed_metrics.text
+
+
+def gauges(url: str) -> dict[str, dict[str, float]]:
+    """The protocol's gauges and steward_model_ready on a running steward's /metrics: name -> {model: value}."""
+    page = httpx.get(f"{url}/metrics", timeout=5).text
+    return {family.name: {s.labels[MODEL_LABEL]: s.value for s in family.samples}
+            for family in text_string_to_metric_families(page)
+            if family.name in PROTOCOL or family.name == "steward_model_ready"}
+
+
+@pytest.mark.slow
+def test_a_running_steward_exports_the_gauges_and_sheds_a_model_that_would_evict_a_busy_one(
+        start_steward: StewardFactory) -> None:
+    """A real steward with two fake llama-servers that do not fit side by side: while a chat
+    streams on one, it is resident with one of its two slots busy, and the other says 503."""
+    steward = start_steward({"chat": fake_model("4GiB", parallel=2, tps=20),
+                             "code": fake_model("4GiB", parallel=2)},
+                            gpu={"probe": "none", "budget": "6GiB"})
+    url = steward.url
+    assert httpx.get(f"{url}/healthz/models/code", timeout=5).json()["state"] == "loadable"
+    answers: list[int] = []
+
+    def chat() -> None:
+        with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=60, json={
+                "model": "chat", "stream": True, "max_tokens": 200,
+                "messages": [{"role": "user", "content": "a long answer, please"}]}) as answer:
+            for _ in answer.iter_bytes():
+                pass
+            answers.append(answer.status_code)
+
+    streaming = threading.Thread(target=chat)
+    streaming.start()
+    try:
+        busy = wait_until(lambda: (g := gauges(url))["vllm:num_requests_running"].get("chat") == 1 and g,
+                          "the chat computes")
+        assert busy["vllm:kv_cache_usage_perc"] == {"chat": 0.5, "code": 0.0}  # one of two slots
+        assert busy["vllm:num_requests_waiting"] == {"chat": 0, "code": 0}
+        assert busy["steward_model_ready"] == {"chat": 1, "code": 0}
+        resident = httpx.get(f"{url}/healthz/models/chat", timeout=5)
+        blocked = httpx.get(f"{url}/healthz/models/code", timeout=5)
+        assert resident.status_code == 200 and resident.json()["state"] == "resident"
+        assert blocked.status_code == 503 and blocked.json()["state"] == "blocked"
+        assert httpx.get(f"{url}/healthz/models/nobody", timeout=5).status_code == 404
+    finally:
+        streaming.join(60)
+    assert answers == [200]
