@@ -16,9 +16,10 @@ model; a picker is pointed at one model with a label selector in its metric spec
   count where it gives one;
 - KV-cache use, a fraction 0..1 (the picker's flag says "from 0 to 1"): the share of the
   engine's slots in use. llama-server built here (llama.cpp from llama-cpp-python 0.3.36)
-  has no KV-cache gauge in ``/metrics`` and its ``/slots`` gives each slot's context size,
-  not the cells in use; Ollama says nothing of its cache. So no engine steward runs gives a
-  better figure, and busy slots are what a slot-bounded engine fills next.
+  has no KV-cache gauge in ``/metrics``; its ``/slots`` says a computing slot's tokens, but
+  not whether the cache is unified, and reading it is a poll of each engine, which this does
+  not add (docs/cluster.md); Ollama says nothing of its cache. Busy slots are what a
+  slot-bounded engine fills next: at 1.0 the next request waits.
 
 There is no ``vllm:lora_requests_info``: steward serves no LoRA adapters, and the picker's
 LoRA affinity is off for an engine whose spec leaves it empty.
