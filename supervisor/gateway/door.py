@@ -59,6 +59,10 @@ MONITORING_PATHS = frozenset({"/livez", "/healthz", "/metrics", "/admin/state", 
 # Those and a front door's polls of this node (/steward/state, the OpenAI listener's): no request event
 # nor usage row, a count in /metrics instead (steward_polls_answered).
 POLL_PATHS = MONITORING_PATHS | {STATE_PATH, HISTORY_PATH, UI_LIVE_PATH}
+# A model's readiness (/healthz/models/NAME, gateway/readiness.py): open wherever /healthz is, and
+# counted as one path whatever NAME.
+READINESS_PREFIX = "/healthz/models/"
+READINESS_PATH = READINESS_PREFIX + "NAME"
 # An engine's output (`steward logs`, top's log pane): read like the state, counted as one path whatever NAME.
 ENGINE_LOGS_PATH = "/admin/engines/NAME/logs"
 # The /ui page's shell, its script and its style: no data in them, so a browser (which cannot send a
@@ -329,9 +333,13 @@ class FrontDoor:
             return list(headers)
         return [(k, v) for k, v in headers if k not in CREDENTIAL_HEADERS]
 
+    def is_open(self, path: str) -> bool:
+        """Reached without a key: an open path, and a model's readiness where /healthz is open."""
+        return path in self.open_paths or ("/healthz" in self.open_paths and path.startswith(READINESS_PREFIX))
+
     def authenticate(self, scope: Scope, listener: str, *, admin: bool) -> tuple[ApiKey | None, RequestError | None]:
         """The caller's key, or why the request is refused (401 without a valid key, 403 for an admin route)."""
-        if not self.required(listener) or scope["path"] in self.open_paths or is_probe(scope, listener) or (
+        if not self.required(listener) or self.is_open(scope["path"]) or is_probe(scope, listener) or (
                 listener == "openai" and scope.get("method") == "GET" and (
                     scope["path"].startswith(CAPABILITY_PREFIX) or scope["path"] in UI_SHELL_PATHS)):
             return None, None
@@ -492,6 +500,8 @@ def polled_path(path: str) -> str | None:
     every engine's logs: a label per name a client sends would grow without end), else None."""
     if path in POLL_PATHS:
         return path
+    if path.startswith(READINESS_PREFIX):
+        return READINESS_PATH
     return ENGINE_LOGS_PATH if engine_logs_name(path) is not None else None
 
 

@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from supervisor.observe.events import Event
+from supervisor.observe.model_server_metrics import ModelServerCollector
 from supervisor.engines.memory_plan import device_label
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.request_class import RequestClass
@@ -351,6 +352,7 @@ class StewardMetrics:
               speeds: SpeedBook | None = None) -> None:
         self.registry.register(_SchedulerCollector(scheduler))
         self.registry.register(_FrontDoorCollector(scheduler, health, device, self._recent_tokens, speeds))
+        self.registry.register(ModelServerCollector(scheduler))  # what a cluster's router reads, per model
 
     def watch_remote(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
         """The remote models' places and waiters (gateway/cloud.py's ``state``), read at each scrape."""

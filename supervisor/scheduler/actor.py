@@ -7,6 +7,7 @@ effects it returns.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -20,6 +21,7 @@ import trio
 from supervisor.address import Address
 from supervisor.observe.events import EventLog
 from supervisor.scheduler.core import Scheduler
+from supervisor.scheduler.readiness import Readiness, model_readiness
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     CheckEngine,
@@ -241,6 +243,8 @@ class SchedulerClient:
 
     _send: trio.MemorySendChannel[Message]
     _snapshot: Callable[..., SchedulerSnapshot]
+    # model -> whether it may be sent work now (readiness.py), read from the core as the snapshot is.
+    _readiness: Callable[[str, float], Readiness | None] | None = None
     _ids: itertools.count[int] = attrs.Factory(lambda: itertools.count(1))
 
     @asynccontextmanager
@@ -375,6 +379,10 @@ class SchedulerClient:
         """*explained*: with why each line's head waits."""
         return self._snapshot(explained=explained)
 
+    def readiness(self, model: str) -> Readiness | None:
+        """Whether *model* may be sent work now (``/healthz/models/NAME``); None: no such model."""
+        return None if self._readiness is None else self._readiness(model, trio.current_time())
+
     def _post(self, message: Message) -> None:
         try:
             self._send.send_nowait(message)
@@ -385,7 +393,7 @@ class SchedulerClient:
 def open_scheduler_mailbox(core: Scheduler) -> tuple[SchedulerClient, trio.MemoryReceiveChannel[Message]]:
     """The actor's mailbox, made before the actor so engines can hold the client first."""
     send, receive = trio.open_memory_channel[Message](math.inf)
-    return SchedulerClient(send, core.snapshot), receive
+    return SchedulerClient(send, core.snapshot, functools.partial(model_readiness, core)), receive
 
 
 async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Message],

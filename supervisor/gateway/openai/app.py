@@ -28,6 +28,7 @@ from supervisor.gateway.http.gate import gated
 from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH
 from supervisor.gateway.openai.inference import INFERENCE_PATHS, InferenceHandler
 from supervisor.gateway.http.quart_app import add_health_routes, json_error, new_quart_app
+from supervisor.gateway.readiness import add_readiness_route
 from supervisor.gateway.services import Services
 from supervisor.gateway.ui.routes import add_ui_routes
 from supervisor.gateway.relay.upstream import Timeouts
@@ -192,6 +193,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         return state_to_json(node_state(scheduler.snapshot(), health.assess(), aliases, device))
 
     add_health_routes(app, health, services.metrics, health_details)
+    add_readiness_route(app, scheduler, aliases)
     state_now = add_admin_routes(app, scheduler, health, events, device, services.reload,  # type: ignore[arg-type]
                                  nodes, services.history, clouds.state)
     add_ui_routes(app, state_now, services.history, door, services.usage_db)
