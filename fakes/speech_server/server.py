@@ -174,15 +174,22 @@ class FakeKokoro:
         self.stats.started += 1
         self.stats.running += 1
         self.stats.last_chunks_sent = 0
+        ended = False
+
+        async def answer() -> None:
+            nonlocal ended
+            await self._answer(reply, speech)
+            ended = True  # a client that closes once it has it all did not cancel it
+
         try:
-            gone = await reply.ex.run_until_client_leaves(lambda: self._answer(reply, speech))
+            await reply.ex.run_until_client_leaves(answer)
         finally:
             self.stats.running -= 1
-        if gone:
+        if ended:
+            self.stats.finished += 1
+        else:
             self.stats.cancelled += 1
             self.log.write("INFO:     Client disconnected, stopping audio generation")
-        else:
-            self.stats.finished += 1
 
     async def _answer(self, reply: Reply, speech: Speech) -> None:
         ex, cfg = reply.ex, self.cfg
