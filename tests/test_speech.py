@@ -102,6 +102,9 @@ def test_the_sdk_gets_audio_a_decoder_reads_and_the_usage_row_counts_it(
     row = request_after(steward, ROUTE, before)
     assert (row["status"], row["model"], row["input_chars"]) == (200, "tts", len(TEXT))
     assert row["audio_s"] == pytest.approx(seconds, abs=1e-3)
+    metrics = httpx.get(f"{steward.url}/metrics", timeout=5).text
+    assert 'steward_speech_total{kind="input_chars",model="tts"}' in metrics
+    assert 'steward_speech_total{kind="audio_seconds",model="tts"}' in metrics
 
 
 def test_a_streamed_answer_written_to_a_file(client: openai.OpenAI, steward: RunningSteward, release: Path,
