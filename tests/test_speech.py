@@ -194,3 +194,21 @@ def test_speech_models_are_listed_as_speech(steward: RunningSteward) -> None:
     assert models["tts-1"]["steward"]["alias_of"] == "tts"
     only = httpx.get(f"{steward.base_url}/models", params={"kind": "speech"}, timeout=5).json()["data"]
     assert {m["id"] for m in only} == {"tts", "tts-1", "tts-open"}
+
+
+def test_what_the_engine_sends_is_relayed_as_it_is(steward: RunningSteward, release: Path) -> None:
+    """Kokoro-FastAPI has no `stream_format`: asked for `sse` it sends audio, which steward relays
+    (and measures as audio); its own `stream: false` answers whole, with its length."""
+    before = len(requests_so_far(steward, ROUTE))
+    body = {"model": "tts", "voice": "af_heart", "input": TEXT, "response_format": "wav"}
+    sse = httpx.post(f"{steward.base_url}/audio/speech", json={**body, "stream_format": "sse"}, timeout=30)
+    assert sse.headers["content-type"] == "audio/wav" and decoded(sse.content)[0] == pytest.approx(2.6, abs=1e-3)
+    whole = httpx.post(f"{steward.base_url}/audio/speech", json={**body, "stream": False}, timeout=30)
+    assert whole.headers["content-length"] == str(len(whole.content)) and whole.content == sse.content
+    assert [request_after(steward, ROUTE, before + i)["audio_s"] for i in (0, 1)] == [2.6, 2.6]
+
+
+def test_speech_engines_hold_their_memory_in_the_ledger(steward: RunningSteward) -> None:
+    engines = steward.health()["engines"]
+    assert engines["tts-open"]["status"] == "ready" and engines["tts-open"]["pinned"]  # always-on: loaded at start
+    assert engines["tts-open"]["reserved"] == 2**29  # its 0.5 GiB, as any engine's
