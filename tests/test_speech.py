@@ -46,6 +46,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningSt
               "tts-open": speech_model(release, always_on=True)}
     registry: list[RunningSteward] = []
     launch_steward(run_dir, models, registry, gpu={"probe": "none", "budget": "4GiB"})
+    registry[0].wait_event("ready", timeout=30, engine="tts-open")  # the always-on engine, loaded at start
     yield registry[0], release
     assert registry[0].stop() == 0
 
@@ -209,7 +210,6 @@ def test_what_the_engine_sends_is_relayed_as_it_is(steward: RunningSteward, rele
 
 
 def test_speech_engines_hold_their_memory_in_the_ledger(steward: RunningSteward) -> None:
-    wait_until(lambda: steward.health()["engines"]["tts-open"]["status"] == "ready", "always-on: loaded at start")
     engines = steward.health()["engines"]
-    assert engines["tts-open"]["pinned"]
+    assert engines["tts-open"]["status"] == "ready" and engines["tts-open"]["pinned"]
     assert engines["tts-open"]["reserved"] == 2**29  # its 0.5 GiB, as any engine's
