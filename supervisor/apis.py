@@ -1,7 +1,7 @@
 """The APIs a model may serve, and what that makes the model for.
 
 Steward's OpenAI listener speaks several APIs (chat completions, OpenAI's Responses,
-Anthropic's Messages, embeddings, rerank, transcription). Not every engine serves every
+Anthropic's Messages, embeddings, rerank, transcription, speech). Not every engine serves every
 one: an embedding model (a BERT) in llama-server answers chat with a 500, and a server
 started without ``--embeddings`` answers embeddings with a 501. So each model has the set of APIs it serves (its config's
 ``serves``, else its runtime's default from its arguments), and a request on a route its
@@ -22,6 +22,7 @@ class Api(enum.Enum):
     EMBEDDINGS = "embeddings"  # /v1/embeddings
     RERANK = "rerank"  # /v1/rerank, /rerank, /v1/reranking
     TRANSCRIPTION = "transcription"  # /v1/audio/transcriptions
+    SPEECH = "speech"  # /v1/audio/speech: text in, audio out (an OpenAI-compatible speech server)
 
 
 # What a model that generates text serves: every generating API speaks to the same engine.
@@ -35,6 +36,7 @@ class ModelKind(enum.Enum):
     EMBEDDING = "embedding"
     RERANK = "rerank"
     TRANSCRIPTION = "transcription"
+    SPEECH = "speech"
     IMAGE = "image"  # a ComfyUI workflow (runtime: comfyui): /v1/images/generations
 
 
@@ -46,6 +48,8 @@ def model_kind(apis: Iterable[Api]) -> ModelKind:
         return ModelKind.EMBEDDING
     if Api.RERANK in served:
         return ModelKind.RERANK
+    if Api.SPEECH in served:
+        return ModelKind.SPEECH
     return ModelKind.TRANSCRIPTION
 
 

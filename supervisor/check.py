@@ -12,7 +12,9 @@ import shutil
 import sys
 from collections.abc import Container
 
+from adapters import model_apis
 from adapters.llama_server import fits_itself
+from supervisor.apis import api_names, model_kind
 from supervisor.accounting.cpu_share import describe_share, usable_cpus
 from supervisor.auth.keys import KeyFileError, load_key_file
 from supervisor.budgets import budgets_beyond_devices, memory_device, resolve_budgets
@@ -77,6 +79,10 @@ def run_check(config: Config) -> int:
               f"{_SOURCES[plan.source]}")
         print(f"  slots    {spec.slots}" + ("" if model.runtime == "llama-server" else
                                              " (requests steward sends at once; the rest wait in its queue)"))
+        apis, kind = model_apis(model), model_kind(model_apis(model)).value  # kind: as /v1/models says
+        names = api_names(apis)
+        voices = f"; voices {', '.join(model.voices)}" if model.voices else ""
+        print(f"  serves   {', '.join(names)}{'' if kind in names else f' (kind {kind})'}{voices}")
         if model.devices is not None:
             print(f"  devices  {', '.join(map(str, model.devices))}" + (
                 " (split over them)" if len(model.devices) > 1 else ""))

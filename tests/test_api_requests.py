@@ -42,7 +42,7 @@ def test_every_route_has_its_api_and_error_shape() -> None:
         "/v1/chat/completions": Api.CHAT, "/v1/completions": Api.COMPLETIONS, "/v1/embeddings": Api.EMBEDDINGS,
         "/v1/responses": Api.RESPONSES, "/v1/responses/input_tokens": Api.RESPONSES, "/v1/messages": Api.MESSAGES,
         "/v1/messages/count_tokens": Api.MESSAGES, "/v1/rerank": Api.RERANK, "/v1/reranking": Api.RERANK,
-        "/rerank": Api.RERANK, "/v1/audio/transcriptions": Api.TRANSCRIPTION}
+        "/rerank": Api.RERANK, "/v1/audio/transcriptions": Api.TRANSCRIPTION, "/v1/audio/speech": Api.SPEECH}
     anthropic = json.loads(error_shape_for({"path": "/v1/messages/count_tokens"})(404, "no such model"))
     assert anthropic == {"type": "error", "error": {"type": "not_found_error", "message": "no such model"}}
     openai_shaped = json.loads(error_shape_for({"path": "/v1/responses"})(400, "bad", code="x"))

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,11 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
         image = client.images.generate(model="sketch", prompt="a lighthouse", size="64x64",
                                        response_format="b64_json")
         Image.open(io.BytesIO(base64.b64decode(image.data[0].b64_json or ""))).verify()
+        # Speech, from the fake Kokoro-FastAPI, loaded on demand; a WAV the standard library reads.
+        speech = client.audio.speech.create(model="tts-1", voice="af_heart", input="Hello from steward.",
+                                            response_format="wav")
+        with wave.open(io.BytesIO(speech.content)) as audio:
+            assert audio.getframerate() == 24_000 and audio.getnframes() > 0
         assert REAL_CHAT not in demo.banner
     assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
@@ -161,3 +167,5 @@ def test_the_fake_demos_banner_shows_an_image_request_and_the_real_ones_does_not
     fake = banner("http://127.0.0.1:8080", tmp_path)
     assert "http://127.0.0.1:8080/v1/images/generations" in fake and '"model": "sketch"' in fake
     assert "images/generations" not in banner("http://127.0.0.1:8080", tmp_path, real=True)
+    assert "http://127.0.0.1:8080/v1/audio/speech" in fake and '"model": "kokoro"' in fake
+    assert "audio/speech" not in banner("http://127.0.0.1:8080", tmp_path, real=True)

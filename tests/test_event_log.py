@@ -270,7 +270,7 @@ async def test_the_door_emits_one_request_event_per_request_and_none_for_monitor
         "listener": "openai", "method": "POST", "route": "/v1/chat/completions", "model": None, "class": None,
         "status": 200, "error": None, "queued_s": None, "prompt_tokens": 3, "completion_tokens": 5, "key": None,
         "decode_tps": None, "slowdown": None, "beside": None, "gpu_s": None,
-        "cost": None}
+        "cost": None, "input_chars": None, "audio_s": None}
     assert len(request.fields["request_id"]) == 16 and request.fields["duration_s"] >= request.fields["ttft_s"] >= 0
 
 

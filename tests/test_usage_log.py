@@ -117,7 +117,7 @@ async def test_every_row_recorded_before_close_is_written_in_batches(tmp_path: P
     assert [request_id for (request_id,) in stored(path)] == [f"r{number}" for number in range(2500)]
     everything = ("ts, request_id, key, listener, method, route, model, engine, class, status, error, queued_s, "
                   "ttft_s, duration_s, prompt_tokens, completion_tokens, request_bytes, response_bytes, decode_tps, slowdown, "
-                  "gpu_s, cost")
+                  "gpu_s, cost, input_chars, audio_s")
     assert stored(path, everything)[7] == attrs.astuple(usage_row(7))
 
 
@@ -131,7 +131,7 @@ async def test_the_database_is_wal_versioned_and_indexed_and_opens_again(tmp_pat
         ("r1", "alice", "interactive", 0.0, 10), ("r2", None, None, None, None)]
     with contextlib.closing(sqlite3.connect(path)) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert connection.execute("PRAGMA user_version").fetchone() == (4,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (5,)
         indexes = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert indexes == {"requests_ts", "requests_key", "requests_model"}
 
@@ -329,7 +329,7 @@ async def test_a_database_of_a_newer_steward_or_of_something_else_is_an_error_at
     with contextlib.closing(sqlite3.connect(other)) as connection:
         connection.execute("CREATE TABLE requests (url TEXT, at REAL)")
     assert await start_usage_log(newer) == f"usage.db: cannot open {str(newer)!r}: written by a newer steward " \
-                                           "(schema version 7, this one knows 4)"
+                                           "(schema version 7, this one knows 5)"
     assert await start_usage_log(other) == f"usage.db: cannot open {str(other)!r}: its table 'requests' is not a " \
                                            "steward usage log's"
 
@@ -338,11 +338,11 @@ async def test_a_usage_log_of_schema_1_gains_the_newer_columns_and_keeps_its_row
                                                                                    capsys: pytest.CaptureFixture[str]
                                                                                    ) -> None:
     path = tmp_path / "usage.db"
-    old_columns = COLUMNS[:-4]
+    old_columns = COLUMNS[:COLUMNS.index("decode_tps")]  # schema 1's
     with contextlib.closing(sqlite3.connect(path)) as connection:
         connection.execute(f"CREATE TABLE requests ({', '.join(f'{name!r}' for name in old_columns)})")
         connection.execute(f"INSERT INTO requests VALUES ({', '.join('?' * len(old_columns))})",
-                           attrs.astuple(usage_row(1, ts=time.time() - 10))[:-4])
+                           attrs.astuple(usage_row(1, ts=time.time() - 10))[:len(old_columns)])
         connection.execute("PRAGMA user_version = 1")
         connection.commit()
     # `steward usage` reads a log no steward has opened since (read-only: no slowdown column yet).
@@ -350,10 +350,10 @@ async def test_a_usage_log_of_schema_1_gains_the_newer_columns_and_keeps_its_row
     assert (old["slowdown_p50"], old["gpu_s"]) == (None, 0.0)
     async with open_usage_log(path) as (usage, _):
         usage.record(usage_row(2, ts=time.time() - 5, slowdown=4.0, decode_tps=12.5, gpu_s=2.5))
-    assert stored(path, "request_id, decode_tps, slowdown, gpu_s, cost") == [("r1", None, None, None, None),
-                                                                              ("r2", 12.5, 4.0, 2.5, None)]
+    assert stored(path, "request_id, decode_tps, slowdown, gpu_s, cost, input_chars, audio_s") == [
+        ("r1", None, None, None, None, None, None), ("r2", 12.5, 4.0, 2.5, None, None, None)]
     with contextlib.closing(sqlite3.connect(path)) as connection:
-        assert connection.execute("PRAGMA user_version").fetchone() == (4,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (5,)
     assert run_json(capsys, "--db", str(path))["total"]["slowdown_p50"] == 4.0
     assert run_json(capsys, "--db", str(path))["total"]["gpu_s"] == 2.5
 

@@ -63,9 +63,9 @@ class Reply:
         await ex.conn.send(h11.Response(status_code=status, headers=headers,
                                         reason=http.HTTPStatus(status).phrase.encode()), h11.EndOfMessage())
 
-    async def start_stream(self) -> None:
+    async def start_stream(self, content_type: bytes = SSE) -> None:
         self._access(200)
-        await self.ex.start_stream(SSE)
+        await self.ex.start_stream(content_type)
 
     async def send(self, data: bytes) -> None:
         """Part of a started stream (one SSE event: one write, as each of vLLM's yields is)."""

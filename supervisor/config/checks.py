@@ -372,6 +372,13 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
                         f"always_on: false")
     if model.serves is not None and not model.serves:
         problems.append(f"{key}.serves: name the APIs it serves, like [chat, responses, messages], or leave it out")
+    if model.voices is not None and "speech" not in (model.serves or []):
+        problems.append(f"{key}.voices: only a speech model has voices; add serves: [speech], or drop voices")
+    elif model.voices is not None and not model.voices:
+        problems.append(f"{key}.voices: name its voices, like [af_heart, alloy], or leave it out (any voice)")
+    for i, voice in enumerate(model.voices or []):
+        if not voice or (why := _invisible_problem(voice)) is not None:
+            problems.append(f"{key}.voices[{i}]: {why or 'empty'}")
     if model.always_on is not None and model.pinned and not model.always_on:
         problems.append(f"{key}.always_on: false contradicts pinned: true; keep always_on")
     return problems

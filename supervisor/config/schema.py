@@ -35,7 +35,8 @@ NodeAddress = NewType("NodeAddress", Address)  # http://HOST:PORT of another ste
 # or any OpenAI-compatible server (vLLM, SGLang, TGI, a llama-server someone else runs).
 RuntimeName = Literal["llama-server", "openai", "comfyui"]  # comfyui: ImageModelConfig
 # supervisor.apis.Api's values: what a model may serve
-ApiName = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "transcription"]
+ApiName = Literal["chat", "completions", "responses", "messages", "embeddings", "rerank", "transcription",
+                  "speech"]
 SleepLevel = Literal[1, 2]
 FallbackWhenName = Literal["no_room", "wait", "failed"]  # supervisor/scheduler/fallback.py
 ProbeName = Literal["auto", "nvml", "simulated", "host", "none"]
@@ -98,8 +99,11 @@ class ModelConfig:
     # Stopped (or put to sleep) once it has had no request for this long; null: never.
     idle_unload: PositiveDuration | None = None
     # The APIs it serves (chat, completions, responses, messages, embeddings, rerank,
-    # transcription); default: what its runtime serves with its args (adapters: `apis`).
+    # transcription, speech); default: what its runtime serves with its args (adapters: `apis`).
     serves: list[ApiName] | None = None
+    # A speech model's voices (`serves: [speech]`): a request naming another is refused by steward
+    # with a 400 naming `voice`; default: any voice goes to the engine, which says if it has it.
+    voices: list[str] | None = None
     # llama.cpp's threads (-t, -tb); null (written `auto`): its share of the cores, so that the
     # engines that may compute at once never oversubscribe them (supervisor/accounting/cpu_share.py).
     threads: ThreadCount | None = None

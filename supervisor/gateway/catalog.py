@@ -36,6 +36,8 @@ class ModelCatalog:
     contexts: dict[str, SlotConfig] = attrs.Factory(dict)
     # model -> the models its fallback chain names (models.NAME.fallback); a model missing here has none.
     fallbacks: dict[str, tuple[str, ...]] = attrs.Factory(dict)
+    # model -> the voices its config lists (a speech model's `voices`); a model missing here: any voice.
+    voices: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
     remote: dict[str, str] = attrs.Factory(dict)  # every accepted remote model name -> its model
     remote_models: dict[str, RemoteModelConfig] = attrs.Factory(dict)  # remote model -> its config
@@ -60,13 +62,14 @@ class ModelCatalog:
                     if (context := slot_config(name, model)) is not None}
         fallbacks = {name: tuple(route.model for route in model.fallback) for name, model in config.models.items()
                      if model.fallback}
+        voices = {name: tuple(model.voices) for name, model in config.models.items() if model.voices is not None}
         images = _image_models(config)
         remote = config.remote_alias_table()
         names = {**aliases, **{alias: model.name for alias, model in images.items()}, **remote}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
                            (self.step_tokens, step_tokens), (self.contexts, contexts), (self.fallbacks, fallbacks),
-                           (self.images, images),
+                           (self.voices, voices), (self.images, images),
                            (self.remote, remote), (self.remote_models, config.remote_models), (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]

@@ -109,6 +109,8 @@ class Exchange:
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    input_chars: int | None = None  # a speech request's input (gateway/openai/speech.py)
+    audio_s: float | None = None  # the seconds of audio a speech answer carried so far (relay/speech_audio.py)
     status: int | None = None  # as sent
     # The engine's own error, as a wrapper read it before putting it in the route's words (reshaped.py).
     engine_failure: Failure | None = None
@@ -142,6 +144,10 @@ class Exchange:
         """Counts a handler read itself (a usage chunk it kept from a client that did not ask for it)."""
         self.prompt_tokens = prompt if prompt is not None else self.prompt_tokens
         self.completion_tokens = completion if completion is not None else self.completion_tokens
+
+    def count_audio(self, seconds: float | None) -> None:
+        """The seconds of audio a speech answer has carried so far (None: its format is not measured)."""
+        self.audio_s = seconds
 
     def leaves(self) -> None:
         """The client hung up: before its answer ended, or on the failure the answer told it of."""
@@ -221,7 +227,8 @@ class Exchange:
             request_bytes=self.request_bytes, response_bytes=self.response_bytes,
             decode_tps=pace.decode_tps if pace is not None else None,
             slowdown=pace.slowdown if pace is not None else None, gpu_s=_round(self.gpu_s),
-            cost=None if self.price is None else round(self.price.cost(prompt, completion), 9))
+            cost=None if self.price is None else round(self.price.cost(prompt, completion), 9),
+            input_chars=self.input_chars, audio_s=self.audio_s)
 
     def tail_tokens(self) -> tuple[int | None, int | None]:
         """The token counts at the answer's end, read once (the answer ended: its tail is whole)."""
@@ -425,7 +432,7 @@ class FrontDoor:
                          queued_s=row.queued_s, duration_s=row.duration_s, prompt_tokens=row.prompt_tokens,
                          completion_tokens=row.completion_tokens, key=row.key, request_id=row.request_id,
                          ttft_s=row.ttft_s, decode_tps=row.decode_tps, slowdown=row.slowdown, beside=beside,
-                         gpu_s=row.gpu_s, cost=row.cost)
+                         gpu_s=row.gpu_s, cost=row.cost, input_chars=row.input_chars, audio_s=row.audio_s)
 
     def _pace(self, exchange: Exchange, now: float) -> Pace | None:
         """A served answer's decode rate and slowdown, and what computed beside it."""

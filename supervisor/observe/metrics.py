@@ -321,6 +321,9 @@ class StewardMetrics:
                                   buckets=SLOWDOWN_BUCKETS, registry=r)
         self.tokens = Counter("steward_tokens", "Tokens in answered requests, per model and kind", ["model", "kind"],
                               registry=r)
+        self.speech = Counter("steward_speech", "Speech answered (/v1/audio/speech), per model: characters in "
+                              "(kind input_chars) and seconds of audio out where measured (kind audio_seconds)",
+                              ["model", "kind"], registry=r)
         self.context_exceeded = Counter("steward_context_exceeded", "Prompts an engine refused as too long for a "
                                         "slot of their model (the event context_exceeded)", ["model"], registry=r)
         self.alerts = Counter("steward_alerts", "Alerts sent to the webhook, or failed", ["kind", "outcome"],
@@ -376,6 +379,10 @@ class StewardMetrics:
         if row.completion_tokens:
             self.tokens.labels(model, "completion").inc(row.completion_tokens)
             self._recent_tokens.append((trio.current_time(), row.completion_tokens))
+        if row.input_chars:
+            self.speech.labels(model, "input_chars").inc(row.input_chars)
+        if row.audio_s:
+            self.speech.labels(model, "audio_seconds").inc(row.audio_s)
 
     def observe(self, event: Event) -> None:
         f = event.fields

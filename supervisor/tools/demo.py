@@ -30,6 +30,8 @@ GIB = 1024**3
 DEMO_GPU_BYTES = 16 * GIB
 SHARED_MODEL = "qwen3-4b-shared"  # the demo's always-on engine (runtime openai)
 IMAGE_MODEL = "sketch"  # the demo's image model: a text-to-image workflow run by the fake ComfyUI
+SPEECH_MODEL = "kokoro"  # the demo's speech model: a fake Kokoro-FastAPI (POST /v1/audio/speech)
+SPEECH_VOICES = ["af_heart", "af_bella", "am_adam", "bm_george", "alloy", "nova"]  # Kokoro's, and OpenAI's names
 # Shaped as ComfyUI's default text-to-image workflow, exported with "Export (API)".
 DEMO_WORKFLOW = {
     "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "fake.safetensors"}},
@@ -95,6 +97,13 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "command": [sys.executable, "-m", "fakes.openai_server", "--port", "${PORT}", "--served-model-name",
                     SHARED_MODEL, "--memory", "3GiB", "--sim-gpu", str(gpu_dir), "--memory-in-child",
                     "--max-num-seqs", "64", "--tokens-per-second", "150"],
+    }
+    # A speech server, loaded when asked for like the llama-servers: its audio streamed as it is made.
+    models[SPEECH_MODEL] = {
+        "runtime": "openai", "memory": "0.5GiB", "parallel": 2, "serves": ["speech"], "aliases": ["tts-1"],
+        "voices": SPEECH_VOICES,
+        "command": [sys.executable, "-m", "fakes.speech_server", "--port", "${PORT}", "--memory", "0.5GiB",
+                    "--sim-gpu", str(gpu_dir), "--real-time-factor", "10"],
     }
     workflow = workdir / "workflows" / f"{IMAGE_MODEL}.json"
     workflow.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +212,8 @@ def open_workdir(kind: str, *, keep: bool) -> Iterator[Path]:
 def banner(url: str, workdir: Path, *, real: bool = False, keep: bool = False, ollama: str | None = None,
            comfyui: str | None = None) -> str:
     kind = (f"real llama-server engines on this CPU, {REAL_CHAT_MODEL}" if real
-            else "a simulated 16 GiB GPU, fake llama-servers, an always-on fake vLLM, a fake Ollama and a fake ComfyUI")
+            else "a simulated 16 GiB GPU, fake llama-servers, an always-on fake vLLM, a fake speech server, a fake Ollama "
+                 "and a fake ComfyUI")
     base = f"{url}/v1"
     services = ""
     if ollama:
@@ -230,6 +240,9 @@ is a tiny model of random weights written on the fly: its vectors are noise by d
     images = "" if real else f"""  curl -s {base}/images/generations -H 'content-type: application/json' \\
        -d '{{"model": "{IMAGE_MODEL}", "prompt": "a lighthouse", "response_format": "b64_json"}}'   # via ComfyUI
 """
+    speech = "" if real else f"""  curl -s {base}/audio/speech -H 'content-type: application/json' -o hello.wav \\
+       -d '{{"model": "{SPEECH_MODEL}", "voice": "af_heart", "input": "Hello from steward.", "response_format": "wav"}}'   # speech
+"""
     shared = "" if real else f"""  curl -s {base}/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "agents@batch", "messages": [{{"role": "user", "content": "plan"}}]}}'   # the always-on engine
 """
@@ -254,7 +267,7 @@ Try:
        -d '{{"model": "gpt-4o", "input": "hello"}}'   # OpenAI's Responses API
   curl -s {base}/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
        -d '{{"model": "gemma4-12b", "max_tokens": 32, "messages": [{{"role": "user", "content": "hi"}}]}}'   # Anthropic's
-{shared}{images}  curl -s {url}/healthz | python3 -m json.tool
+{shared}{images}{speech}  curl -s {url}/healthz | python3 -m json.tool
 {tries}
   OPENAI_BASE_URL={base} OPENAI_API_KEY=none python3 your_agent.py
   ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=none python3 your_claude_agent.py   # the Anthropic SDK

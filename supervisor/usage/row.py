@@ -14,9 +14,10 @@ from supervisor.safe_text import recordable
 TABLE = "requests"
 # Bumped when the table changes; the writer refuses a database written by a newer steward, and
 # adds to an older one's table the columns it lacks (ADDED_COLUMNS: the version that added them).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {2: (("decode_tps", "REAL"), ("slowdown", "REAL")),
-                                                         3: (("gpu_s", "REAL"),), 4: (("cost", "REAL"),)}
+                                                         3: (("gpu_s", "REAL"),), 4: (("cost", "REAL"),),
+                                                         5: (("input_chars", "INTEGER"), ("audio_s", "REAL"))}
 
 
 @attrs.frozen
@@ -49,6 +50,11 @@ class UsageRow:
     # What it cost at a remote model's prices (models.NAME.price, per million tokens, in the
     # currency the cloud bills in); None: a model of this machine's.
     cost: float | None = None
+    # A speech request's (/v1/audio/speech): the characters of its input, and the seconds of
+    # audio its answer carried (wav, pcm, flac: from the audio itself; None: another format,
+    # not measured). None on every other route.
+    input_chars: int | None = None
+    audio_s: float | None = None
 
 
 # The table's columns, in UsageRow's order; ``class`` is a keyword in Python, not in SQL.

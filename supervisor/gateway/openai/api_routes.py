@@ -70,13 +70,14 @@ API_ROUTES: Mapping[str, ApiRoute] = {
     "/v1/reranking": _RERANK,
     "/rerank": _RERANK,
     "/v1/audio/transcriptions": ApiRoute(Api.TRANSCRIPTION, body=BodyKind.MULTIPART),
+    "/v1/audio/speech": ApiRoute(Api.SPEECH),
 }
 
 # The paths each API is asked on, for messages that name the right one.
 API_PATHS: Mapping[Api, str] = {Api.CHAT: "/v1/chat/completions", Api.COMPLETIONS: "/v1/completions",
                                 Api.RESPONSES: "/v1/responses", Api.MESSAGES: "/v1/messages",
                                 Api.EMBEDDINGS: "/v1/embeddings", Api.RERANK: "/v1/rerank",
-                                Api.TRANSCRIPTION: "/v1/audio/transcriptions"}
+                                Api.TRANSCRIPTION: "/v1/audio/transcriptions", Api.SPEECH: "/v1/audio/speech"}
 
 
 def api_route(scope: Scope) -> ApiRoute:

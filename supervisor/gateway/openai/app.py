@@ -52,7 +52,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     inference = InferenceHandler(scheduler, events, aliases, services.body_limits, config.scheduler.embedding_chunk,
                                  Timeouts(config.engines.first_byte_timeout, config.engines.chunk_timeout), door,
                                  catalog.served, nodes, catalog.apis, catalog.step_tokens, catalog.contexts, clouds,
-                                 catalog.fallbacks)
+                                 catalog.fallbacks, catalog.voices)
     quart_asgi = app.asgi_app
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
@@ -201,7 +201,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
 
 
 _CAPABILITY = {ModelKind.CHAT: "completion", ModelKind.EMBEDDING: "embedding", ModelKind.RERANK: "rerank",
-               ModelKind.TRANSCRIPTION: "audio"}
+               ModelKind.TRANSCRIPTION: "audio", ModelKind.SPEECH: "speech"}
 
 
 def is_admin_route(scope: Scope) -> bool:

@@ -21,6 +21,7 @@ from supervisor.apis import Api, api_names
 from supervisor.auth.keys import ApiKey
 from supervisor.observe.events import EventLog
 from supervisor.gateway.openai.api_routes import API_PATHS, API_ROUTES, ApiRoute, api_route
+from supervisor.gateway.openai.speech import check_speech
 from supervisor.gateway.http.asgi import (
     BodyLimits,
     Disconnect,
@@ -84,6 +85,8 @@ class InferenceHandler:
     remote: RemoteModels | None = None  # the models a cloud serves (`runtime: remote`)
     # model -> the models its fallback chain names; a model missing here has none.
     fallbacks: Mapping[str, tuple[str, ...]] = attrs.Factory(dict)
+    # model -> the voices its config lists (speech models); a model missing here takes any voice.
+    voices: Mapping[str, tuple[str, ...]] = attrs.Factory(dict)
 
     async def _serve_not_here(self, scope: Scope, receive: Receive, send: Send, not_here: NotHere,
                               exchange: Exchange) -> None:
@@ -120,6 +123,9 @@ class InferenceHandler:
                 await self._serve_not_here(scope, receive, send, routed, exchange)
                 return
             self._check_served(routed.model, route)
+            if route.api is Api.SPEECH:  # refused before it waits for a slot (speech.py)
+                assert routed.payload is not None
+                exchange.input_chars = check_speech(routed.payload, self.voices.get(routed.model)).input_chars
             exchange.model, exchange.klass = routed.model, routed.klass
             with self.door.admit(exchange, model=routed.model, klass=routed.klass):
                 await self._serve_admitted(scope, receive, send, routed, exchange)

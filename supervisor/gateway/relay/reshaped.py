@@ -46,6 +46,8 @@ from supervisor.gateway.errors import (
     responses_error_event,
     responses_failed_event,
 )
+from supervisor.gateway.openai.speech import read_speech
+from supervisor.gateway.relay.speech_audio import AudioMeasured
 from supervisor.gateway.relay.sse import EVENT_END, WholeEvents, event_data, event_name, json_bytes, json_events
 from supervisor.gateway.relay.stream_errors import ENGINE_ERROR, Failure, failure_of_event
 from supervisor.gateway.relay.context_refusal import ContextWall
@@ -99,6 +101,8 @@ def reading_answer(send: Send, route: ApiRoute, exchange: Exchange, *, keep_usag
     echo = request_echo(request) if route.api is Api.RESPONSES else NO_ECHO
     readers.append(AnswerConformed(None if route.anthropic else _whole_fix(route, model or "", echo),
                                    exchange.engine_failed, errors=errors))
+    if route.api is Api.SPEECH and (speech := read_speech(request)) is not None:
+        readers.append(AudioMeasured(speech, exchange.count_audio))
     if route.api is Api.MESSAGES and stream:
         readers.append(MessagesUsageRead(counted))
     if keep_usage_chunk:
