@@ -47,6 +47,7 @@ from fakes.llama_server.parsing import (
 from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
 from fakes.llama_server.rerank import rerank_body, rerank_request
 from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_chat, responses_job
+from fakes.llama_server.slot_files import slot_action, slot_id
 from fakes.llama_server.slots import Slot
 from fakes.llama_server.transcription import TranscriptionFormat, read_upload, transcription_job
 from fakes.runner import run_fake
@@ -144,6 +145,8 @@ class FakeLlamaServer:
                 raise loading()
             self._check_api_key(req)
             handler = self.routes.get((req.method, req.path))
+            if handler is None and req.method == "POST" and slot_id(req.path) is not None:
+                handler = self.slot_action
             if handler is None:
                 await ex.respond_json(404, NOT_FOUND_BODY)
             else:
@@ -211,6 +214,13 @@ class FakeLlamaServer:
         if "fail_on_no_slot=1" in ex.request.query and pool.active == len(pool.slots):
             raise ApiError(503, "no slot available", "unavailable_error")
         await ex.respond_json(200, [slot.to_json() for slot in pool.slots])
+
+    async def slot_action(self, ex: Exchange) -> None:
+        cfg, slot = self.cfg, slot_id(ex.request.path)
+        assert slot is not None
+        await ex.respond_json(200, await slot_action(self.engine.pool.slots, cfg.slot_save_path, slot,
+                                                     ex.request.query_params.get("action"), body_json(ex.request), cfg.slot_delay,
+                                                     cfg.slot_fail))
 
     async def metrics(self, ex: Exchange) -> None:
         if not self.cfg.metrics:
