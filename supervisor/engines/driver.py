@@ -264,6 +264,8 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
     assert command is not None  # a spawned runtime always has a command
     argv, env = placed_command(spec, command, placement)
     handle.output_tail.clear()
+    if engine.slot_keeper is not None:
+        engine.slot_keeper.before_spawn()
     try:
         process = open_child(argv, env, cpus=None if spec.cpus is None else spec.cpus.cpus)
     except SpawnError as exc:

@@ -65,6 +65,15 @@ class SlotKeeper:
     def new_generation(self) -> None:
         self.restored.clear()
 
+    def before_spawn(self) -> None:
+        """llama-server refuses to start unless its --slot-save-path is a folder: create it. A folder
+        that cannot be made is an event here; the start then fails with the server's own words."""
+        try:
+            self.plan.folder.model_dir(self.plan.model).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._skipped("start", SkipWhy.FAILED, f"cannot create {self.plan.save_path}: {exc.strerror or exc}",
+                          saved=0)
+
     async def save(self, http: httpx.AsyncClient, base_url: str) -> float:
         """Save the slots worth keeping; the seconds it took (the eviction waited that long)."""
         plan, start = self.plan, trio.current_time()
