@@ -320,3 +320,31 @@ def test_a_measured_save_joins_the_cost_of_evicting() -> None:
     cost = ReloadCost(load_s=10.0, measured=True, recent_uses=0.0, queued=True, save_s=1.5)
     assert cost.cost == 11.5 and cost.fields()["save_s"] == 1.5
     assert ReloadCost(load_s=10.0, measured=True, recent_uses=0.0, queued=False, save_s=1.5).cost == 1.5
+
+
+async def test_a_restored_slot_no_request_used_is_saved_again(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    """A restored slot says nothing of its cache in /slots until it runs a task: the keeper knows
+    what it restored, so an eviction before the next turn keeps the conversation all the same."""
+    events = events_log()
+    plan = make_plan(tmp_path / "cache")
+    keeper = SlotKeeper(plan, events)
+    async with fake_llama(Path(plan.save_path)) as base:
+        await trio.to_thread.run_sync(plan.folder.prepare, "chat")
+        first = await chat(http, base, turn(SYSTEM, "q"))
+        await keeper.save(http, base)
+    async with fake_llama(Path(plan.save_path)) as base:
+        await keeper.restore(http, base)
+        await keeper.save(http, base)  # evicted again before anyone asked
+    async with fake_llama(Path(plan.save_path)) as base:
+        await keeper.restore(http, base)
+        following = await chat(http, base, turn(SYSTEM, "q", "a", "q2"))
+    assert [e["tokens"] for e in emitted(events, "cache_saved")] == [first["usage"]["prompt_tokens"]] * 2
+    assert following["timings"]["cache_n"] == first["usage"]["prompt_tokens"]
+
+
+def test_a_folder_that_cannot_be_made_is_an_event(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    events = events_log()
+    SlotKeeper(make_plan(tmp_path / "a-file" / "cache"), events).before_spawn()
+    skipped = emitted(events, "cache_skipped")
+    assert [(s["action"], s["why"]) for s in skipped] == [("start", "failed")]
