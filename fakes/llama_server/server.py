@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -356,6 +358,10 @@ async def run_server(cfg: Config, log: Log) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
+    if cfg.slot_save_path is not None and not os.path.isdir(cfg.slot_save_path):
+        print(f'error while handling argument "--slot-save-path": not a directory: {cfg.slot_save_path}',
+              file=sys.stderr)  # as llama-server refuses it, before it logs anything
+        return 1
     log = Log(enabled=not cfg.log_disabled)
     log(f"build: {BUILD_INFO.split('-')[0][1:]} ({BUILD_INFO.split('-')[1]}) with fakes.llama_server")
     return run_fake(run_server, cfg, log)
