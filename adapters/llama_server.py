@@ -52,6 +52,9 @@ class LlamaServerRuntime:
     # The model's name in steward, passed as --alias (unless its args give one), so that its
     # answers' "model" names it rather than the GGUF's path; None: none passed.
     served_as: str | None = None
+    # Where it saves and restores its slots' KV caches (models.NAME.keep_cache; supervisor/slot_cache/),
+    # passed as --slot-save-path; None: not passed (the slot save API stays off).
+    slot_save_path: str | None = None
     name = "llama-server"
     residence = Residence.SPAWNED
     checks_health = True
@@ -79,6 +82,8 @@ class LlamaServerRuntime:
             argv += ["--threads", str(self.threads), "--threads-batch", str(self.threads)]
         if self.served_as is not None and not _has(model.args, _ALIAS_FLAGS) and "LLAMA_ARG_ALIAS" not in model.env:
             argv += ["--alias", self.served_as]
+        if self.slot_save_path is not None:
+            argv += ["--slot-save-path", self.slot_save_path]
         return [part.replace(PORT_PLACEHOLDER, str(port)) for part in argv + list(model.args)]
 
     @property

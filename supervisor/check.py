@@ -98,6 +98,11 @@ def run_check(config: Config) -> int:
             print("  fit      llama-server's own --fit is " + (
                 "on (set in args): it may change unset parameters to fit the memory it sees free"
                 if fits_itself(model) else "off: steward plans the memory (set --fit in args to let it)"))
+        if (cache := spec.slot_cache) is not None:
+            print(f"  cache    on eviction, up to {cache.slots} slot(s)' KV caches ({format_size(cache.max_bytes)} "
+                  f"at most, {cache.min_tokens}+ tokens each) saved in {cache.save_path} within "
+                  f"{format_duration(cache.save_within)}, restored on its next load; kept "
+                  f"{format_duration(cache.keep_s)}, {format_size(config.kv_cache.max_bytes)} for all models")
         if aliases:
             print(f"  aliases  {', '.join(aliases)}")
         for route in model.fallback:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Container, Mapping, Sequence
+from pathlib import Path
 
 import attrs
 
@@ -25,6 +26,9 @@ from supervisor.observe.health import DEFAULT_SLO_WAIT
 from supervisor.engines.memory_plan import MemoryPlan
 from supervisor.nodes.spec import NodeSpec
 from supervisor.scheduler.core import Scheduler
+from supervisor.slot_cache.fingerprint import cache_types
+from supervisor.slot_cache.plan import SlotCachePlan
+from supervisor.slot_cache.store import CacheFolder
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.types import (
     DEFAULT_DEVICE,
@@ -44,16 +48,30 @@ def engine_specs(config: Config, host: HostCpus | None = None) -> dict[str, Engi
     for name, model in config.models.items():
         where = model.upstream or Address(config.engines.host, model.port or 0)
         runtime = model_runtime(model)
+        slots = slot_cache_plan(config, name)
         if isinstance(runtime, LlamaServerRuntime):
-            runtime = attrs.evolve(runtime, threads=shares[name].threads, served_as=name)
+            runtime = attrs.evolve(runtime, threads=shares[name].threads, served_as=name,
+                                   slot_save_path=None if slots is None else slots.save_path)
         specs[name] = attrs.evolve(_engine_spec(name, runtime, where, config),
                                    devices=None if model.devices is None else tuple(model.devices),
-                                   cpus=shares[name].cpus)
+                                   cpus=shares[name].cpus, slot_cache=slots)
     if (ollama := config.ollama) is not None:
         specs[OLLAMA_ENGINE] = attrs.evolve(_engine_spec(OLLAMA_ENGINE, OllamaRuntime(ollama), ollama.upstream, config),
                                             usage_poll=ollama.ps_poll,
                                             retry=Backoff(ollama.retry_initial, ollama.retry_max))
     return specs
+
+
+def slot_cache_plan(config: Config, name: str) -> SlotCachePlan | None:
+    """models.NAME.keep_cache with the kv_cache section's folder and bounds; None: off."""
+    model, cache = config.models[name], config.kv_cache
+    if model.keep_cache is None:
+        return None
+    keep = model.keep_cache
+    return SlotCachePlan(CacheFolder(Path(cache.dir)), name, keep.slots,
+                         cache.max_bytes if keep.max_bytes is None else min(keep.max_bytes, cache.max_bytes),
+                         keep.min_tokens, cache.max_bytes, cache.keep, cache.save_within, cache.restore_within,
+                         cache_types(model.args, model.env))
 
 
 def compute_shares(config: Config, host: HostCpus | None = None) -> SharePlan:

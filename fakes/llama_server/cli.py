@@ -55,6 +55,9 @@ class Config:
     placement: PlacementFlags = PlacementFlags()  # where --memory goes on several simulated GPUs
     pooling: Pooling | None = None  # --pooling (--reranking: RANK); None: the model's own
     mmproj: str | None = None       # --mmproj: a multimodal projector (never read: the fake "hears" uploads)
+    slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action=save|restore (slot_files.py)
+    slot_delay: float = 0.0         # --fake-slot-delay: each slot action takes this long
+    slot_fail: bool = False         # --fake-slot-fail: each slot action fails (500)
 
     @property
     def reranks(self) -> bool:
@@ -106,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-sm", "--split-mode", choices=[mode.value for mode in SplitMode], default=SplitMode.LAYER.value)
     g.add_argument("-ts", "--tensor-split", type=parse_tensor_split, default=())
     g.add_argument("-mg", "--main-gpu", type=int, default=0)
+    g.add_argument("--slot-save-path", default=None)
     for flags in (("-ngl", "--gpu-layers", "--n-gpu-layers"), ("-t", "--threads"),
                   ("-tb", "--threads-batch"), ("-b", "--batch-size"), ("-ub", "--ubatch-size"),
                   ("--threads-http",), ("-to", "--timeout")):
@@ -120,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--embedding-dim", type=int, default=16)
     f.add_argument("--fail-load", default=None, metavar="MESSAGE", help="fail loading, exit 1")
     f.add_argument("--max-tokens-default", type=int, default=16)
+    f.add_argument("--fake-slot-delay", type=parse_duration, default=0.0, help="each slot save/restore takes this long")
+    f.add_argument("--fake-slot-fail", action="store_true", help="each slot save/restore answers 500")
     return p
 
 
@@ -167,7 +173,8 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         max_tokens_default=args.max_tokens_default,
         placement=PlacementFlags(args.device, SplitMode(args.split_mode), args.tensor_split, args.main_gpu),
         pooling=Pooling.RANK if args.reranking else Pooling(args.pooling) if args.pooling else None,
-        mmproj=args.mmproj,
+        mmproj=args.mmproj, slot_save_path=args.slot_save_path, slot_delay=args.fake_slot_delay,
+        slot_fail=args.fake_slot_fail,
     )
 
 

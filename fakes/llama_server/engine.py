@@ -57,7 +57,7 @@ class Engine:
         await ex.run_until_client_leaves(lambda: self._run_job(ex, job, fmt))
 
     async def _run_job(self, ex: Exchange, job: Job, fmt: Format) -> None:
-        async with self.pool.slot() as slot:
+        async with self.pool.slot(job.prompt_text) as slot:
             # Checked when a slot picks the task up, so an oversized request waits its turn too.
             if self.cfg.embeddings and job.n_prompt > 0:
                 error: ApiError | None = no_logits()
@@ -94,6 +94,8 @@ class Engine:
             n_target, finished = 0, False  # an empty prompt gives an empty answer
         hook_at = min(HOOK_AFTER_TOKENS, n_target) if (job.error_hook or job.crash_hook) else -1
         self.stats.started += 1
+        cache_n = slot.cached_for(job.prompt_text)
+        slot.cached_text, slot.n_cached, slot.ran = job.prompt_text, job.n_prompt, True
         slot.n_remain, slot.n_predict = n_target, job.budget
         interval = self.cfg.token_interval
         start = trio.current_time()
@@ -122,7 +124,7 @@ class Engine:
         if call is not None:
             text, call = "", attrs.evolve(call, arguments=text)
         finish = Finish.LENGTH if not finished else Finish.STOP if call is None else Finish.TOOL_CALLS
-        return Outcome(text, job.n_prompt, len(pieces), finish, make_timings(job.n_prompt, len(pieces), elapsed),
+        return Outcome(text, job.n_prompt, len(pieces), finish, make_timings(job.n_prompt, len(pieces), elapsed, cache_n),
                        slot.id, job.prompt_text, call)
 
     async def _wait_for_token(self, ex: Exchange, job: Job, deadline: float) -> None:

@@ -67,10 +67,12 @@ def split_utf8_piece(index: int) -> str:
     return "" if index == 0 else "é"
 
 
-def make_timings(n_prompt: int, n_decoded: int, predicted_s: float) -> dict[str, Any]:
+def make_timings(n_prompt: int, n_decoded: int, predicted_s: float, cache_n: int = 0) -> dict[str, Any]:
+    """*cache_n*: the prompt's tokens found computed in the slot (its cache), not read again."""
+    n_prompt -= cache_n
     prompt_ms = n_prompt / PREFILL_TOKENS_PER_S * 1000.0
     predicted_ms = predicted_s * 1000.0
-    return {"cache_n": 0, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
+    return {"cache_n": cache_n, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
             "prompt_per_second": n_prompt / prompt_ms * 1000.0 if prompt_ms else 0.0,
             "predicted_n": n_decoded, "predicted_ms": predicted_ms,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -47,6 +49,7 @@ from fakes.llama_server.parsing import (
 from fakes.llama_server.placement import PlacementError, place_on_sim_gpu
 from fakes.llama_server.rerank import rerank_body, rerank_request
 from fakes.llama_server.responses import ResponsesFormat, input_tokens, responses_chat, responses_job
+from fakes.llama_server.slot_files import slot_action, slot_id
 from fakes.llama_server.slots import Slot
 from fakes.llama_server.transcription import TranscriptionFormat, read_upload, transcription_job
 from fakes.runner import run_fake
@@ -144,6 +147,8 @@ class FakeLlamaServer:
                 raise loading()
             self._check_api_key(req)
             handler = self.routes.get((req.method, req.path))
+            if handler is None and req.method == "POST" and slot_id(req.path) is not None:
+                handler = self.slot_action
             if handler is None:
                 await ex.respond_json(404, NOT_FOUND_BODY)
             else:
@@ -211,6 +216,13 @@ class FakeLlamaServer:
         if "fail_on_no_slot=1" in ex.request.query and pool.active == len(pool.slots):
             raise ApiError(503, "no slot available", "unavailable_error")
         await ex.respond_json(200, [slot.to_json() for slot in pool.slots])
+
+    async def slot_action(self, ex: Exchange) -> None:
+        cfg, slot = self.cfg, slot_id(ex.request.path)
+        assert slot is not None
+        await ex.respond_json(200, await slot_action(self.engine.pool.slots, cfg.slot_save_path, slot,
+                                                     ex.request.query_params.get("action"), body_json(ex.request), cfg.slot_delay,
+                                                     cfg.slot_fail))
 
     async def metrics(self, ex: Exchange) -> None:
         if not self.cfg.metrics:
@@ -346,6 +358,10 @@ async def run_server(cfg: Config, log: Log) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
+    if cfg.slot_save_path is not None and not os.path.isdir(cfg.slot_save_path):
+        print(f'error while handling argument "--slot-save-path": not a directory: {cfg.slot_save_path}',
+              file=sys.stderr)  # as llama-server refuses it, before it logs anything
+        return 1
     log = Log(enabled=not cfg.log_disabled)
     log(f"build: {BUILD_INFO.split('-')[0][1:]} ({BUILD_INFO.split('-')[1]}) with fakes.llama_server")
     return run_fake(run_server, cfg, log)

@@ -20,6 +20,10 @@ class Slot:
     n_decoded: int = 0
     n_remain: int = -1
     n_predict: int = -1  # the last task's budget: llama-server's /slots shows the params of a slot's last task
+    # Its "KV cache": the prompt of its last task (or a restored one) and its token count.
+    cached_text: str = ""
+    n_cached: int = 0
+    ran: bool = False  # it ran a task: /slots then says its last prompt's token count, as llama-server does
 
     @property
     def is_processing(self) -> bool:
@@ -32,7 +36,12 @@ class Slot:
             "params": {**default_params(), "n_predict": self.n_predict, "max_tokens": self.n_predict},
             "next_token": {"has_next_token": self.is_processing, "has_new_line": False,
                            "n_remain": self.n_remain, "n_decoded": self.n_decoded},
+            **({"n_prompt_tokens": self.n_cached} if self.ran else {}),
         }
+
+    def cached_for(self, prompt: str) -> int:
+        """The tokens of *prompt* this slot holds computed: its cached prompt's, if *prompt* continues it."""
+        return self.n_cached if self.cached_text and prompt.startswith(self.cached_text) else 0
 
 
 def default_params() -> dict[str, Any]:
@@ -64,7 +73,9 @@ class SlotPool:
         return len(self.slots) - len(self._free)
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[Slot]:
+    async def slot(self, prompt: str = "") -> AsyncIterator[Slot]:
+        """A free slot: the one whose cache *prompt* continues furthest (llama-server's choice by
+        prompt similarity), else an empty one, else the one free longest."""
         try:
             self._sem.acquire_nowait()
         except trio.WouldBlock:
@@ -75,7 +86,10 @@ class SlotPool:
                 await self._sem.acquire()
             finally:
                 self.deferred -= 1
-        slot = self._free.popleft()
+        slot = max(self._free, key=lambda s: s.cached_for(prompt)) if prompt else self._free[0]
+        if not slot.cached_for(prompt):
+            slot = next((s for s in self._free if not s.cached_text), self._free[0])
+        self._free.remove(slot)
         slot.id_task, slot.n_decoded, slot.n_remain = next(self._task_ids), 0, -1
         try:
             yield slot

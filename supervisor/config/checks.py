@@ -359,6 +359,10 @@ def _runtime_problems(name: str, model: ModelConfig) -> list[str]:
                             f"(or set {key}.port to the port it listens on)")
     if model.served_name is not None and model.runtime != "openai":
         problems.append(f"{key}.served_name: only for runtime openai (llama-server answers any name)")
+    if model.keep_cache is not None and (model.runtime != "llama-server" or model.command is None):
+        problems.append(f"{key}.keep_cache: only a llama-server that steward starts saves its slots' caches")
+    if model.keep_cache is not None and _has_flag(model.args, "--slot-save-path"):
+        problems.append(f"{key}.args: --slot-save-path is steward's with keep_cache (kv_cache.dir); drop it")
     if model.sleep is not None and model.runtime != "openai":
         problems.append(f"{key}.sleep: only runtime openai engines can sleep (vLLM's /sleep and /wake_up)")
     if not model.health.startswith("/"):

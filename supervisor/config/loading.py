@@ -92,7 +92,8 @@ def resolve_paths(config: Config, folder: Path) -> Config:
                        for name, model in config.remote_models.items()},
         log=attrs.evolve(config.log, file=beside(config.log.file)),
         auth=attrs.evolve(config.auth, keys_file=beside(config.auth.keys_file)),
-        usage=attrs.evolve(config.usage, db=beside(config.usage.db)))
+        usage=attrs.evolve(config.usage, db=beside(config.usage.db)),
+        kv_cache=attrs.evolve(config.kv_cache, dir=beside(config.kv_cache.dir)))
 
 
 # Far deeper than any config; PyYAML's composer recurses, and Python's stack ends near 1000.

@@ -68,6 +68,16 @@ DEFAULT_HEALTH = "/health"  # a model's readiness and health path unless it says
 
 
 @attrs.frozen
+class KeepCacheConfig:
+    """Which of a llama-server's slots are saved to disk when it is evicted, and restored when it
+    loads again (supervisor/slot_cache/): the ones holding the most cached tokens, up to these bounds."""
+
+    slots: PositiveInt = PositiveInt(1)  # at most this many slots' caches per eviction
+    max_bytes: Size | None = None  # at most this many bytes of them per eviction; default: kv_cache.max_bytes
+    min_tokens: PositiveInt = PositiveInt(256)  # a slot holding fewer cached tokens is not worth a file
+
+
+@attrs.frozen
 class ModelConfig:
     # The engine's program, supervised by steward; `${PORT}` in it or in args is the port
     # steward picked. Left out for a server someone else runs (`upstream`).
@@ -111,6 +121,9 @@ class ModelConfig:
     cpus: CpuSet | None = None
     # Where its waiting requests may go instead, in order (scheduler rule 11); default: nowhere.
     fallback: list[FallbackConfig] = attrs.Factory(list)
+    # Save its slots' KV caches when it is evicted, restore them when it loads again (llama-server
+    # only); default: off.
+    keep_cache: KeepCacheConfig | None = None
 
     @property
     def resident(self) -> bool:
@@ -422,6 +435,20 @@ class NodeConfig:
 
 
 @attrs.frozen
+class KvCacheConfig:
+    """Where the slots' KV caches of models with ``keep_cache`` are kept between an eviction and the
+    next load (supervisor/slot_cache/), and for how long."""
+
+    dir: str = "steward-kv-cache"  # relative to the config file's folder; one folder per model in it
+    max_bytes: Size = Size(4 * 1024**3)  # all models' files together; the oldest saves go first
+    keep: PositiveDuration = PositiveDuration(3600.0)  # a save older than this is deleted, never restored
+    # The save runs after the drain, before the stop, while the load that evicted it waits: past
+    # this it is cut short (what was saved by then is kept; the rest is skipped, and said so).
+    save_within: PositiveDuration = PositiveDuration(5.0)
+    restore_within: PositiveDuration = PositiveDuration(30.0)  # the same bound for a load's restore
+
+
+@attrs.frozen
 class Config:
     models: dict[str, ModelConfig]
     listen: ListenAddress = ListenAddress(Address("127.0.0.1", 8080))
@@ -439,6 +466,7 @@ class Config:
     alerts: AlertsConfig = attrs.Factory(AlertsConfig)
     # Measured memory per model and arguments, kept across restarts; null: not kept.
     state_file: str | None = "steward-state.json"
+    kv_cache: KvCacheConfig = attrs.Factory(KvCacheConfig)
     ollama: OllamaConfig | None = None
     comfyui: ComfyConfig | None = None
     # A front door: the nodes it routes to, and names callers may use instead of a model.

@@ -41,6 +41,7 @@ from supervisor.observe.engine_output import output_to_events
 from supervisor.observe.events import EventLog
 from supervisor.scheduler.actor import SchedulerClient
 from supervisor.scheduler.types import Placement
+from supervisor.slot_cache.keeper import SlotKeeper
 
 # What arrives in an engine's mailbox: the scheduler's commands (Start, Stop, Check) and the
 # notices of the engine's helper tasks (Ready, Exited, TooSlow), each about one generation.
@@ -158,6 +159,8 @@ class _Engine:
     service: ServiceProcess | None = None
     asleep: bool = False  # its kept process was unloaded by steward: wake it before serving
     unhealthy: bool = False  # its last health check failed
+    serving: bool = False  # the generation running now became ready (its slots may hold caches)
+    slot_keeper: SlotKeeper | None = None  # models.NAME.keep_cache: saves its slots on a stop, restores on load
 
     @property
     def name(self) -> str:
@@ -168,7 +171,8 @@ async def serve_engine(spec: EngineSpec, scheduler: SchedulerClient, events: Eve
                        *, task_status: trio.TaskStatus[EngineHandle] = trio.TASK_STATUS_IGNORED) -> None:
     send, receive = trio.open_memory_channel[Message](math.inf)
     handle = EngineHandle(spec.name, send, output_tail=collections.deque(maxlen=spec.tail_lines))
-    engine = _Engine(spec, handle, receive, scheduler, events, http)
+    engine = _Engine(spec, handle, receive, scheduler, events, http,
+                     slot_keeper=None if spec.slot_cache is None else SlotKeeper(spec.slot_cache, events))
     async with trio.open_nursery() as nursery:
         residence = spec.runtime.residence
         if residence is Residence.SERVICE and (argv := _service_argv(spec, handle)) is not None:
@@ -260,6 +264,8 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
     assert command is not None  # a spawned runtime always has a command
     argv, env = placed_command(spec, command, placement)
     handle.output_tail.clear()
+    if engine.slot_keeper is not None:
+        engine.slot_keeper.before_spawn()
     try:
         process = open_child(argv, env, cpus=None if spec.cpus is None else spec.cpus.cpus)
     except SpawnError as exc:
@@ -289,6 +295,7 @@ async def _run_spawned(engine: _Engine, generation: int, placement: Placement | 
             nursery.start_soon(_notify_exit, process, output_done, handle)
 
             async def stop() -> Ended:
+                await _save_slots(engine, generation, address)
                 await stop_child(process, spec.stop_grace)
                 return Ended(EndKind.STOPPED, f"stopped ({describe_exit(process.returncode)})")
 
@@ -386,7 +393,7 @@ async def _serve_generation(engine: _Engine, generation: int, address: Address, 
                             buffers: _BuffersReport) -> Ended:
     """Wait until the engine is ready, serve until it is unloaded or gone; returns why it ended."""
     spec, handle = engine.spec, engine.handle
-    engine.unhealthy = False
+    engine.unhealthy = engine.serving = False
     watch = _HealthWatch(spec, engine.http, address.url, engine.scheduler, generation, engine)
     nursery.start_soon(_notify_ready, engine, address, handle)
     if spec.runtime.residence is not Residence.ATTACHED:  # someone else's server: waited for, never restarted
@@ -400,7 +407,7 @@ async def _serve_generation(engine: _Engine, generation: int, address: Address, 
             continue
         match message:
             case Ready() if not ready:
-                ready = True
+                ready = engine.serving = True
                 engine.asleep = False
                 engine.scheduler.report_ready(spec.name, generation, address, pid())
                 watch.ready.set()
@@ -496,7 +503,18 @@ async def _notify_ready(engine: _Engine, address: Address, handle: EngineHandle)
             handle.exited(f"could not be woken: {problem}")
             return
         engine.events.emit("woken", "info", engine=spec.name)
+    if engine.slot_keeper is not None:  # before it takes work: the first request finds its conversation
+        await engine.slot_keeper.restore(engine.http, address.url)
     handle.ready()
+
+
+async def _save_slots(engine: _Engine, generation: int, address: Address) -> None:
+    """Drained and told to stop: save its slots first (keep_cache), and tell the scheduler how long
+    that took, which evicting it costs from now on (ReloadCost.save_s)."""
+    if engine.slot_keeper is None or not engine.serving or engine.unhealthy:  # a sick one is restarted at once
+        return
+    seconds = await engine.slot_keeper.save(engine.http, address.url)
+    engine.scheduler.report_cache_saved(engine.name, generation, seconds)
 
 
 async def _notify_too_slow(timeout: float, handle: EngineHandle) -> None:

@@ -11,6 +11,7 @@ import attrs
 from adapters import Runtime
 from supervisor.accounting.cpu_share import CpuSet
 from supervisor.backoff import Backoff
+from supervisor.slot_cache.plan import SlotCachePlan
 
 # How often a runtime is asked what it holds and how loaded it is (Ollama's /api/ps,
 # vLLM's /metrics), unless its config says otherwise.
@@ -46,6 +47,7 @@ class EngineSpec:
     retry: Backoff = attrs.Factory(Backoff)
     devices: tuple[int, ...] | None = None  # models.NAME.devices: where its process may run
     cpus: CpuSet | None = None  # models.NAME.cpus (cpu_share.py): the CPUs its process may run on
+    slot_cache: SlotCachePlan | None = None  # models.NAME.keep_cache: its slots saved on eviction, restored on load
 
     @property
     def slots(self) -> int:

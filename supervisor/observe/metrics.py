@@ -297,6 +297,8 @@ class StewardMetrics:
                                  ["model", "to", "when"], registry=r)
         self.evictions_undone = Counter("steward_evictions_undone", "Drains undone: what they were for went away",
                                         ["engine"], registry=r)
+        self.kv_cache = Counter("steward_kv_cache", "Slot KV cache saves and restores (keep_cache), by outcome: "
+                                "saved, restored, or skipped_WHY", ["engine", "outcome"], registry=r)
         self.crashes = Counter("steward_crashes", "Engines that exited unexpectedly", ["engine"], registry=r)
         self.failed_checks = Counter("steward_health_check_failures", "Failed health checks of ready engines",
                                      ["engine"], registry=r)
@@ -421,6 +423,10 @@ class StewardMetrics:
                 self.warm_loads.labels(f["engine"]).inc()
             case "fallback":
                 self.fallbacks.labels(f["model"], f["to"], f["when"]).inc()
+            case "cache_saved" | "cache_restored":
+                self.kv_cache.labels(f["engine"], event.name.removeprefix("cache_")).inc()
+            case "cache_skipped":
+                self.kv_cache.labels(f["engine"], f"skipped_{f['why']}").inc()
             case "evict_undone":
                 self.evictions_undone.labels(f["engine"]).inc()
             case "crash":

@@ -158,6 +158,13 @@ class EngineExited:
 
 
 @attrs.frozen
+class CacheSaved:
+    engine: str
+    generation: int
+    seconds: float  # its slots' save (keep_cache) took this long, after its drain, before its stop
+
+
+@attrs.frozen
 class KeptProcess:
     engine: str
     pid: int | None  # None: it ended
@@ -224,7 +231,7 @@ class Close:
 
 
 Message = (Submit | Finish | EngineSpawned | EngineReady | EngineExited | EngineAsleep | EngineLoad | EngineChecked
-           | EngineStalled | KeptProcess | ServiceMemory | MemoryReading | Control | EngineAdded | EngineRetiring | EngineReplaced
+           | EngineStalled | CacheSaved | KeptProcess | ServiceMemory | MemoryReading | Control | EngineAdded | EngineRetiring | EngineReplaced
            | PolicyReplaced | Close)
 
 
@@ -334,6 +341,10 @@ class SchedulerClient:
 
     def report_stall(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineStalled(engine, generation, detail))
+
+    def report_cache_saved(self, engine: str, generation: int, seconds: float) -> None:
+        """Its slots' save before its stop took *seconds*: what evicting it costs from now on."""
+        self._post(CacheSaved(engine, generation, seconds))
 
     def report_kept_process(self, engine: str, pid: int | None) -> None:
         """The engine's kept service process started (its pid), or ended (None)."""
@@ -466,6 +477,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_checked(engine, generation, now, problem)
             case EngineStalled(engine, generation, detail):
                 return core.engine_stalled(engine, generation, now, detail)
+            case CacheSaved(engine, generation, seconds):
+                return core.cache_saved(engine, generation, seconds)
             case KeptProcess(engine, pid):
                 return core.kept_process(engine, pid, now)
             case ServiceMemory(engine, generation, nbytes):

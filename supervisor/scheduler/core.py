@@ -250,6 +250,11 @@ class Scheduler(CoreState):
         lifecycle.engine_load(self, name, generation, running, waiting)
         return self.flush()
 
+    def cache_saved(self, name: str, generation: int, seconds: float) -> list[Effect]:
+        """Its slots' save (keep_cache) took *seconds* before its stop: it decides nothing now."""
+        lifecycle.engine_cache_saved(self, name, generation, seconds)
+        return self.flush()
+
     def engine_checked(self, name: str, generation: int, now: float, problem: str | None) -> list[Effect]:
         """The result of one health check of a ready engine: *problem* None if it answered."""
         return self._decide_if(lifecycle.engine_checked(self, name, generation, now, problem), now)

@@ -116,6 +116,14 @@ def engine_asleep(s: CoreState, name: str, generation: int, now: float, detail: 
     return True
 
 
+def engine_cache_saved(s: CoreState, name: str, generation: int, seconds: float) -> None:
+    """Its slots' save before its stop (keep_cache) took *seconds*: the next eviction of it is
+    expected to wait as long (ReloadCost.save_s). Kept for the run only, not in the state file."""
+    engine = s.engines.get(name)
+    if engine is not None and generation == engine.generation:
+        engine.save_s = seconds
+
+
 def engine_load(s: CoreState, name: str, generation: int, running: int | None, waiting: int | None) -> None:
     """The engine's own account of its queue: kept for the snapshot, decides nothing."""
     engine = s.engines[name]

@@ -200,6 +200,9 @@ class EngineState:
     # Its last load's time from the decision to ready (a wake's is not one), kept in the state
     # file; None: never measured. What evicting it costs (ReloadCost).
     load_s: float | None = None
+    # Its last eviction's save of its slots' caches (keep_cache), after the drain and before the
+    # stop: the load that evicts it waits that long too. 0: none (or never measured).
+    save_s: float = 0.0
     waking: bool = False  # the start under way is a wake of its kept process
     # (when, weight) of the steps started on it within hot_window, and their weights' sum.
     uses: collections.deque[tuple[float, float]] = attrs.Factory(collections.deque)
@@ -279,7 +282,8 @@ class EngineState:
     def reload_cost(self, now: float, window: float, *, queued: bool) -> ReloadCost:
         measured = self.load_s is not None
         load_s = self.load_s if self.load_s is not None else unmeasured_load_s(self.profile.memory)
-        return ReloadCost(load_s, measured, self.recent_uses(now, window), queued, self.unused_warm)
+        return ReloadCost(load_s, measured, self.recent_uses(now, window), queued, self.unused_warm,
+                          save_s=self.save_s)
 
 
 def unmeasured_load_s(memory: int) -> float:
@@ -304,6 +308,9 @@ class ReloadCost:
     # A busy victim is drained first: how long its running steps are expected to take yet
     # (its measured mean step less what each has run); None: busy, steps never measured.
     drain_s: float | None = 0.0
+    # Its slots' caches are saved before it stops (keep_cache): the last save's measured time,
+    # waited for now like the drain (the restore is part of its next load's load_s).
+    save_s: float = 0.0
 
     @property
     def likely(self) -> float:
@@ -315,14 +322,14 @@ class ReloadCost:
     def cost(self) -> float:
         """The load waits for the drain now, and someone waits for the reload later (an unknown
         drain counts 0 here: the victims' order puts it after every known one)."""
-        return (self.drain_s or 0.0) + self.load_s * self.likely
+        return (self.drain_s or 0.0) + self.save_s + self.load_s * self.likely
 
     def fields(self) -> dict[str, object]:
         """For the `evict` event: the figures it was chosen by."""
         return {"load_s": round(self.load_s, 3), "load_measured": self.measured,
                 "recent_uses": self.recent_uses, "likely": round(self.likely, 3), "cost": round(self.cost, 3),
                 "unused_warm": self.unused_warm,
-                "drain_s": None if self.drain_s is None else round(self.drain_s, 3)}
+                "drain_s": None if self.drain_s is None else round(self.drain_s, 3), "save_s": round(self.save_s, 3)}
 
 
 @attrs.define

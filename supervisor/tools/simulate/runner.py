@@ -202,8 +202,12 @@ class Replay:
                 if request.started is None:
                     request.started = self.now
                     self._held.pop(request.id, None)  # it started before any load of its model was decided
-                if effect.engine != request.client.spec.model:  # a fallback (rule 11): its engine's speed
-                    request.steps = request.client.steps_on(request.drawn, self.scenario.engines[effect.engine])
+                if request.step == 0:  # its prompt's reading: what this engine holds of it, at its speed
+                    client, spec = request.client, self.scenario.engines[effect.engine]
+                    generation = self.gpu.engines[effect.engine].generation
+                    request.steps = client.steps_on(request.drawn, spec, client.cached_on(effect.engine, generation,
+                                                                                          spec))
+                    client.served_by = (effect.engine, generation)
                 work = request.steps[request.step]
                 self.gpu.start_step(effect.job_id, effect.engine, work.seconds, self.now, prefill=work.prefill)
             elif isinstance(effect, Fail):
@@ -227,7 +231,7 @@ class Replay:
         if self._needless_eviction.pop(effect.engine, False):
             self.unnecessary_loads += 1
         self.gpu.begin_load(effect.engine, effect.generation, self.now)
-        self._at(self.now + self.scenario.engines[effect.engine].load_time, self._loaded, effect.engine,
+        self._at(self.now + self.scenario.engines[effect.engine].load_seconds, self._loaded, effect.engine,
                  effect.generation)
 
     def _stop_engine(self, effect: StopEngine) -> None:
@@ -237,7 +241,7 @@ class Replay:
         elif (model := next((m for m in self._held.values() if not self._fits_beside_staying(m)), None)) is not None:
             self._decided(model)  # room for the next load in arrival order, as far as a policy that does not say shows
         self.gpu.begin_stop(effect.engine)
-        self._at(self.now + self.scenario.engines[effect.engine].stop_time, self._exited, effect.engine,
+        self._at(self.now + self.scenario.engines[effect.engine].stop_seconds, self._exited, effect.engine,
                  effect.generation)
 
     def _decided(self, model: str) -> None:

@@ -66,6 +66,15 @@ NONE = Range(0.0, 0.0)
 
 
 @attrs.frozen
+class KeepCacheSpec:
+    """An engine that saves its slots' KV caches when evicted and restores them when loaded again
+    (models.NAME.keep_cache): a conversation's history survives the reload, for these times."""
+
+    save_time: Duration = Duration(0.1)  # added to its stop (after the drain, before the exit)
+    restore_time: Duration = Duration(0.1)  # added to its load (before it is ready)
+
+
+@attrs.frozen
 class EngineSpec:
     memory: Size
     speed: Rate  # output tokens per second with the GPU to itself, one slot busy (at no context)
@@ -82,6 +91,15 @@ class EngineSpec:
     embedding_speed: Rate | None = None
     # Where its waiting requests may go instead, as models.NAME.fallback (scheduler rule 11).
     fallback: list[FallbackConfig] = attrs.Factory(list)
+    keep_cache: KeepCacheSpec | None = None  # unset: a reload loses every conversation's cached prompt
+
+    @property
+    def load_seconds(self) -> float:
+        return self.load_time + (self.keep_cache.restore_time if self.keep_cache is not None else 0.0)
+
+    @property
+    def stop_seconds(self) -> float:
+        return self.stop_time + (self.keep_cache.save_time if self.keep_cache is not None else 0.0)
 
     @property
     def prefill_speed(self) -> float:
@@ -119,6 +137,11 @@ class ClientSpec:
     # The first tokens of each prompt that the engine's slot still holds from the one before (a
     # chat template's system prompt): llama-server does not read them again.
     cached_prompt_tokens: int = 0
+    # The first tokens of each prompt that repeat this client's previous prompt (an agent's
+    # conversation so far): its engine holds them computed while it stays loaded since that
+    # request (llama-server's slot), and across an eviction when it keeps caches (keep_cache);
+    # after any other reload they are read again.
+    carried_prompt_tokens: int = 0
 
     @property
     def embeddings(self) -> bool:
@@ -440,8 +463,9 @@ def _check(scenario: Scenario) -> list[str]:
             problems.append(f"clients.{name}.model: {client.model!r} is not under engines")
         if client.embeddings and client.output_tokens != NONE:
             problems.append(f"clients.{name}.output_tokens: an embeddings client (inputs set) generates no tokens")
-        if client.cached_prompt_tokens < 0:
-            problems.append(f"clients.{name}.cached_prompt_tokens: must not be negative, got {client.cached_prompt_tokens}")
+        for tokens in ("cached_prompt_tokens", "carried_prompt_tokens"):
+            if getattr(client, tokens) < 0:
+                problems.append(f"clients.{name}.{tokens}: must not be negative, got {getattr(client, tokens)}")
     return problems
 
 

@@ -137,6 +137,7 @@ def _family(report: Report, steward: PolicyResult) -> list[Target]:
 BY_SCENARIO: dict[str, Callable[[Report, PolicyResult], list[Target]]] = {
     "gridcore": _gridcore,
     "thrash": _thrash,
+    "thrash-kv": _thrash,  # thrash with conversations (thrash_kv.yaml): the same bounds
     "family": _family,
 }
 

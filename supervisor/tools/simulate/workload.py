@@ -41,6 +41,15 @@ class Client:
     rng: random.Random
     chunk: int  # inputs per step, for an embeddings client
     step_tokens: int = 0  # tokens out per step of a generation (scheduler.step_tokens); 0: one step
+    # The engine generation that served its last request: while that engine is loaded, or when it
+    # keeps caches, its next prompt's carried tokens are found computed. None: never served.
+    served_by: tuple[str, int] | None = None
+
+    def cached_on(self, engine: str, generation: int, spec: EngineSpec) -> int:
+        """The tokens of its next prompt that *engine* (this *generation* of it) holds computed."""
+        carried = (self.served_by is not None and self.served_by[0] == engine
+                   and (self.served_by[1] == generation or spec.keep_cache is not None))
+        return max(self.spec.cached_prompt_tokens, self.spec.carried_prompt_tokens if carried else 0)
 
     def first_arrival(self) -> float:
         """By default the clients' first requests are spread over one think time, so they do not all start at 0."""
@@ -64,8 +73,9 @@ class Client:
         """The work of each step of the next request on this client's engine."""
         return self.steps_on(self.draw(), self.engine)
 
-    def steps_on(self, drawn: Drawn, engine: EngineSpec) -> list[StepWork]:
-        """The work of each step of *drawn* on *engine*, in seconds alone (see sharing.py)."""
+    def steps_on(self, drawn: Drawn, engine: EngineSpec, cached: int | None = None) -> list[StepWork]:
+        """The work of each step of *drawn* on *engine*, in seconds alone (see sharing.py);
+        *cached*: the prompt's tokens the engine holds computed (default: cached_prompt_tokens)."""
         if drawn.inputs:
             reads = [sum(engine.embed_seconds(tokens) for tokens in step) for step in drawn.inputs]
             return [StepWork(seconds, seconds) for seconds in reads]  # embeddings only read
@@ -75,7 +85,8 @@ class Client:
         # tokens it adds (gateway/relay/chunked.py), negligible beside decoding them.
         starts = list(range(0, output, cut)) or [0]
         decodes = [engine.decode_seconds(prompt + done, min(cut, output - done)) for done in starts]
-        reading = engine.read_seconds(min(self.spec.cached_prompt_tokens, prompt), prompt)
+        cached = self.spec.cached_prompt_tokens if cached is None else cached
+        reading = engine.read_seconds(min(cached, prompt), prompt)
         return [StepWork(reading + decodes[0], reading), *(StepWork(s) for s in decodes[1:])]
 
 
