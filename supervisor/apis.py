@@ -36,6 +36,7 @@ class ModelKind(enum.Enum):
     RERANK = "rerank"
     TRANSCRIPTION = "transcription"
     IMAGE = "image"  # a ComfyUI workflow (runtime: comfyui): /v1/images/generations
+    VIDEO = "video"  # a ComfyUI workflow with a video section: /v1/videos
 
 
 def model_kind(apis: Iterable[Api]) -> ModelKind:
