@@ -22,7 +22,7 @@ from supervisor.gateway.classes import choose_class
 from supervisor.gateway.comfy.workflow import ImageParams
 from supervisor.gateway.http.asgi import RequestError, Scope, header_value
 from supervisor.gateway.openai.forms import parse_form
-from supervisor.gateway.openai.images import MAX_PROMPT, MAX_SEED, pick_model, read_number
+from supervisor.gateway.openai.images import MAX_PROMPT, pick_model, read_number
 from supervisor.request_class import RequestClass
 
 VIDEOS_PATH = "/v1/videos"
@@ -129,5 +129,3 @@ def _reference(data: bytes, filename: str, content_type: str) -> Reference:
     suffix = "".join(c for c in filename.rpartition(".")[2].lower() if c.isalnum())[:8] or "png"
     return Reference(data, f"steward_reference.{suffix}", content_type)
 
-
-__all__ = ["MAX_SEED", "VIDEOS_PATH", "Reference", "VideoRequest", "read_video_request"]
