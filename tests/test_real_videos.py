@@ -147,3 +147,36 @@ def test_deleting_a_running_video_interrupts_its_prompt_and_frees_the_gpu(
         "image_abandoned", "image_freed", "image_released"]
     assert time.monotonic() - started < 30
     assert comfy.running() == []
+
+
+def test_an_input_reference_is_uploaded_and_animated_by_the_real_comfyui(
+        start_steward: StewardFactory, comfy: Comfy, tmp_path: Path) -> None:
+    import openai
+
+    workflow = tmp_path / "reference.json"
+    workflow.write_text(json.dumps({
+        "1": {"class_type": "LoadImage", "inputs": {"image": "{{input_reference}}"}},
+        "2": {"class_type": "RepeatImageBatch", "inputs": {"image": ["1", 0], "amount": "{{frames}}"}},
+        "3": {"class_type": "ImageAddNoise", "inputs": {"image": ["2", 0], "seed": "{{seed}}", "strength": 0.05}},
+        "4": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["3", 0], "filename_prefix": "steward/ref",
+                                                           "fps": "{{fps}}", "lossless": True, "quality": 80,
+                                                           "method": "fastest"}},
+        "8": {"class_type": "CLIPTextEncode", "inputs": {"text": "{{prompt}}"}}}))
+    steward = start_steward({"animate": {"runtime": "comfyui", "workflow": str(workflow),
+                                         "video": {"seconds": [SECONDS], "sizes": ["720x1280"], "fps": FPS}}},
+                            gpu={"probe": "none", "budget": "16GiB"}, videos={"dir": str(tmp_path / "videos")},
+                            comfyui={"upstream": f"127.0.0.1:{comfy.port}", "listen": None, "history_poll": "0.1s"})
+    steward.wait_event("listening")
+    client = openai.OpenAI(base_url=steward.base_url, api_key="unused", max_retries=0)
+    reference = io.BytesIO()
+    Image.new("RGB", (72, 128), (200, 30, 30)).save(reference, "PNG")
+    created = client.videos.create(model="animate", prompt="bring it to life",
+                                   input_reference=("still.png", reference.getvalue(), "image/png"))
+    wait_until(lambda: client.videos.retrieve(created.id).status in ("completed", "failed"), timeout=120)
+    done = client.videos.retrieve(created.id)
+    assert done.status == "completed", done.error
+    animation = Image.open(io.BytesIO(client.videos.download_content(created.id).content))
+    assert animation.n_frames == SECONDS * FPS and animation.size == (72, 128)  # the reference's own size
+    red, green, blue = animation.convert("RGB").getpixel((36, 64))
+    assert abs(red - 200) < 40 and abs(green - 30) < 40 and abs(blue - 30) < 40
+    assert (comfy.base / "input" / f"{created.id}_steward_reference.png").is_file()  # uploaded under its name
