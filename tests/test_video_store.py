@@ -34,10 +34,19 @@ def video(created: int, owner: str | None = None, status: VideoStatus = VideoSta
     return Video(new_video_id(), owner, "clip", "a fox", "4", "720x1280", created, status=status)
 
 
+def parts(store: VideoStore, clip: Video, size: int, thumbnail: bool = True) -> dict[Variant, Path]:
+    written = {Variant.VIDEO: store.part(clip, Variant.VIDEO, ".webp")}
+    written[Variant.VIDEO].write_bytes(b"v" * size)
+    if thumbnail:
+        written[Variant.THUMBNAIL] = store.part(clip, Variant.THUMBNAIL, ".webp")
+        written[Variant.THUMBNAIL].write_bytes(b"t")
+    return written
+
+
 def made(store: VideoStore, created: int, size: int, owner: str | None = None) -> Video:
     clip = video(created, owner)
     store.add(clip)
-    store.complete(clip, b"v" * size, ".webp", (b"t", ".webp"), created + 1)
+    store.complete(clip, parts(store, clip, size), created + 1)
     return clip
 
 
@@ -60,10 +69,10 @@ def test_over_max_bytes_the_oldest_go_first_but_never_the_one_just_made(tmp_path
     assert set(store.videos) == {first.id, second.id}
     third = video(3)
     store.add(third)
-    assert store.complete(third, b"x" * 9, ".webp", (b"t", ".webp"), 4) == [first]
+    assert store.complete(third, parts(store, third, 9), 4) == [first]
     huge = video(5)
     store.add(huge)
-    assert store.complete(huge, b"x" * 100, ".webp", None, 6) == [second, third]  # a cap below one video
+    assert store.complete(huge, parts(store, huge, 100, thumbnail=False), 6) == [second, third]  # a cap below one
     assert list(store.videos) == [huge.id]  # still hands that one out
 
 
@@ -74,6 +83,8 @@ def test_a_reload_fails_what_was_running_and_skips_what_is_not_a_video(tmp_path:
     store.add(queued)
     store.add(running)
     (tmp_path / "video_junk.json").write_text("{not json")
+    left = store.part(queued, Variant.VIDEO, ".webp")
+    left.write_bytes(b"half a video")  # steward stopped while it arrived
     evil = video(103)
     evil.files = {"video": "../../etc/passwd"}
     (tmp_path / f"{evil.id}.json").write_text(json.dumps(evil.to_json()))
@@ -82,7 +93,7 @@ def test_a_reload_fails_what_was_running_and_skips_what_is_not_a_video(tmp_path:
     assert sorted(v.id for v in interrupted) == sorted([queued.id, running.id]) and gone == []
     assert list(again.videos) == [kept.id, queued.id, running.id]  # oldest first; the evil one left out
     assert again.videos[running.id].error == {"code": "interrupted", "message": INTERRUPTED}
-    assert again.videos[kept.id].status is VideoStatus.COMPLETED
+    assert again.videos[kept.id].status is VideoStatus.COMPLETED and not left.exists()
     assert VideoStore(tmp_path, 10**9, DAY).load(300)[0] == []  # written back: failed once, not again
     assert VideoStore(tmp_path / "none", 10**9, DAY).load(0) == ([], [])  # no folder yet: nothing made
 
@@ -164,14 +175,15 @@ def test_the_thumbnail_is_the_animation_s_first_frame(lossless: bool, mode: str)
     frames = [Image.new(mode, (48, 32), (40 * i, 90, 200, 255)[:len(mode)]) for i in range(4)]
     out = io.BytesIO()
     frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:], duration=100, lossless=lossless)
-    still = first_webp_frame(out.getvalue())
+    still = first_webp_frame(io.BytesIO(out.getvalue()))
     assert still is not None
     image = Image.open(io.BytesIO(still))
     assert getattr(image, "n_frames", 1) == 1 and image.size == (48, 32)
     assert abs(image.convert("RGB").getpixel((4, 4))[0] - 0) <= 4  # the first frame's red, not a later one's
     single = io.BytesIO()
     frames[0].save(single, "PNG")
-    assert first_webp_frame(single.getvalue()) is None and first_webp_frame(b"RIFF\x00\x00\x00\x00WEBP") is None
+    assert first_webp_frame(io.BytesIO(single.getvalue())) is None
+    assert first_webp_frame(io.BytesIO(b"RIFF\x00\x00\x00\x00WEBP")) is None
 
 
 @pytest.fixture

@@ -34,12 +34,13 @@ from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed
 from supervisor.videos.request import Reference
 from supervisor.videos.stills import first_webp_frame
-from supervisor.videos.store import Video, VideoStatus, VideoStore
+from supervisor.videos.store import Variant, Video, VideoStatus, VideoStore
 
 VIDEO_SUFFIXES = frozenset({".webp", ".gif", ".png", ".mp4", ".webm", ".mov", ".mkv"})
 STILL_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp"})
 PRUNE_EVERY = 300.0  # seconds between expiry sweeps (at most; a shorter keep sweeps more often)
 MAX_MESSAGE = 64 * 1024 * 1024  # ComfyUI's previews can be large binary frames
+CHUNK = 1024 * 1024  # bytes of a file in memory at a time, from ComfyUI and to a client
 
 
 @attrs.define(eq=False)
@@ -85,9 +86,10 @@ class VideoService:
         with scope:
             try:
                 await self._make(video, graph, klass, reference)
-                self.events.emit("video_completed", "info", video_id=video.id, model=video.model,
-                                 status=video.status.value, bytes=video.size_bytes,
-                                 took_s=round(time.monotonic() - started, 3))
+                if video.status is VideoStatus.COMPLETED:
+                    self.events.emit("video_completed", "info", video_id=video.id, model=video.model,
+                                     status=video.status.value, bytes=video.size_bytes,
+                                     took_s=round(time.monotonic() - started, 3))
             except JobFailed as exc:
                 self._fail(video, exc.failure.code, exc.failure.message)
             except ImageFailed as exc:
@@ -131,8 +133,12 @@ class VideoService:
             raise ImageFailed(503, "An operator released the GPU while the video was being made.", "force_released")
         if failure is not None:
             raise failure
-        content, suffix, still = await self._fetch(saved)
-        for gone in self.store.complete(video, content, suffix, still, self.now()):
+        parts = await self._fetch(video, saved)
+        if video.id not in self.store.videos:  # deleted while its files arrived
+            for part in parts.values():
+                part.unlink(missing_ok=True)
+            return
+        for gone in self.store.complete(video, parts, self.now()):
             self.expired(gone)
 
     async def _upload(self, reference: Reference, video: Video) -> None:
@@ -169,23 +175,52 @@ class VideoService:
         if not announced:
             task_status.started()  # the job runs without progress but its end
 
-    async def _fetch(self, saved: list[SavedImage]) -> tuple[bytes, str, tuple[bytes, str] | None]:
+    async def _fetch(self, video: Video, saved: list[SavedImage]) -> dict[Variant, Path]:
         """The video the workflow saved (an animated output, else a file named like a video) and
-        its still: one the workflow saved, else the first frame of an animated WEBP."""
-        video = next((image for image in saved if image.animated), None) or next(
+        its still (one the workflow saved, else the first frame of an animated WEBP), streamed
+        from ``/view`` into the store's folder: never held whole in memory."""
+        clip = next((image for image in saved if image.animated), None) or next(
             (image for image in saved if _suffix(image) in VIDEO_SUFFIXES - {".png", ".webp"}), None)
-        if video is None:
+        if clip is None:
             raise ImageFailed(502, "The workflow saved no video: does it end in SaveAnimatedWEBP, SaveAnimatedPNG "
                                    "or SaveVideo?", "engine_error")
-        content, _ = await self.images.view(video)
-        still = next((image for image in saved if image is not video and not image.animated
+        still = next((image for image in saved if image is not clip and not image.animated
                       and _suffix(image) in STILL_SUFFIXES), None)
-        thumbnail = None
-        if still is not None:
-            thumbnail = ((await self.images.view(still))[0], _suffix(still))
-        elif _suffix(video) == ".webp" and (frame := first_webp_frame(content)) is not None:
-            thumbnail = (frame, ".webp")
-        return content, _suffix(video) or ".bin", thumbnail
+        parts = {Variant.VIDEO: self.store.part(video, Variant.VIDEO, _suffix(clip) or ".bin")}
+        try:
+            await self._download(clip, parts[Variant.VIDEO])
+            if still is not None:
+                parts[Variant.THUMBNAIL] = self.store.part(video, Variant.THUMBNAIL, _suffix(still))
+                await self._download(still, parts[Variant.THUMBNAIL])
+            elif _suffix(clip) == ".webp":
+                frame = await trio.to_thread.run_sync(_first_frame, parts[Variant.VIDEO])
+                if frame is not None:
+                    parts[Variant.THUMBNAIL] = self.store.part(video, Variant.THUMBNAIL, ".webp")
+                    await trio.Path(parts[Variant.THUMBNAIL]).write_bytes(frame)
+        except BaseException:
+            for part in parts.values():
+                part.unlink(missing_ok=True)
+            raise
+        return parts
+
+    async def _download(self, image: SavedImage, path: Path) -> None:
+        """One file ComfyUI saved, from ``/view`` to *path*, a chunk at a time."""
+        try:
+            async with self.images.http.stream("GET", f"{self.images.base_url}/view", params=image.query(),
+                                               timeout=60.0) as answer:
+                if answer.status_code != 200:
+                    raise ImageFailed(502, f"ComfyUI answered {answer.status_code} for {image.filename}.",
+                                      "engine_error")
+                async with await trio.open_file(path, "wb") as file:
+                    async for chunk in answer.aiter_bytes(CHUNK):
+                        await file.write(chunk)
+        except httpx.HTTPError as exc:
+            raise ImageFailed(502, f"ComfyUI failed to hand over {image.filename}: {exc}", "engine_error") from None
+
+
+def _first_frame(path: Path) -> bytes | None:
+    with open(path, "rb") as file:
+        return first_webp_frame(file)
 
 
 @attrs.define

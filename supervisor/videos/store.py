@@ -27,6 +27,7 @@ import attrs
 
 ID_PATTERN = re.compile(r"video_[0-9a-f]{32}")
 META_SUFFIX = ".json"
+PART_SUFFIX = ".part"  # a file still arriving from ComfyUI; one left by a stop is deleted at start
 # What a saved file's name says it is: the Content-Type it is served with.
 CONTENT_TYPES = {".webp": "image/webp", ".png": "image/png", ".gif": "image/gif", ".mp4": "video/mp4",
                  ".webm": "video/webm", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
@@ -130,6 +131,8 @@ class VideoStore:
         steward stopped while they were queued or being made, and those deleted as too old or
         over the size cap."""
         found = []  # a missing folder is made by the first video
+        for path in self.folder.glob(f"video_*{PART_SUFFIX}"):
+            path.unlink(missing_ok=True)
         for path in self.folder.glob(f"video_*{META_SUFFIX}"):
             try:
                 video = Video.from_json(json.loads(path.read_bytes()))
@@ -155,27 +158,26 @@ class VideoStore:
         name = video.files.get(variant.value)
         return None if name is None else self.folder / name
 
-    def complete(self, video: Video, content: bytes, extension: str, thumbnail: tuple[bytes, str] | None,
-                 now: float) -> list[Video]:
-        """Keep what the workflow made; returns the videos deleted to stay under max_bytes."""
-        files = {Variant.VIDEO.value: (content, extension)}
-        if thumbnail is not None:
-            files[Variant.THUMBNAIL.value] = thumbnail
-        for variant, (data, suffix) in files.items():
-            name = f"{video.id}.{variant}{suffix}"
-            _write(self.folder / name, data)
-            video.files[variant] = name
-        video.size_bytes = sum(len(data) for data, _ in files.values())
+    def part(self, video: Video, variant: Variant, suffix: str) -> Path:
+        """Where a file of *video* is written as it arrives, until ``complete`` keeps it."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return self.folder / f"{video.id}.{variant.value}{suffix}{PART_SUFFIX}"
+
+    def complete(self, video: Video, parts: dict[Variant, Path], now: float) -> list[Video]:
+        """Keep what the workflow made (*parts*, written whole); returns the videos deleted to
+        stay under max_bytes."""
+        for variant, part in parts.items():
+            kept = part.with_name(part.name.removesuffix(PART_SUFFIX))
+            os.replace(part, kept)
+            video.files[variant.value] = kept.name
+        video.size_bytes = sum((self.folder / name).stat().st_size for name in video.files.values())
         video.status, video.progress, video.completed_at = VideoStatus.COMPLETED, 100, int(now)
         self.save(video)
         return self.prune(now, spare=video.id)
 
     def delete(self, video: Video) -> None:
         for name in [*video.files.values(), video.id + META_SUFFIX]:
-            try:
-                (self.folder / name).unlink()
-            except FileNotFoundError:
-                pass
+            (self.folder / name).unlink(missing_ok=True)
         self.videos.pop(video.id, None)
 
     def prune(self, now: float, spare: str | None = None) -> list[Video]:

@@ -12,6 +12,7 @@ the videos it made (another key's are a 404, as if they did not exist). Errors a
 
 from __future__ import annotations
 
+import os
 import secrets
 import urllib.parse
 from typing import Any
@@ -36,7 +37,7 @@ from supervisor.gateway.http.asgi import (
 from supervisor.gateway.openai.images import MAX_SEED
 from supervisor.scheduler.actor import JobFailed
 from supervisor.videos.request import VIDEOS_PATH, read_video_request
-from supervisor.videos.service import VideoService, reference_name
+from supervisor.videos.service import CHUNK, VideoService, reference_name
 from supervisor.videos.store import Variant, Video, content_type_of, new_video_id
 
 MAX_LIMIT = 100
@@ -166,9 +167,18 @@ class VideoHandler:
                                     "steward takes a thumbnail only from an animated WEBP.", param="variant",
                                code="not_found")
         try:
-            content = await trio.Path(path).read_bytes()
+            file = await trio.open_file(path, "rb")
         except OSError:
             raise RequestError(404, "The video's file is gone from videos.dir.", code="not_found") from None
-        await send_whole(send, 200, [(b"content-type", content_type_of(path.name).encode()),
-                                     (b"content-disposition", f'attachment; filename="{path.name}"'.encode())],
-                         content)
+        async with file:
+            size = os.fstat(file.fileno()).st_size
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", content_type_of(path.name).encode()), (b"content-length", str(size).encode()),
+                (b"content-disposition", f'attachment; filename="{path.name}"'.encode())]})
+            left = size  # a file deleted meanwhile (expired) is still read whole: its inode lives while open
+            while left > 0:
+                chunk = await file.read(min(CHUNK, left))
+                if not chunk:
+                    break  # shorter than promised (changed by hand): the server cuts the connection
+                left -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
