@@ -38,6 +38,7 @@ class ModelKind(enum.Enum):
     TRANSCRIPTION = "transcription"
     SPEECH = "speech"
     IMAGE = "image"  # a ComfyUI workflow (runtime: comfyui): /v1/images/generations
+    VIDEO = "video"  # a ComfyUI workflow with a video section: /v1/videos
 
 
 def model_kind(apis: Iterable[Api]) -> ModelKind:

@@ -123,8 +123,15 @@ def run_check(config: Config) -> int:
         print(f"  images   exclusive jobs in the {config.comfyui.job_class} class, {format_size(need)} each")
         for name, image in config.image_models.items():
             also = f" ({', '.join(image.aliases)})" if image.aliases else ""
+            if image.video is not None:
+                print(f"  model    {name}{also}: /v1/videos from {image.workflow}, "
+                      f"{'/'.join(str(s) for s in image.video.seconds)} s at {image.video.fps} fps, "
+                      f"{', '.join(image.video.sizes)}")
+                continue
             print(f"  model    {name}{also}: /v1/images/generations from {image.workflow}, {image.size}, "
                   f"{image.steps} steps by default")
+        print(f"  videos   kept in {config.videos.dir}, up to {format_size(config.videos.max_bytes)}, "
+              f"for {format_duration(config.videos.keep)}")
     for name, remote in config.remote_models.items():
         also = f" ({', '.join(remote.aliases)})" if remote.aliases else ""
         print(f"\nremote {name}{also}  {remote.upstream} ({remote.api} API, key from ${remote.key_env}, "

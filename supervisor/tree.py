@@ -76,6 +76,9 @@ from supervisor.gateway.door import FrontDoor, front_door
 from supervisor.gateway.errors import ErrorShape, comfy_error_body, error_body, ollama_error_body
 from supervisor.gateway.http.gate import CUT_GRACE_S, RequestGate
 from supervisor.gateway.openai.images import ImageHandler
+from supervisor.gateway.openai.videos import VideoHandler
+from supervisor.videos.service import VideoService, serve_videos
+from supervisor.videos.store import VideoStore
 from supervisor.gateway.ollama.app import create_ollama_app
 from supervisor.gateway.ollama.app import error_shape as ollama_route_shape
 from supervisor.gateway.remote import NodeRouter
@@ -279,9 +282,14 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
             comfy_nodes = NodeCatalog(http, config.comfyui.upstream.url)
         images = (ImageHandler(turnstile, comfy_nodes, catalog, door, limits, gate.closed)
                   if turnstile is not None and comfy_nodes is not None else None)
+        videos = None
+        if images is not None:
+            store = VideoStore(Path(config.videos.dir), config.videos.max_bytes, config.videos.keep)
+            service = await root.start(serve_videos, VideoService(store, images, events))
+            videos = VideoHandler(service, catalog, door, limits)
         services = Services(scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
                             body_limits=limits, device=memory_device(probe), nodes=nodes, catalog=catalog,
-                            reload=reload, images=images, history=history, usage_db=config.usage.db)
+                            reload=reload, images=images, videos=videos, history=history, usage_db=config.usage.db)
         openai_app = create_app(config, services)
         listeners = [_listener(config, events, door, "openai", openai_app, config.listen, error_body,
                                error_shape_for, gateway_app.is_admin_route)]

@@ -168,6 +168,17 @@ def test_check_shows_an_image_model_and_names_a_broken_workflow(tmp_path: Path) 
     result = steward("check", write(tmp_path, config))
     assert result.returncode == 0, result.stderr
     assert f"model    sdxl (pic): /v1/images/generations from {tmp_path / 'wf.json'}, 64x32, 20 steps" in result.stdout
+    config["models"]["clip"] = {"runtime": "comfyui", "workflow": "wf.json", "video": {"seconds": [4, 8], "fps": 6}}
+    config["videos"] = {"dir": "clips", "max_bytes": "2GiB", "keep": "48h"}
+    result = steward("check", write(tmp_path, config))
+    assert result.returncode == 0, result.stderr
+    assert (f"model    clip: /v1/videos from {tmp_path / 'wf.json'}, 4/8 s at 6 fps, "
+            "720x1280, 1280x720, 1024x1792, 1792x1024") in result.stdout
+    assert f"videos   kept in {tmp_path / 'clips'}, up to 2.0 GiB, for " in result.stdout
+    config["models"]["clip"]["video"] = {"seconds": []}
+    refused = steward("check", write(tmp_path, config))
+    assert refused.returncode != 0 and "models.clip.video.seconds: must list at least one value" in refused.stderr
+    del config["models"]["clip"], config["videos"]
     (tmp_path / "wf.json").write_text("{}")
     broken = steward("check", write(tmp_path, config))
     assert broken.returncode != 0 and "models.sdxl.workflow:" in broken.stderr and "Traceback" not in broken.stderr

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from PIL import Image
 from fakes.llama_binary import llama_server_path
 from supervisor.tools.demo import banner
 from tests.conftest import ROOT
+from tests.fake_processes import wait_until
 
 REAL_CHAT = "SmolLM2-135M-Instruct answers under the chat names (gemma4-12b, gemma4-e4b, gemma4-e2b)"
 SYSTEM = "You are a helpful assistant."  # tests/test_real_model.py's: SmolLM2 names Paris with it
@@ -118,6 +120,13 @@ def test_demo_answers_the_openai_sdk_and_stops_on_ctrl_c() -> None:
                                             response_format="wav")
         with wave.open(io.BytesIO(speech.content)) as audio:
             assert audio.getframerate() == 24_000 and audio.getnframes() > 0
+        # A video: queued at once, made by the fake ComfyUI, an animated WEBP of seconds * fps frames.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the SDK's note on OpenAI's own Sora API
+            video = client.videos.create(model="clip", prompt="waves", seconds="4", size="1280x720")
+            wait_until(lambda: client.videos.retrieve(video.id).status == "completed", timeout=60)
+            clip = Image.open(io.BytesIO(client.videos.download_content(video.id).content))
+        assert clip.n_frames == 16 and clip.size == (1280, 720)
         assert REAL_CHAT not in demo.banner
     assert not demo.event_log.parent.exists()  # the demo's folder goes with it (unless --keep)
 
@@ -166,6 +175,7 @@ def test_the_real_demos_banner_names_its_model_its_slots_and_its_random_embedder
 def test_the_fake_demos_banner_shows_an_image_request_and_the_real_ones_does_not(tmp_path: Path) -> None:
     fake = banner("http://127.0.0.1:8080", tmp_path)
     assert "http://127.0.0.1:8080/v1/images/generations" in fake and '"model": "sketch"' in fake
+    assert "curl -s http://127.0.0.1:8080/v1/videos -F model=clip" in fake
     assert "images/generations" not in banner("http://127.0.0.1:8080", tmp_path, real=True)
     assert "http://127.0.0.1:8080/v1/audio/speech" in fake and '"model": "kokoro"' in fake
     assert "audio/speech" not in banner("http://127.0.0.1:8080", tmp_path, real=True)

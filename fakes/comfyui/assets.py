@@ -70,6 +70,19 @@ class Picture:
     def png(self) -> bytes:
         return tiny_png(self.width, self.height, self.rgb)
 
+    def animated_webp(self, fps: float) -> bytes:
+        """The batch as SaveAnimatedWEBP writes it (Pillow, as ComfyUI), frame *i* *i* shades redder."""
+        import io
+
+        from PIL import Image  # the test extra's: only a workflow with SaveAnimatedWEBP needs it
+
+        r, g, b = self.rgb
+        frames = [Image.new("RGB", (self.width, self.height), ((r + 8 * i) % 256, g, b)) for i in range(self.batch)]
+        out = io.BytesIO()
+        frames[0].save(out, "WEBP", save_all=True, append_images=frames[1:], duration=round(1000 / fps),
+                       lossless=True, method=0)
+        return out.getvalue()
+
 
 INDEX_HTML = (b"<!DOCTYPE html><html><head><title>ComfyUI</title></head>"
               b"<body>fakes.comfyui: no frontend here; use the API.</body></html>")

@@ -23,7 +23,7 @@ import trio
 from fakes.comfyui.assets import PNG, Picture
 from fakes.comfyui.cli import Config
 from fakes.comfyui.memory import Gpu
-from fakes.comfyui.workflow import ERROR_CLASS, Plan
+from fakes.comfyui.workflow import ANIMATION_CLASS, ERROR_CLASS, Plan
 from fakes.comfyui.ws import Hub
 
 MAXIMUM_HISTORY_SIZE = 10000
@@ -74,7 +74,8 @@ class Prompts:
     number: int = 0
     last_node: str | None = None
     free_flags: dict[str, bool] | None = None
-    saved: dict[tuple[str, str, str], Picture | None] = attrs.field(factory=dict)  # (filename, subfolder, type)
+    # (filename, subfolder, type) -> a Picture, or an animation: (its frames, fps)
+    saved: dict[tuple[str, str, str], Picture | tuple[Picture, float] | None] = attrs.field(factory=dict)
     _seq: itertools.count[int] = attrs.field(factory=itertools.count)
     _images: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _wake: trio.Event = attrs.field(factory=trio.Event)
@@ -253,14 +254,22 @@ class Prompts:
         else:
             prefix, kind = str((node.get("inputs") or {}).get("filename_prefix") or "ComfyUI"), "output"
         subfolder, _, prefix = prefix.rpartition("/")
+        if class_type == ANIMATION_CLASS:
+            fps = (node.get("inputs") or {}).get("fps", 6.0)
+            filename = f"{prefix}_{next(self._images):05}_.webp"
+            self._keep((filename, subfolder, kind), (picture or Picture.empty(1, 1, 1, 0), float(fps)))
+            return {"images": [{"filename": filename, "subfolder": subfolder, "type": kind}], "animated": [True]}
         images = []
         for batch_number in range(picture.batch if picture is not None else 1):
             filename = f"{prefix.replace('%batch_num%', str(batch_number))}_{next(self._images):05}_.png"
-            if len(self.saved) >= MAXIMUM_HISTORY_SIZE:
-                self.saved.pop(next(iter(self.saved)))
-            self.saved[(filename, subfolder, kind)] = picture
+            self._keep((filename, subfolder, kind), picture)
             images.append({"filename": filename, "subfolder": subfolder, "type": kind})
         return {"images": images}
+
+    def _keep(self, where: tuple[str, str, str], saved: Picture | tuple[Picture, float] | None) -> None:
+        if len(self.saved) >= MAXIMUM_HISTORY_SIZE:
+            self.saved.pop(next(iter(self.saved)))
+        self.saved[where] = saved
 
     def _add_history(self, item: Item, outputs: dict[str, Any], messages: list[list[Any]], success: bool) -> None:
         if len(self.history) >= MAXIMUM_HISTORY_SIZE:
@@ -277,4 +286,6 @@ class Prompts:
         if (filename, subfolder, kind) not in self.saved:
             return None
         picture = self.saved[(filename, subfolder, kind)]
+        if isinstance(picture, tuple):
+            return picture[0].animated_webp(picture[1])
         return picture.png() if picture is not None else PNG

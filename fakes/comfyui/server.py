@@ -298,7 +298,7 @@ class FakeComfyUI:
             await ex.respond(404, b"", EMPTY)
         else:
             ex.headers.append((b"content-disposition", f'filename="{filename}"'.encode()))
-            await ex.respond(200, image, b"image/png")
+            await ex.respond(200, image, b"image/webp" if filename.endswith(".webp") else b"image/png")
 
     async def upload_image(self, ex: Exchange, _rest: str) -> None:
         """ComfyUI's image upload (server.py image_upload): a form with `image` (the file) and

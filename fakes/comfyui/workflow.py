@@ -17,7 +17,9 @@ not know is refused (``invalid_prompt``, "node X does not exist"). What else it 
   ``progress``; any node input ``fake_seconds`` overrides the job time;
 * links are inputs of the form ``["<node id>", <output index>]``;
 * what each SaveImage / PreviewImage saves: the `Picture` its EmptyImage / ImageInvert chain
-  makes, or (from a stand-in) None, the fake's one tiny PNG.
+  makes, or (from a stand-in) None, the fake's one tiny PNG; SaveAnimatedWEBP saves the batch
+  as one animated WEBP (``animated: [true]``), each frame a shade apart so that a decoder
+  counts every one (libwebp merges identical frames).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fakes.comfyui.assets import Picture
 OUTPUT_CLASSES = frozenset({"SaveImage", "PreviewImage", "SaveAnimatedWEBP", "SaveAnimatedPNG", "SaveVideo",
                             "SaveWEBM", "SaveAudio", "SaveLatent", "FAKE_OUTPUT"})
 PICTURE_CLASSES = frozenset({"SaveImage", "PreviewImage"})  # save each image of the batch they are given
+ANIMATION_CLASS = "SaveAnimatedWEBP"  # saves the batch as one animated WEBP (assets.Animation)
 INVALID_CLASS = "FAKE_INVALID"
 ERROR_CLASS = "FAKE_ERROR"
 MAX_STEPS = 1000
@@ -144,7 +147,7 @@ def validate(prompt: object, job_steps: int, targets: object = None) -> Plan:
         if seconds is None and isinstance(fake_seconds, int | float) and not isinstance(fake_seconds, bool):
             seconds = max(0.0, float(fake_seconds))
     pictures = {out: _picture(prompt, _inputs(prompt[out]).get("images")) for out in good
-                if classes[out] in PICTURE_CLASSES}
+                if classes[out] in PICTURE_CLASSES | {ANIMATION_CLASS}}
     return Plan(good, node_errors, nodes, classes, progress_node, steps, seconds, pictures)
 
 

@@ -73,6 +73,8 @@ from supervisor.config.schema import (
     ThreadCount,
     UpstreamAddress,
     UsageConfig,
+    VideoSpec,
+    VideosConfig,
     WakeConfig,
 )
 
@@ -84,6 +86,6 @@ __all__ = [
     "NodeConfig", "OllamaConfig", "Port", "PositiveDuration", "PositiveInt", "PriceConfig", "ProbeName",
     "REMOTE_RUNTIME", "RemoteModelConfig", "RuntimeName",
     "SchedulerConfig", "SecurityConfig", "Size", "SleepConfig", "SleepLevel", "SlowdownFactor", "ThreadCount",
-    "UpstreamAddress", "UsageConfig", "WakeConfig", "_describe", "check_semantics", "converter", "load_config",
+    "UpstreamAddress", "UsageConfig", "VideoSpec", "VideosConfig", "WakeConfig", "_describe", "check_semantics", "converter", "load_config",
     "load_config_for_command", "make_converter", "parse_config", "resolve_paths", "workflow_problems",
 ]

@@ -156,6 +156,10 @@ def _image_model_problems(config: Config) -> list[str]:
                             f"section, and there is none")
         if not model.workflow:
             problems.append(f"models.{name}.workflow: must be the path of an API-format workflow file")
+        if model.video is not None:
+            for key, values in (("seconds", model.video.seconds), ("sizes", model.video.sizes)):
+                if not values or len(set(values)) != len(values):
+                    problems.append(f"models.{name}.video.{key}: must list at least one value, each once")
     return problems
 
 

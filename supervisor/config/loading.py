@@ -91,6 +91,7 @@ def resolve_paths(config: Config, folder: Path) -> Config:
         remote_models={name: attrs.evolve(model, ca_file=beside(model.ca_file))
                        for name, model in config.remote_models.items()},
         log=attrs.evolve(config.log, file=beside(config.log.file)),
+        videos=attrs.evolve(config.videos, dir=beside(config.videos.dir)),
         auth=attrs.evolve(config.auth, keys_file=beside(config.auth.keys_file)),
         usage=attrs.evolve(config.usage, db=beside(config.usage.db)),
         kv_cache=attrs.evolve(config.kv_cache, dir=beside(config.kv_cache.dir)))

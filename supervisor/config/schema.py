@@ -150,6 +150,31 @@ class ImageModelConfig:
     size: ImageSize = ImageSize("1024x1024")  # when a request asks for none, or for "auto"
     steps: PositiveInt = PositiveInt(20)  # {{steps}} when a request asks for none
     negative_prompt: str = ""  # {{negative_prompt}} when a request asks for none
+    # A video model (POST /v1/videos) rather than an image model: the clip lengths and sizes it
+    # takes, and its frame rate ({{frames}} = seconds * fps).
+    video: VideoSpec | None = None
+
+
+# OpenAI's VideoSize values: a video model's sizes by default.
+OPENAI_VIDEO_SIZES = (ImageSize("720x1280"), ImageSize("1280x720"), ImageSize("1024x1792"), ImageSize("1792x1024"))
+
+
+@attrs.frozen
+class VideoSpec:
+    """What a video workflow takes: `seconds` and `size` outside these are a 400 naming the parameter."""
+
+    seconds: list[PositiveInt] = attrs.Factory(lambda: [PositiveInt(4), PositiveInt(8), PositiveInt(12)])
+    sizes: list[ImageSize] = attrs.Factory(lambda: list(OPENAI_VIDEO_SIZES))  # the first when a request asks none
+    fps: PositiveInt = PositiveInt(8)  # {{fps}}; {{frames}} is seconds * fps
+
+
+@attrs.frozen
+class VideosConfig:
+    """Where the videos of POST /v1/videos are kept, and for how long: they survive a restart."""
+
+    dir: str = "steward-videos"  # beside the config unless absolute
+    max_bytes: Size = Size(10 * 2**30)  # over this, the oldest videos go first
+    keep: PositiveDuration = PositiveDuration(7 * 86400.0)  # a video is deleted this long after it was made
 
 
 REMOTE_RUNTIME = "remote"  # a model of this runtime is a cloud API, not an engine (RemoteModelConfig)
@@ -469,6 +494,7 @@ class Config:
     kv_cache: KvCacheConfig = attrs.Factory(KvCacheConfig)
     ollama: OllamaConfig | None = None
     comfyui: ComfyConfig | None = None
+    videos: VideosConfig = attrs.Factory(VideosConfig)  # POST /v1/videos's store
     # A front door: the nodes it routes to, and names callers may use instead of a model.
     nodes: dict[str, NodeConfig] = attrs.Factory(dict)
     capabilities: dict[str, list[str]] = attrs.Factory(dict)

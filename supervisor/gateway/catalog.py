@@ -2,7 +2,7 @@
 its model by: one mapping each, shared by the inference handler, the front door and the
 model list, and replaced in place on a reload so that every holder sees the new config.
 Image models (`runtime: comfyui`) are not engines: they have their own table, with their
-workflows read from their files; nor are remote models (`runtime: remote`, gateway/cloud.py)."""
+workflows read from their files (and video models, those with a `video` section, another); nor are remote models (`runtime: remote`, gateway/cloud.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class ModelCatalog:
     # model -> the voices its config lists (a speech model's `voices`); a model missing here: any voice.
     voices: dict[str, tuple[str, ...]] = attrs.Factory(dict)
     images: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted image model name -> its model
+    videos: dict[str, ImageModel] = attrs.Factory(dict)  # every accepted video model name (a video section) -> its model
     remote: dict[str, str] = attrs.Factory(dict)  # every accepted remote model name -> its model
     remote_models: dict[str, RemoteModelConfig] = attrs.Factory(dict)  # remote model -> its config
     # Every accepted name, of an engine's model or an image model -> its model: what a key's
@@ -63,13 +64,15 @@ class ModelCatalog:
         fallbacks = {name: tuple(route.model for route in model.fallback) for name, model in config.models.items()
                      if model.fallback}
         voices = {name: tuple(model.voices) for name, model in config.models.items() if model.voices is not None}
-        images = _image_models(config)
+        comfy = _image_models(config)
+        images = {alias: model for alias, model in comfy.items() if model.config.video is None}
+        videos = {alias: model for alias, model in comfy.items() if model.config.video is not None}
         remote = config.remote_alias_table()
-        names = {**aliases, **{alias: model.name for alias, model in images.items()}, **remote}
+        names = {**aliases, **{alias: model.name for alias, model in comfy.items()}, **remote}
         # In place, names that go first: no moment in which a removed model is still routed.
         for table, new in ((self.aliases, aliases), (self.served, served), (self.apis, apis),
                            (self.step_tokens, step_tokens), (self.contexts, contexts), (self.fallbacks, fallbacks),
-                           (self.voices, voices), (self.images, images),
+                           (self.voices, voices), (self.images, images), (self.videos, videos),
                            (self.remote, remote), (self.remote_models, config.remote_models), (self.names, names)):
             for name in [n for n in table if n not in new]:
                 del table[name]

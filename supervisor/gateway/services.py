@@ -11,6 +11,7 @@ from supervisor.gateway.door import FrontDoor
 from supervisor.gateway.http.asgi import BodyLimits
 from supervisor.gateway.http.gate import RequestGate
 from supervisor.gateway.openai.images import ImageHandler
+from supervisor.gateway.openai.videos import VideoHandler
 from supervisor.gateway.remote import NodeRouter
 from supervisor.observe.events import EventLog
 from supervisor.observe.health import HealthWatch
@@ -41,5 +42,6 @@ class Services:
     catalog: ModelCatalog | None = None  # default: the config's own (no reload replaces it)
     reload: Reload | None = None  # /steward/reload, where the config came from a file
     images: ImageHandler | None = None  # /v1/images/generations, with a comfyui section and an image model
+    videos: VideoHandler | None = None  # /v1/videos, with a comfyui section
     history: History | None = None  # the last hour, sampled (/admin/history, /ui); None: no sampler runs
     usage_db: str | None = None  # the usage log /ui reports from

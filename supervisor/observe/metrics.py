@@ -281,6 +281,8 @@ class StewardMetrics:
                               ["model"], registry=r)
         self.image_failures = Counter("steward_image_failures", "/v1/images/generations jobs that gave no image",
                                       ["code"], registry=r)
+        self.videos = Counter("steward_videos", "/v1/videos jobs that ended, by how", ["model", "status"],
+                              registry=r)
         self.unload = Histogram("gpu_turnstile_unload_seconds", "Time Ollama took to unload its models",
                                 buckets=WAIT_BUCKETS, registry=r)
         self.waited = Histogram("steward_wait_seconds", "Time a step waited in steward's queue", ["class"],
@@ -443,6 +445,8 @@ class StewardMetrics:
                 self.images.labels(f["model"]).inc(f["images"])
             case "images_failed":
                 self.image_failures.labels(f["code"]).inc()
+            case "video_completed" | "video_failed" | "video_deleted":
+                self.videos.labels(f["model"], f["status"]).inc()
             case "health_check_failed":
                 self.failed_checks.labels(f["engine"]).inc()
             case "engine_unhealthy":

@@ -45,6 +45,15 @@ DEMO_WORKFLOW = {
     "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
     "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "steward"}},
 }
+VIDEO_MODEL = "clip"  # the demo's video model: an animation workflow run by the fake ComfyUI (/v1/videos)
+# EmptyImage's batch of frames into an animated WEBP (the fake writes it with Pillow, as ComfyUI does).
+DEMO_VIDEO_WORKFLOW = {
+    "1": {"class_type": "EmptyImage", "inputs": {"width": "{{width}}", "height": "{{height}}",
+                                                 "batch_size": "{{frames}}", "color": 0x2050A0}},
+    "2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["1", 0], "filename_prefix": "steward/clip",
+                                                       "fps": "{{fps}}"}},
+    "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "{{prompt}}"}},  # a real one would condition a model
+}
 
 # A chat slot's context in both demos: SmolLM2-135M-Instruct's trained context, the most a slot
 # of the real demo's chat engines can hold (llama-server caps a slot there).
@@ -110,6 +119,10 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
     workflow.write_text(json.dumps(DEMO_WORKFLOW, indent=2))
     models[IMAGE_MODEL] = {"runtime": "comfyui", "workflow": str(workflow), "size": "512x512",
                            "aliases": ["dall-e-3"]}
+    video_workflow = workdir / "workflows" / f"{VIDEO_MODEL}.json"
+    video_workflow.write_text(json.dumps(DEMO_VIDEO_WORKFLOW, indent=2))
+    models[VIDEO_MODEL] = {"runtime": "comfyui", "workflow": str(video_workflow), "aliases": ["sora-2"],
+                           "video": {"seconds": [4, 8], "sizes": ["720x1280", "1280x720"], "fps": 4}}
     ollama_port, comfy_port = _free_port(), _free_port()
     return {
         "listen": f"127.0.0.1:{port}",
@@ -118,6 +131,7 @@ def demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
         "state_file": str(workdir / "state.json"),
+        "videos": {"dir": str(workdir / "videos")},
         "usage": {"db": str(workdir / "usage.db")},
         "auth": {"keys_file": str(workdir / "keys.json")},
         # A fake Ollama and a fake ComfyUI behind their own listeners, on the same GPU.
@@ -191,6 +205,7 @@ def real_demo_config_dict(workdir: Path, port: int) -> dict[str, object]:
         "engines": {"stop_grace": "3s", "restart_backoff": "0.5s"},
         "log": {"file": str(workdir / "events.jsonl")},
         "state_file": str(workdir / "state.json"),
+        "videos": {"dir": str(workdir / "videos")},
         "usage": {"db": str(workdir / "usage.db")},
         "auth": {"keys_file": str(workdir / "keys.json")},
     }
@@ -239,6 +254,9 @@ is a tiny model of random weights written on the fly: its vectors are noise by d
 """
     images = "" if real else f"""  curl -s {base}/images/generations -H 'content-type: application/json' \\
        -d '{{"model": "{IMAGE_MODEL}", "prompt": "a lighthouse", "response_format": "b64_json"}}'   # via ComfyUI
+  curl -s {base}/videos -F model={VIDEO_MODEL} -F prompt=waves -F seconds=4   # queued at once; its id:
+  curl -s {base}/videos/VIDEO_ID                              # status, progress
+  curl -s {base}/videos/VIDEO_ID/content -o clip.webp         # the animated WEBP (?variant=thumbnail)
 """
     speech = "" if real else f"""  curl -s {base}/audio/speech -H 'content-type: application/json' -o hello.wav \\
        -d '{{"model": "{SPEECH_MODEL}", "voice": "af_heart", "input": "Hello from steward.", "response_format": "wav"}}'   # speech

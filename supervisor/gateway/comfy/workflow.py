@@ -2,7 +2,9 @@
 
 The workflow is ComfyUI's own "Export (API)" JSON, a graph of nodes, in which some input
 values are placeholders steward fills per image: ``{{prompt}}``, ``{{negative_prompt}}``,
-``{{width}}``, ``{{height}}``, ``{{seed}}`` and ``{{steps}}``. A value that *is* a
+``{{width}}``, ``{{height}}``, ``{{seed}}`` and ``{{steps}}``; a video's also ``{{frames}}``,
+``{{seconds}}``, ``{{fps}}`` and ``{{input_reference}}`` (the name of the reference image the
+request uploaded into ComfyUI's input folder, for a LoadImage node). A value that *is* a
 placeholder (``"seed": "{{seed}}"``) becomes the value itself, a number where the
 placeholder is a number; one placeholder inside a longer text (``"a photo of {{prompt}}"``)
 is replaced as text. Steward's images come from what the prompt's output nodes saved
@@ -19,8 +21,8 @@ from typing import Any
 import attrs
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
-NUMBERS = frozenset({"width", "height", "seed", "steps"})
-TEXTS = frozenset({"prompt", "negative_prompt"})
+NUMBERS = frozenset({"width", "height", "seed", "steps", "frames", "seconds", "fps"})
+TEXTS = frozenset({"prompt", "negative_prompt", "input_reference"})
 KNOWN = NUMBERS | TEXTS
 SAVED = "output"  # /history's image type for files written by SaveImage (PreviewImage's are "temp")
 
@@ -39,6 +41,10 @@ class ImageParams:
     seed: int
     steps: int
     negative_prompt: str = ""
+    frames: int = 1  # a video's: seconds * fps
+    seconds: int = 0
+    fps: int = 0
+    input_reference: str = ""  # a video's reference image, as ComfyUI's input folder names it
 
     def value(self, name: str) -> str | int:
         return getattr(self, name)  # type: ignore[no-any-return]
@@ -109,6 +115,7 @@ class SavedImage:
     filename: str
     subfolder: str
     type: str
+    animated: bool = False  # saved by SaveAnimatedWEBP / SaveAnimatedPNG / SaveVideo ("animated": [true])
 
     def query(self) -> dict[str, str]:
         return {"filename": self.filename, "subfolder": self.subfolder, "type": self.type}
@@ -118,10 +125,11 @@ def saved_images(entry: Mapping[str, Any]) -> list[SavedImage]:
     """The images in a ``/history`` entry's outputs: the saved ones, else the previews."""
     found = []
     for output in (entry.get("outputs") or {}).values():
+        animated = isinstance(output, dict) and any(flag is True for flag in output.get("animated") or [])
         for image in (output.get("images") or []) if isinstance(output, dict) else []:
             if isinstance(image, dict) and isinstance(image.get("filename"), str):
                 found.append(SavedImage(image["filename"], str(image.get("subfolder") or ""),
-                                        str(image.get("type") or SAVED)))
+                                        str(image.get("type") or SAVED), animated))
     saved = [image for image in found if image.type == SAVED]
     return saved or found
 

@@ -20,13 +20,14 @@ from supervisor.gateway.admin import (EVENTS_PATH, add_admin_routes, is_admin_pa
                                       serve_admin_events, serve_engine_logs_follow, waiting_lines, wants_follow)
 from supervisor.gateway.openai.api_routes import error_shape_for
 from supervisor.gateway.http.asgi import Receive, Scope, Send, send_whole
-from supervisor.gateway.catalog import ModelCatalog
+from supervisor.gateway.catalog import ImageModel, ModelCatalog
 from supervisor.gateway.cloud import RemoteModels
 from supervisor.gateway.door import UI_PATH, exchange_of, is_probe
 from supervisor.gateway.errors import anthropic_error_body, error_body
 from supervisor.gateway.http.gate import gated
 from supervisor.gateway.openai.images import FILES_PREFIX, GENERATIONS_PATH
 from supervisor.gateway.openai.inference import INFERENCE_PATHS, InferenceHandler
+from supervisor.videos.request import VIDEOS_PATH
 from supervisor.gateway.http.quart_app import add_health_routes, json_error, new_quart_app
 from supervisor.gateway.readiness import add_readiness_route
 from supervisor.gateway.services import Services
@@ -41,7 +42,7 @@ from supervisor.nodes.state import STATE_PATH, node_state, state_to_json
 def create_app(config: Config, services: Services) -> QuartTrio:
     scheduler, events, door, nodes, images = (services.scheduler, services.events, services.door, services.nodes,
                                               services.images)
-    gate, health, device = services.gate, services.health, services.device
+    gate, health, device, videos = services.gate, services.health, services.device, services.videos
     app = new_quart_app("steward", error_body, events, lambda path: error_shape_for({"path": path}))
     started = int(time.time())
     catalog = services.catalog or ModelCatalog.of(config)
@@ -64,6 +65,8 @@ def create_app(config: Config, services: Services) -> QuartTrio:
             await images.generate(scope, receive, send)
         elif images is not None and scope["path"].startswith(FILES_PREFIX) and scope["method"] == "GET":
             await images.serve_file(scope, send)
+        elif videos is not None and videos.serves(scope):
+            await videos(scope, receive, send)
         elif scope["path"] == EVENTS_PATH and scope["method"] == "GET":
             await serve_admin_events(scope, receive, send, events, gate)
         elif scope["method"] == "GET" and is_engine_logs_path(scope["path"]) and wants_follow(scope):
@@ -86,6 +89,13 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         # Reached only without ComfyUI (with it, the image handler answers first).
         return json_error(error_body, 404, "Image generation is not configured here: it needs a comfyui section and "
                                            "a model of runtime: comfyui.", param="model", code="model_not_found")
+
+    @app.route(VIDEOS_PATH, methods=["GET", "POST"])
+    async def no_videos() -> Response:
+        # Reached only without ComfyUI (with it, the video handler answers first).
+        return json_error(error_body, 404, "Video generation is not configured here: it needs a comfyui section and "
+                                           "a model of runtime: comfyui with a video section.", param="model",
+                          code="model_not_found")
 
     def model_entry(name: str) -> dict[str, Any]:
         target = aliases[name]
@@ -121,20 +131,29 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         key = exchange_of(request.scope).key
         return key is None or door.may_use(key, name)
 
+    def comfy_models() -> dict[str, ImageModel]:
+        return {**catalog.images, **catalog.videos}
+
     def image_entry(name: str) -> dict[str, Any]:
-        model = catalog.images[name]
-        return {"id": name, "object": "model", "created": started, "owned_by": "steward", "capabilities": ["image"],
-                "steward": {"alias_of": None if model.name == name else model.name, "kind": ModelKind.IMAGE.value,
-                            "serves": ["images"], "runtime": "comfyui", "size": model.config.size}}
+        model = comfy_models()[name]
+        video = model.config.video
+        if video is not None:
+            kind, serves = ModelKind.VIDEO, {"serves": ["videos"], "runtime": "comfyui", "sizes": video.sizes,
+                                             "seconds": [str(s) for s in video.seconds], "fps": video.fps}
+        else:
+            kind, serves = ModelKind.IMAGE, {"serves": ["images"], "runtime": "comfyui", "size": model.config.size}
+        return {"id": name, "object": "model", "created": started, "owned_by": "steward",
+                "capabilities": [kind.value],
+                "steward": {"alias_of": None if model.name == name else model.name, "kind": kind.value, **serves}}
 
     def visible_image(name: str) -> bool:
         key = exchange_of(request.scope).key
-        return key is None or door.may_use(key, catalog.images[name].name)
+        return key is None or door.may_use(key, comfy_models()[name].name)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         local = [model_entry(name) for name in aliases if visible(name)]
-        local += [image_entry(name) for name in catalog.images if name not in aliases and visible_image(name)]
+        local += [image_entry(name) for name in comfy_models() if name not in aliases and visible_image(name)]
         local += [entry for entry in clouds.model_entries(started) if visible_cloud(entry["id"])]
         remote = [entry for entry in (nodes.model_entries(started) if nodes is not None else [])
                   if entry["id"] not in aliases and visible_remote(entry["id"])]
@@ -155,7 +174,7 @@ def create_app(config: Config, services: Services) -> QuartTrio:
         if model_id in catalog.remote and visible_cloud(model_id):
             entry = next(e for e in clouds.model_entries(started) if e["id"] == model_id)
             return anthropic_entry(entry) if for_anthropic() else entry
-        if model_id in catalog.images and model_id not in aliases and visible_image(model_id):
+        if model_id in comfy_models() and model_id not in aliases and visible_image(model_id):
             entry = image_entry(model_id)
             return anthropic_entry(entry) if for_anthropic() else entry
         if model_id not in aliases or not visible(model_id):

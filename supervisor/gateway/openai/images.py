@@ -97,12 +97,12 @@ def read_image_request(scope: Scope, payload: Any, images: Mapping[str, ImageMod
                            param="prompt", code="string_above_max_length")
     named = "model" in payload
     choice = choose_class(scope, payload, default_class)
-    model = _image_model(payload.get("model"), named, images, aliases)
-    n = _number(payload, "n", 1, 1, MAX_IMAGES)
-    steps = _number(payload, "steps", model.config.steps, 1, 10_000)
+    model = pick_model(payload.get("model"), named, images, aliases)
+    n = read_number(payload, "n", 1, 1, MAX_IMAGES)
+    steps = read_number(payload, "steps", model.config.steps, 1, 10_000)
     seed = payload.get("seed")
     if seed is not None:
-        seed = _number(payload, "seed", 0, 0, 2**64 - n)
+        seed = read_number(payload, "seed", 0, 0, 2**64 - n)
     negative = payload.get("negative_prompt", model.config.negative_prompt)
     if not isinstance(negative, str):
         raise RequestError(400, "negative_prompt must be a string.", param="negative_prompt")
@@ -124,25 +124,28 @@ def read_image_request(scope: Scope, payload: Any, images: Mapping[str, ImageMod
     return ImageRequest(model.name, choice.klass, runs, response_format, f"{width}x{height}")
 
 
-def _image_model(name: Any, named: bool, images: Mapping[str, ImageModel], aliases: Mapping[str, str]) -> ImageModel:
+def pick_model(name: Any, named: bool, models: Mapping[str, ImageModel], aliases: Mapping[str, str], *,
+               route: str = GENERATIONS_PATH, kind: str = "image") -> ImageModel:
+    """The ComfyUI model a request names (*models*: its accepted names), or the only one when it
+    names none; RequestError otherwise (*aliases*: the chat models' names, a clear 400)."""
     if not named:
-        models = {model.name: model for model in images.values()}
-        if len(models) == 1:
-            return next(iter(models.values()))
-        raise RequestError(400, f"You must provide a model parameter: one of {', '.join(sorted(models))}."
-                           if models else "No image model is configured here.", param="model")
+        found = {model.name: model for model in models.values()}
+        if len(found) == 1:
+            return next(iter(found.values()))
+        raise RequestError(400, f"You must provide a model parameter: one of {', '.join(sorted(found))}."
+                           if found else f"No {kind} model is configured here.", param="model")
     if not isinstance(name, str) or not name:
         raise RequestError(400, "You must provide a model parameter.", param="model")
-    if name in images:
-        return images[name]
+    if name in models:
+        return models[name]
     if name in aliases:
-        raise RequestError(400, f"The model '{name}' does not serve {GENERATIONS_PATH}: it is a language model; "
-                                f"image models here: {', '.join(sorted({m.name for m in images.values()})) or 'none'}.",
+        raise RequestError(400, f"The model '{name}' does not serve {route}: it is a language model; "
+                                f"{kind} models here: {', '.join(sorted({m.name for m in models.values()})) or 'none'}.",
                            param="model", code="model_not_supported")
     raise RequestError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
 
 
-def _number(payload: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+def read_number(payload: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
     value = payload.get(key)
     if value is None:
         return default
@@ -239,7 +242,7 @@ class ImageHandler:
                 failure: Exception | None = None
                 async with open_disconnect_watch(receive) as disconnect:
                     try:
-                        await self._check(request.model, graphs)
+                        await self.check(request.model, graphs)
                         answer = await self._generate(request, graphs, exchange, base_url_of(scope))
                     except (JobFailed, ImageFailed, RequestError) as exc:
                         failure = exc  # raised out here: inside the watch's nursery it would come grouped
@@ -266,7 +269,7 @@ class ImageHandler:
             exchange.error = exchange.error or exc.code
             await send_refusal(send, exc, error_body)
 
-    async def _check(self, model: str, graphs: list[dict[str, Any]]) -> None:
+    async def check(self, model: str, graphs: list[dict[str, Any]]) -> None:
         """ComfyUI's refusal, before the GPU is taken: nothing is unloaded for a workflow it would refuse."""
         for graph in graphs:
             request = read_prompt(dump_json({"prompt": graph}))
@@ -282,21 +285,22 @@ class ImageHandler:
         async with self.turnstile.open_gpu(request.klass, exchange) as held:
             try:
                 for graph in graphs:
-                    saved += await self._run(held, graph)
+                    saved += await self.run(held, graph)
                 held.lease.status = 200
             finally:
                 with trio.CancelScope(shield=True):
-                    await self._clean_up(held)
+                    await self.clean_up(held)
         if held.force_released:
             raise ImageFailed(503, "An operator released the GPU while the images were being made; try again.",
                               "force_released")
         data = [await self._item(image, request.response_format, base_url) for image in saved]
         return images_answer(request, data, list(held.prompt_ids), int(time.time()))
 
-    async def _run(self, held: HeldGpu, graph: dict[str, Any]) -> list[SavedImage]:
-        prompt_id = await self._queue(graph)
+    async def run(self, held: HeldGpu, graph: dict[str, Any], client_id: str | None = None) -> list[SavedImage]:
+        """Run one filled workflow on the held GPU: what it saved, or ImageFailed."""
+        prompt_id = await self.queue(graph, client_id)
         outcome = await self.turnstile.follow(held, prompt_id)
-        entry = await self._history(prompt_id)
+        entry = await self.history(prompt_id)
         if outcome == "timeout":
             raise ImageFailed(504, f"The image took longer than comfyui.job_timeout "
                                    f"({self.turnstile.config.job_timeout:g} s).", "timeout")
@@ -310,13 +314,14 @@ class ImageHandler:
             raise ImageFailed(502, "The workflow saved no image: does it end in a SaveImage node?", "engine_error")
         return images
 
-    async def _queue(self, graph: dict[str, Any]) -> str:
-        """POST the prompt, retrying while ComfyUI cannot be reached (nothing was sent then)."""
+    async def queue(self, graph: dict[str, Any], client_id: str | None = None) -> str:
+        """POST the prompt, retrying while ComfyUI cannot be reached (nothing was sent then).
+        *client_id*: the websocket client ComfyUI sends the prompt's progress to."""
         config = self.turnstile.config
+        body = {"prompt": graph, **({"client_id": client_id} if client_id is not None else {})}
 
         async def attempt() -> httpx.Response:
-            return await self.http.post(f"{self.base_url}/prompt", json={"prompt": graph},
-                                        timeout=httpx.Timeout(30.0, connect=5.0))
+            return await self.http.post(f"{self.base_url}/prompt", json=body, timeout=httpx.Timeout(30.0, connect=5.0))
 
         async def on_retry(exc: Exception, delay: float) -> None:
             self.turnstile.events.emit("upstream_retry", "warning", service="comfyui", detail=str(exc),
@@ -337,14 +342,14 @@ class ImageHandler:
                               if answer.status_code != 400 else "prompt_refused")
         return prompt_id
 
-    async def _history(self, prompt_id: str) -> dict[str, Any] | None:
+    async def history(self, prompt_id: str) -> dict[str, Any] | None:
         try:
             entry = (await self.http.get(f"{self.base_url}/history/{prompt_id}")).json().get(prompt_id)
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
         return entry if isinstance(entry, dict) else None
 
-    async def _clean_up(self, held: HeldGpu) -> None:
+    async def clean_up(self, held: HeldGpu) -> None:
         """After the last prompt, or when the client left or an operator released the GPU: nothing
         of this job stays queued or running in ComfyUI, and its memory is freed."""
         if not held.prompt_ids:
@@ -366,10 +371,10 @@ class ImageHandler:
         if response_format == "url":
             token = self.files.add(image, trio.current_time())
             return {"url": f"{base_url}{FILES_PREFIX}{token}"}
-        content, _ = await self._view(image)
+        content, _ = await self.view(image)
         return {"b64_json": base64.b64encode(content).decode()}
 
-    async def _view(self, image: SavedImage) -> tuple[bytes, bytes]:
+    async def view(self, image: SavedImage) -> tuple[bytes, bytes]:
         try:
             answer = await self.http.get(f"{self.base_url}/view", params=image.query(), timeout=60.0)
         except httpx.HTTPError as exc:
@@ -387,7 +392,7 @@ class ImageHandler:
             if image is None:
                 raise RequestError(404, "No such image here (the link may have expired: they last an hour).",
                                    code="not_found")
-            content, content_type = await self._view(image)
+            content, content_type = await self.view(image)
         except ImageFailed as exc:
             await send_refusal(send, RequestError(exc.status, exc.message, code=exc.code), error_body)
             return
