@@ -1,10 +1,11 @@
 #!/bin/sh
-# Installs gpu-steward into ./.venv (created if missing). `install.sh test` adds the test tools.
+# Installs gpu-steward and what its demo needs into ./.venv (created if missing). `install.sh test`
+# adds the test tools.
 # Works on a fresh Debian with python3 alone: without the python3-venv package (no ensurepip),
 # the venv is made without pip and pip is bootstrapped from its wheel on PyPI.
 set -eu
 cd "$(dirname "$0")/.."
-extra=""
+extra="[demo]"  # what `steward demo` needs beside steward (Pillow, for its fake ComfyUI's videos)
 [ "${1:-}" = "test" ] && extra="[test]"
 
 if [ ! -x .venv/bin/python ]; then

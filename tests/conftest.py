@@ -7,11 +7,13 @@ its test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -237,6 +239,21 @@ class Forkserver:
 FORKSERVER = Forkserver()
 
 
+def wait_usage_rows(db: Path, count: int, timeout: float = 10.0,
+                    where: Callable[[dict[str, Any]], bool] = lambda row: True) -> list[dict[str, Any]]:
+    """The usage log's rows (in arrival order) once it holds *count* rows *where* holds for:
+    steward writes them every ``usage.flush_interval``, not as each request ends."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(db)) as connection:
+            connection.row_factory = sqlite3.Row
+            rows = [dict(row) for row in connection.execute("SELECT * FROM requests ORDER BY ts")]
+            if sum(1 for row in rows if where(row)) >= count:
+                return rows
+        assert time.monotonic() < deadline, f"{count} usage rows in {db}"
+        time.sleep(0.05)
+
+
 @attrs.define
 class RunningSteward:
     process: subprocess.Popen[bytes] | ForkedProcess
@@ -275,6 +292,11 @@ class RunningSteward:
 
     def health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/healthz", timeout=5).json()
+
+    @property
+    def usage_db(self) -> Path:
+        """The usage log where a config that names none keeps it: beside the event log."""
+        return self.events_path.parent / "steward-usage.db"
 
     def engine_lines(self, engine: str) -> list[str]:
         """What *engine* printed, as steward keeps it (``GET /admin/engines/NAME/logs``, no key)."""

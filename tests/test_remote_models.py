@@ -35,7 +35,7 @@ from supervisor.config_policy import remote_key_problems
 from supervisor.gateway.relay.https_upstream import HttpsOpener
 from supervisor.gateway.relay.tls import tls_context
 from supervisor.gateway.relay.upstream import UpstreamUnreachable
-from tests.conftest import FORKSERVER, StewardFactory, fake_model, free_port, stop_process
+from tests.conftest import FORKSERVER, StewardFactory, fake_model, free_port, stop_process, wait_usage_rows
 
 CLOUD_KEY = "sk-cloud-test-0123456789"
 
@@ -209,18 +209,6 @@ def cloud(tmp_path: Path, served: str = "gpt-cloud", *extra: str) -> Iterator[tu
         stop_process(process)
 
 
-def usage_rows(db: Path, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 10
-    while True:
-        with contextlib.suppress(sqlite3.OperationalError), contextlib.closing(sqlite3.connect(db)) as connection:
-            connection.row_factory = sqlite3.Row
-            rows = [dict(row) for row in connection.execute("SELECT * FROM requests ORDER BY ts")]
-            if len(rows) >= count:
-                return rows
-        assert time.monotonic() < deadline, f"{count} usage rows"
-        time.sleep(0.05)
-
-
 ASKED = [{"role": "user", "content": "Say hello."}]
 
 
@@ -288,7 +276,7 @@ def test_a_cloud_behind_tls_is_a_model_like_a_local_one(start_steward: StewardFa
         assert "certificate verify failed" in error["message"] and error["code"] == "engine_error"
         assert direct.get("/fake/stats").json()["api_requests"] == 7  # nothing reached the cloud
 
-        rows = usage_rows(steward.events_path.parent / "steward-usage.db", 11)
+        rows = wait_usage_rows(steward.usage_db, 11)
         served = [row for row in rows if row["model"] == "cloud" and row["status"] == 200]
         assert len(served) == 7
         for row in served:
@@ -320,7 +308,7 @@ def test_an_anthropic_cloud_gets_its_key_in_x_api_key(start_steward: StewardFact
         wrong = httpx.post(f"{steward.base_url}/chat/completions", timeout=10,
                            json={"model": "claude", "messages": ASKED})
         assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "model_not_supported"
-        rows = usage_rows(steward.events_path.parent / "steward-usage.db", 3)
+        rows = wait_usage_rows(steward.usage_db, 3)
         served = [row for row in rows if row["status"] == 200]
         assert len(served) == 2 and all(row["engine"] == "remote:claude" for row in served)
         assert all(row["cost"] == pytest.approx((row["prompt_tokens"] * 3 + row["completion_tokens"] * 15) / 1e6)

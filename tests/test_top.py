@@ -167,6 +167,17 @@ def test_remote_models_have_a_row_each_under_the_engines_with_their_places_and_w
     assert lines[at - 1].split()[0] == "gemma4-e2b"  # right under the engines
 
 
+def test_video_jobs_queued_or_being_made_have_a_row_each_with_how_far_they_are() -> None:
+    state = {**hot_ollama_state(), "videos": [
+        {"id": "video_0123456789abcdef", "model": "clip", "status": "in_progress", "progress": 45, "owner": "alice"},
+        {"id": "video_fedcba9876543210", "model": "clip", "status": "queued", "progress": 0, "owner": None}]}
+    lines = screen(Frame(URL, state, state["events"]), height=30)
+    at = next(i for i, line in enumerate(lines) if line.startswith("VIDEO JOB"))
+    assert lines[at].split() == ["VIDEO", "JOB", "MODEL", "STATE", "DONE", "KEY"]
+    assert lines[at + 1].split() == ["video_0123456789abcdef", "clip", "in_progress", "45%", "alice"]
+    assert lines[at + 2].split() == ["video_fedcba9876543210", "clip", "queued", "0%", "-"]
+
+
 def test_long_names_and_reasons_are_cut_never_wrapped_and_the_priorities_hold_in_a_short_pane() -> None:
     state = busy_state()
     frame = Frame(URL, state, state["events"])

@@ -19,7 +19,7 @@ from PIL import Image
 
 from supervisor.auth.keys import add_key
 from tests import test_comfy_listener
-from tests.conftest import RunningSteward, StewardFactory, fake_model
+from tests.conftest import RunningSteward, StewardFactory, fake_model, wait_usage_rows
 from tests.spec_check import check as assert_matches
 from tests.test_comfy_listener import names
 
@@ -122,6 +122,8 @@ def test_progress_follows_the_websocket_and_delete_cancels_the_running_job(  # t
         assert time.monotonic() < deadline and video.status in ("queued", "in_progress")
         time.sleep(0.05)
     assert video.status == "in_progress" and 0 < video.progress < 100
+    [shown] = httpx.get(f"{steward.url}/admin/state", timeout=10).json()["videos"]  # steward top's VIDEO JOB rows
+    assert (shown["id"], shown["model"], shown["status"]) == (created.id, "clip", "in_progress")
     client.videos.delete(created.id)
     steward.wait_event("image_abandoned", timeout=10)
     steward.wait_event("image_released", timeout=10)
@@ -130,6 +132,9 @@ def test_progress_follows_the_websocket_and_delete_cancels_the_running_job(  # t
     history = httpx.get(f"http://127.0.0.1:{port}/history", timeout=10).json()
     assert all(entry["status"]["status_str"] == "error" for entry in history.values())  # interrupted
     assert steward.wait_event("video_deleted")["cancelled"] is True
+    job = next(row for row in wait_usage_rows(steward.usage_db, 1, where=lambda row: row["request_id"] == created.id)
+               if row["request_id"] == created.id)
+    assert (job["status"], job["error"], job["engine"]) == (499, "deleted", "comfyui") and job["gpu_s"] > 0
 
 
 def test_bad_input_is_a_400_naming_the_parameter(  # type: ignore[no-untyped-def]
@@ -168,6 +173,14 @@ def test_a_key_sees_only_its_own_videos(  # type: ignore[no-untyped-def]
         with pytest.raises(openai.NotFoundError):
             call()
     assert as_alice.videos.retrieve(made.id).status == "completed"
+    # The POST held nothing; the job has a row of its own: alice's GPU time, one request of her day.
+    rows = wait_usage_rows(steward.usage_db, 1, where=lambda row: row["request_id"] == made.id)
+    job = next(row for row in rows if row["request_id"] == made.id)
+    assert (job["key"], job["route"], job["model"], job["engine"], job["status"]) == (
+        "alice", "/v1/videos", "clip", "comfyui", 200)
+    assert job["gpu_s"] > 0 and job["queued_s"] is not None and job["response_bytes"] > 0
+    posted = next(row for row in rows if row["method"] == "POST" and row["request_id"] != made.id)
+    assert (posted["key"], posted["route"], posted["engine"], posted["gpu_s"]) == ("alice", "/v1/videos", None, None)
 
 
 def test_a_restart_keeps_made_videos_and_fails_the_running_one(  # type: ignore[no-untyped-def]

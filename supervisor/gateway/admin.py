@@ -57,7 +57,7 @@ DEFAULT_LOG_LINES = 100
 
 def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Event], device: Device, *,
                 now: float, wall: float, fleet: FleetSnapshot | None = None,
-                remote: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                remote: Sequence[dict[str, Any]] = (), videos: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The picture: memory per device by tier, every engine, the queues and why they wait,
     recent rejections and events, and a front door's *fleet*: its nodes, and the requests held
     for them (among the waiting too). *now*: the scheduler's clock; *wall*: the wall clock."""
@@ -87,6 +87,7 @@ def admin_state(snapshot: SchedulerSnapshot, health: Health, recent: Sequence[Ev
                     for klass in RequestClass},
         "waiting": waiting_lines(snapshot, now) + ([] if fleet is None else held_lines(fleet)),
         "remote": list(remote),  # the remote models (a cloud's: no memory), gateway/cloud.py
+        "videos": list(videos),  # the video jobs queued or being made (supervisor/videos/service.py)
         **(fleet_json(fleet, wall) if fleet is not None else {"nodes": [], "held": []}),
         "rejections": [_event_json(e) for e in _last(recent, RECENT_REJECTIONS, lambda e: e.name in _REJECTIONS)],
         "events": [_event_json(e) for e in _last(recent, RECENT_EVENTS, lambda e: e.level != "debug")],
@@ -140,7 +141,8 @@ class RecentEvents:
 def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthWatch, events: EventLog,
                      device: Device, reload: Reload | None = None, nodes: NodeRouter | None = None,
                      history: History | None = None,
-                     remote: Callable[[], list[dict[str, Any]]] = list) -> Callable[[], dict[str, Any]]:
+                     remote: Callable[[], list[dict[str, Any]]] = list,
+                     videos: Callable[[], list[dict[str, Any]]] = list) -> Callable[[], dict[str, Any]]:
     """The admin routes; returns what ``GET /admin/state`` answers, for the page at /ui."""
     recent = RecentEvents()
     events.listeners.append(recent.observe)
@@ -148,7 +150,7 @@ def add_admin_routes(app: QuartTrio, scheduler: SchedulerClient, health: HealthW
     def current_state() -> dict[str, Any]:
         return admin_state(scheduler.snapshot(explained=True), health.assess(), recent.events(), device,
                            now=trio.current_time(), wall=time.time(), fleet=None if nodes is None else nodes.fleet(),
-                           remote=remote())
+                           remote=remote(), videos=videos())
 
     @app.post("/admin/reload")
     async def admin_reload() -> Response | dict[str, Any]:

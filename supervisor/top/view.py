@@ -164,10 +164,12 @@ def _overview(state: Mapping[str, Any], events: Sequence[Mapping[str, Any]], wid
     room -= _height(engines)
     clouds = _clouds(_list(state, "remote"), width, room)
     room -= _height(clouds)
+    videos = _videos(_list(state, "videos"), width, room)
+    room -= _height(videos)
     rejections = _titled("REJECTED", [_event_line(r) for r in _list(state, "rejections")],
                          min(room, _REJECTIONS_MAX + 1))
     room -= len(rejections)
-    return (nodes + devices + sparks + engines + clouds + queues + rejections
+    return (nodes + devices + sparks + engines + clouds + videos + queues + rejections
             + _event_block(events, room, title=True, width=width, hint=hint))
 
 
@@ -296,22 +298,38 @@ def _engines(engines: list[Any], now: float | None, width: int, wide: bool, room
 def _clouds(clouds: list[Any], width: int, room: int) -> list[RenderableType]:
     """The remote models (runtime: remote), a row each: their places at the cloud in use (of
     max_concurrency), the requests waiting for one, and where they go. No memory, no engine."""
-    clouds = [cloud for cloud in clouds if isinstance(cloud, Mapping)]
-    if room < 2 or not clouds:
-        return []
-    headers = ["CLOUD", "PLACES", "WAITING", "UPSTREAM"]
-    shown = clouds if len(clouds) + 1 <= room else clouds[:room - 2]
     rows = [[Text(_text(cloud.get("name", "?")), style="bold"),
              Text(f"{_count(cloud.get('in_flight'))}/{_count(cloud.get('max_concurrency'))}"),
              Text(str(_count(cloud.get("waiting")))), Text(_text(cloud.get("upstream", "-")), style="dim")]
-            for cloud in shown]
-    if len(shown) < len(clouds):
-        rows.append([Text(f"+{len(clouds) - len(shown)} more", style="dim"), *(Text("") for _ in headers[1:])])
+            for cloud in clouds if isinstance(cloud, Mapping)]
+    return _table(["CLOUD", "PLACES", "WAITING", "UPSTREAM"], rows, width, room, right=("PLACES", "WAITING"),
+                  ratio="UPSTREAM")
+
+
+def _videos(videos: list[Any], width: int, room: int) -> list[RenderableType]:
+    """The video jobs queued or being made (/v1/videos), a row each: its model, its state and
+    how far ComfyUI is, and whose it is."""
+    rows = [[Text(_text(video.get("id", "?"))), Text(_text(video.get("model", "?")), style="bold"),
+             Text(_text(video.get("status", "?"))), Text(f"{_count(video.get('progress'))}%"),
+             Text(_text(video.get("owner") or "-"), style="dim")]
+            for video in videos if isinstance(video, Mapping)]
+    return _table(["VIDEO JOB", "MODEL", "STATE", "DONE", "KEY"], rows, width, room, right=("DONE",), ratio="KEY")
+
+
+def _table(headers: list[str], rows: list[list[Text]], width: int, room: int, *, right: tuple[str, ...],
+           ratio: str) -> list[RenderableType]:
+    """A table of *rows* under *headers* in *room* lines (a last row says how many did not fit);
+    *right*: the columns set right; *ratio*: the one that takes the width left."""
+    if room < 2 or not rows:
+        return []
+    shown = rows if len(rows) + 1 <= room else rows[:room - 2]
+    if len(shown) < len(rows):
+        shown = [*shown, [Text(f"+{len(rows) - len(shown)} more", style="dim"), *(Text("") for _ in headers[1:])]]
     table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold", width=width)
     for header in headers:
-        table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in ("PLACES", "WAITING")
-                         else "left", ratio=1 if header == "UPSTREAM" else None)
-    for row in rows:
+        table.add_column(header, no_wrap=True, overflow="ellipsis", justify="right" if header in right else "left",
+                         ratio=1 if header == ratio else None)
+    for row in shown:
         table.add_row(*row)
     return [table]
 

@@ -8,6 +8,11 @@ saved from ``/view`` into the store (supervisor/videos/store.py), and ``/free``\
 ``DELETE`` of a queued or running video cancels its job: the prompt is taken out of ComfyUI's
 queue or interrupted, the GPU freed and released, and its files deleted.
 
+Each job ends with one usage row of its own (the ``POST`` that made it was answered at once, with
+no grant): the key that made it, its wait for the GPU, the GPU-seconds it held, and how it ended
+(200 completed; the scheduler's or ComfyUI's failure; 499 ``deleted``), so video work is in a
+key's GPU time and its requests per day like an image's.
+
 The service's task (``serve_videos``, under the service tree) is the store's one owner: it
 reloads the folder at start, expires videos as time passes, and holds the nursery every job runs
 in; the routes call its synchronous methods, so each change to the store is whole.
@@ -27,12 +32,15 @@ import httpx
 import trio
 import trio_websocket
 
+from supervisor.gateway.comfy.jobs import COMFY_ENGINE
 from supervisor.gateway.comfy.workflow import SavedImage
 from supervisor.gateway.openai.images import ImageFailed, ImageHandler
 from supervisor.observe.events import EventLog
 from supervisor.request_class import RequestClass
 from supervisor.scheduler.actor import JobFailed
-from supervisor.videos.request import Reference
+from supervisor.usage.row import UsageRow
+from supervisor.usage.writer import UsageLog
+from supervisor.videos.request import VIDEOS_PATH, Reference
 from supervisor.videos.stills import first_webp_frame
 from supervisor.videos.store import Variant, Video, VideoStatus, VideoStore
 
@@ -43,12 +51,36 @@ MAX_MESSAGE = 64 * 1024 * 1024  # ComfyUI's previews can be large binary frames
 CHUNK = 1024 * 1024  # bytes of a file in memory at a time, from ComfyUI and to a client
 
 
+@attrs.define
+class JobTime:
+    """What a video job's grant cost (the scheduler's StepAccount): its wait for the GPU, and how
+    long it held it; None: it never got that far."""
+
+    queued_s: float | None = None
+    gpu_s: float | None = None
+
+    def waited(self, seconds: float) -> None:
+        self.queued_s = (self.queued_s or 0.0) + seconds
+
+    def held(self, seconds: float) -> None:
+        self.gpu_s = (self.gpu_s or 0.0) + seconds
+
+
+@attrs.frozen
+class JobEnd:
+    """How a video job ended, for its usage row."""
+
+    status: int
+    error: str | None = None
+
+
 @attrs.define(eq=False)
 class VideoService:
     store: VideoStore
     images: ImageHandler  # ComfyUI's turnstile, node catalog and prompt calls, shared with images
     events: EventLog
     now: Callable[[], float] = time.time  # wall clock: created_at, completed_at, expiry
+    usage: UsageLog | None = None  # where each job's row goes (None: not recorded)
     running: dict[str, trio.CancelScope] = attrs.Factory(dict)  # video id -> its job
     nursery: trio.Nursery | None = None
 
@@ -72,6 +104,12 @@ class VideoService:
         self.events.emit("video_deleted", "info", video_id=video.id, model=video.model, status="deleted",
                          was=status.value, reason="client", cancelled=scope is not None)
 
+    def state(self) -> list[dict[str, Any]]:
+        """The jobs queued or being made, oldest first, as /admin/state and ``steward top`` show them."""
+        return [{"id": video.id, "model": video.model, "status": video.status.value, "progress": video.progress,
+                 "owner": video.owner, "created_at": video.created_at}
+                for video in self.store.videos.values() if video.id in self.running]
+
     def prune(self) -> None:
         for video in self.store.prune(self.now()):
             self.expired(video)
@@ -82,21 +120,40 @@ class VideoService:
 
     async def _job(self, video: Video, graph: dict[str, Any], klass: RequestClass, reference: Reference | None,
                    scope: trio.CancelScope) -> None:
-        started = time.monotonic()
+        started, began = time.monotonic(), self.now()
+        spent = JobTime()
+        end = JobEnd(499, "deleted")  # unless it ends otherwise: the video was deleted while made
         with scope:
             try:
-                await self._make(video, graph, klass, reference)
+                await self._make(video, graph, klass, reference, spent)
                 if video.status is VideoStatus.COMPLETED:
+                    end = JobEnd(200)
                     self.events.emit("video_completed", "info", video_id=video.id, model=video.model,
                                      status=video.status.value, bytes=video.size_bytes,
                                      took_s=round(time.monotonic() - started, 3))
             except JobFailed as exc:
+                end = JobEnd(exc.failure.status, exc.failure.code)
                 self._fail(video, exc.failure.code, exc.failure.message)
             except ImageFailed as exc:
+                end = JobEnd(exc.status, exc.code)
                 self._fail(video, exc.code, exc.message)
             except OSError as exc:  # videos.dir full or not writable: this video fails, the service goes on
+                end = JobEnd(500, "storage_error")
                 self._fail(video, "storage_error", f"Steward could not keep the video in videos.dir: {exc}")
         self.running.pop(video.id, None)
+        self._record(video, klass, spent, end, began, time.monotonic() - started)
+
+    def _record(self, video: Video, klass: RequestClass, spent: JobTime, end: JobEnd, began: float,
+                took_s: float) -> None:
+        """The job's usage row: its own, beside the POST's (which held nothing)."""
+        if self.usage is None:
+            return
+        self.usage.record(UsageRow(
+            ts=began, request_id=video.id, key=video.owner, listener="openai", method="POST", route=VIDEOS_PATH,
+            model=video.model, engine=COMFY_ENGINE if spent.gpu_s is not None else None, klass=klass.value,
+            status=end.status, error=end.error, queued_s=spent.queued_s, ttft_s=None, duration_s=took_s,
+            prompt_tokens=None, completion_tokens=None, request_bytes=0,
+            response_bytes=video.size_bytes if end.status == 200 else 0, gpu_s=spent.gpu_s))
 
     def _fail(self, video: Video, code: str, message: str) -> None:
         if video.id not in self.store.videos:
@@ -107,10 +164,10 @@ class VideoService:
                          code=code, detail=message)
 
     async def _make(self, video: Video, graph: dict[str, Any], klass: RequestClass,
-                    reference: Reference | None) -> None:
+                    reference: Reference | None, spent: JobTime) -> None:
         if reference is not None:
             await self._upload(reference, video)
-        async with self.images.turnstile.open_gpu(klass, None) as held:
+        async with self.images.turnstile.open_gpu(klass, None, account=spent) as held:
             video.status = VideoStatus.IN_PROGRESS
             self.store.save(video)
             self.events.emit("video_started", "info", video_id=video.id, model=video.model)

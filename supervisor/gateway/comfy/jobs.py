@@ -23,7 +23,7 @@ from supervisor.observe.events import EventLog
 from supervisor.gateway.comfy.api import follow_prompt, free_gpu, used_vram
 from supervisor.gateway.door import Exchange
 from supervisor.request_class import RequestClass
-from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient
+from supervisor.scheduler.actor import JobFailed, Lease, SchedulerClient, StepAccount
 from supervisor.supervise import ContainedNursery
 
 COMFY_ENGINE = "comfyui"  # how image jobs are named in the usage log
@@ -58,14 +58,16 @@ class ComfyTurnstile:
         return self.config.upstream.url
 
     @asynccontextmanager
-    async def open_gpu(self, klass: RequestClass, exchange: Exchange | None) -> AsyncIterator[HeldGpu]:
+    async def open_gpu(self, klass: RequestClass, exchange: Exchange | None, *,
+                       account: StepAccount | None = None) -> AsyncIterator[HeldGpu]:
         """Wait for the GPU as an exclusive job of *klass*, hold it for the body, release it after.
+        *account* (default: the *exchange*) is told the wait and the time held.
         Raises JobFailed if the scheduler refuses; a force-release ends the body (``force_released``)."""
         queued = time.monotonic()
         self.events.emit("image_queued", "info", klass=klass)
         with trio.CancelScope() as scope:
             async with self.scheduler.open_grant(None, klass, exclusive_memory=self.config.memory,
-                                                 account=exchange) as lease:
+                                                 account=account if account is not None else exchange) as lease:
                 if exchange is not None:
                     exchange.engine = COMFY_ENGINE
                 held = HeldGpu(lease, scope)

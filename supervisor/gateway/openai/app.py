@@ -214,7 +214,8 @@ def create_app(config: Config, services: Services) -> QuartTrio:
     add_health_routes(app, health, services.metrics, health_details)
     add_readiness_route(app, scheduler, aliases)
     state_now = add_admin_routes(app, scheduler, health, events, device, services.reload,  # type: ignore[arg-type]
-                                 nodes, services.history, clouds.state)
+                                 nodes, services.history, clouds.state,
+                                 services.videos.service.state if services.videos is not None else list)
     add_ui_routes(app, state_now, services.history, door, services.usage_db)
     return app
 
