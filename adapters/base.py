@@ -20,6 +20,10 @@ from supervisor.observe.events import EventLog
 if TYPE_CHECKING:  # imported where a request is made: `steward check` imports the adapters, and needs no client
     import httpx
 
+# How long one read of an engine's load (read_usage) may take: a busy engine that answers
+# later is asked again at the next poll, its last figure kept meanwhile.
+USAGE_TIMEOUT_S = 2.0
+
 
 class Residence(enum.Enum):
     """Where the engine's process lives, which says what loading and unloading mean."""
@@ -40,6 +44,14 @@ class EngineUsage:
     memory: int | None = None  # bytes it holds (Ollama's /api/ps)
     running: int | None = None  # requests it computes now (vLLM's vllm:num_requests_running)
     waiting: int | None = None  # requests queued inside it
+    # The share of its KV cache that work in progress holds, 0..1 (vLLM's vllm:kv_cache_usage_perc;
+    # llama-server's computing slots' tokens over its context, /slots).
+    kv_usage: float | None = None
+
+    @property
+    def says_load(self) -> bool:
+        """Whether it says anything of its load (not only of its memory)."""
+        return self.running is not None or self.waiting is not None or self.kv_usage is not None
 
 
 class LogReader(Protocol):

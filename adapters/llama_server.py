@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from adapters.base import EngineUsage, Residence, probe_path
+from adapters.base import USAGE_TIMEOUT_S, EngineUsage, Residence, probe_path
 from supervisor.accounting.cpu_share import sets_threads
 from supervisor.accounting.gguf_header import GGUFError, read_gguf_header
 from supervisor.accounting.hparams import NO_LM_HEAD_ARCHS
@@ -36,6 +36,16 @@ _EMBEDDING_FLAGS = ("--embedding", "--embeddings")
 _RERANK_FLAGS = ("--reranking", "--rerank")
 _PROJECTOR_FLAGS = ("-mm", "--mmproj", "-mmu", "--mmproj-url")
 _SPLIT_FLAGS = ("-ts", "--tensor-split", "-sm", "--split-mode", "-dev", "--device", "-mg", "--main-gpu")
+# Whether its slots share one KV cache (research: llama.cpp's common/arg.cpp and tools/server/server.cpp
+# at llama-cpp-python 0.3.36): `-kvu` / `-no-kvu` (or LLAMA_ARG_KV_UNIFIED), else shared exactly when
+# the number of slots is left to it (`--parallel -1`, its default: 4 slots, one cache). `/slots`
+# does not say, and it decides the capacity: a shared cache's every slot may fill it (each slot's
+# `n_ctx` is the whole cache), separate ones add up (each slot's `n_ctx` is its share).
+_UNIFIED_FLAGS, _SEPARATE_FLAGS = ("-kvu", "--kv-unified"), ("-no-kvu", "--no-kv-unified")
+# `--kv-unified-per-slot N` caps each slot of a shared cache to N tokens (the cache: N per slot).
+_PER_SLOT_CAP_FLAGS = ("--kv-unified-per-slot",)
+_SLOTS_ENDPOINT_FLAGS = ("--slots", "--no-slots")
+_TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")  # its boolean env values
 
 
 def fits_itself(model: ModelConfig) -> bool:
@@ -62,7 +72,7 @@ class LlamaServerRuntime:
     checks_model_name = False  # it answers whatever name it is sent
     sleeps = False
     splits = True
-    poll_paths = frozenset({"/health"})
+    poll_paths = frozenset({"/health", "/slots"})
 
     def command(self, host: str, port: int) -> list[str]:
         model = self.model
@@ -137,8 +147,88 @@ class LlamaServerRuntime:
     async def wake(self, http: httpx.AsyncClient, base_url: str) -> str | None:
         return None
 
+    @property
+    def shared_kv(self) -> bool:
+        """Whether its slots share one KV cache (``kv_unified``), as its flags and environment decide."""
+        args, env = self.model.args, self.model.env
+        last = _last_flag(args, _UNIFIED_FLAGS + _SEPARATE_FLAGS)
+        if last is not None:
+            return last in _UNIFIED_FLAGS
+        said = env.get("LLAMA_ARG_KV_UNIFIED", "").lower()
+        if said in _TRUE or said in _FALSE:
+            return said in _TRUE
+        return self.model.parallel is None and _auto_parallel(_flag_value(args, _PARALLEL_FLAGS))
+
+    @property
+    def slots_endpoint(self) -> bool:
+        """Whether it serves ``GET /slots`` (on unless ``--no-slots`` or LLAMA_ARG_ENDPOINT_SLOTS turns it off)."""
+        last = _last_flag(self.model.args, _SLOTS_ENDPOINT_FLAGS)
+        if last is not None:
+            return last == "--slots"
+        return self.model.env.get("LLAMA_ARG_ENDPOINT_SLOTS", "").lower() not in _FALSE
+
     async def read_usage(self, http: httpx.AsyncClient, base_url: str) -> EngineUsage | None:
-        return None  # its memory is measured (and read from its log); its slots are steward's
+        """Its KV-cache use from ``GET /slots`` (its memory is measured and read from its log; its
+        slots are steward's). Answered by its task loop, so a long prompt may hold the answer up:
+        bounded, and None (the last figure kept) when it does not answer in time."""
+        import httpx
+        if not self.slots_endpoint:
+            return None
+        try:
+            response = await http.get(f"{base_url}/slots", timeout=USAGE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None  # busy or down for now; its health check judges that
+        if response.status_code != 200:
+            return None
+        try:
+            slots = response.json()
+        except ValueError:
+            return None
+        capped = _has(self.model.args, _PER_SLOT_CAP_FLAGS) or "LLAMA_ARG_KV_UNIFIED_PER_SLOT" in self.model.env
+        kv = kv_in_use(slots, shared=self.shared_kv and not capped)
+        return None if kv is None else EngineUsage(kv_usage=kv)
+
+
+def kv_in_use(slots: object, shared: bool) -> float | None:
+    """The share of llama-server's KV cache its computing slots hold, 0..1, from its ``/slots``
+    answer; None when the answer is not a list of slots with a context.
+
+    A computing slot (``is_processing``) holds ``n_prompt_tokens`` cells: the tokens of its
+    sequence, the prompt and what it has decoded so far (llama.cpp: ``prompt.tokens.size()``).
+    An idle slot's cache (the last conversation kept, or one restored from disk) counts as
+    free, as vLLM counts its prefix cache: llama-server overwrites it (separate caches) or
+    purges it (a shared one) as soon as new work needs the room, so it never makes work wait.
+    The capacity: the one cache's size when *shared* (each slot's ``n_ctx`` is all of it), else
+    the sum of the slots' ``n_ctx`` (with ``--kv-unified-per-slot`` too: each slot's cap, the cache
+    their sum).
+    """
+    if not isinstance(slots, list) or not slots:
+        return None
+    contexts, used = [], 0
+    for slot in slots:
+        if not isinstance(slot, dict):
+            return None
+        n_ctx = _count(slot.get("n_ctx"))
+        if not n_ctx:
+            return None
+        contexts.append(n_ctx)
+        if slot.get("is_processing") is True:
+            used += _count(slot.get("n_prompt_tokens")) or 0
+    capacity = max(contexts) if shared else sum(contexts)
+    return min(1.0, used / capacity)
+
+
+def _count(value: object) -> int | None:
+    """A token count from an engine's JSON: a non-negative int (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _auto_parallel(value: str | None) -> bool:
+    """Whether `--parallel VALUE` leaves the number of slots to llama-server (absent, or below 1)."""
+    try:
+        return value is None or int(value) < 1
+    except ValueError:
+        return False
 
 
 class BufferSizeReader:
@@ -169,6 +259,15 @@ def _is_decoder(path: str | None) -> bool:
 
 def _has(args: list[str], flags: tuple[str, ...]) -> bool:
     return any(arg.partition("=")[0] in flags for arg in args)
+
+
+def _last_flag(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """Which of *flags* comes last in *args* (the one llama.cpp's parser keeps)."""
+    found = None
+    for arg in args:
+        if arg.partition("=")[0] in flags:
+            found = arg.partition("=")[0]
+    return found
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:

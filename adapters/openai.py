@@ -3,18 +3,20 @@
 Steward runs it from ``command`` (``${PORT}`` filled in) or attaches to ``upstream``. Its
 readiness and health are one path (``health``, default ``/health``: vLLM answers 200 with
 an empty body once its engine is up). Where it serves vLLM's Prometheus gauges, its own
-queue is read from ``/metrics`` so that overload inside the engine shows in steward too.
+queue and KV-cache use are read from ``/metrics`` so that overload inside the engine shows in
+steward too (and in the cluster's gauges, docs/cluster.md).
 With ``sleep``, unloading it is ``POST /sleep?level=N`` and loading again ``POST /wake_up``
 (vLLM, only with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.base import EngineUsage, Residence, probe_path
+from adapters.base import USAGE_TIMEOUT_S, EngineUsage, Residence, probe_path
 from supervisor.apis import GENERATION, Api
 from supervisor.config.schema import PORT_PLACEHOLDER, ModelConfig
 from supervisor.observe.events import EventLog
@@ -27,6 +29,9 @@ if TYPE_CHECKING:  # imported where a request is made: `steward check` imports t
 DEFAULT_PARALLEL = 8
 _POOLING_FLAGS = ("--runner", "--task", "--convert")
 _RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+# vLLM's KV-cache use, 0..1: the newer name, then the one builds before vllm-project/vllm#18354
+# (mid-2025; deprecated, then removed) gave.
+_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 class OpenAIRuntime:
@@ -106,7 +111,7 @@ class OpenAIRuntime:
         if not self._metrics:
             return None
         try:
-            response = await http.get(f"{base_url}/metrics")
+            response = await http.get(f"{base_url}/metrics", timeout=USAGE_TIMEOUT_S)
         except httpx.HTTPError:
             return None  # down for now; its health check says so
         if response.status_code == 404:
@@ -118,20 +123,26 @@ class OpenAIRuntime:
 
 
 def read_vllm_load(text: str) -> EngineUsage | None:
-    """vLLM's running/waiting gauges (summed over its model_name labels), or None without them."""
-    found: dict[str, float] = {}
+    """vLLM's running/waiting gauges (summed over its model_name and engine labels) and its KV-cache
+    use (the mean over its data-parallel engines, each with a cache of its own), or None without them."""
+    sums: dict[str, float] = {}
+    kv: dict[str, list[float]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in (_RUNNING, _WAITING):
-                    found[sample.name] = found.get(sample.name, 0.0) + sample.value
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                elif sample.name in _KV_USAGE and math.isfinite(sample.value):
+                    kv.setdefault(sample.name, []).append(sample.value)
     except (ValueError, TypeError, IndexError):
         return None  # not Prometheus text after all
-    if not found:
+    shares = next((kv[name] for name in _KV_USAGE if name in kv), None)
+    if not sums and shares is None:
         return None
-    running, waiting = found.get(_RUNNING), found.get(_WAITING)
+    running, waiting = sums.get(_RUNNING), sums.get(_WAITING)
     return EngineUsage(running=None if running is None else int(running),
-                       waiting=None if waiting is None else int(waiting))
+                       waiting=None if waiting is None else int(waiting),
+                       kv_usage=None if shares is None else min(1.0, max(0.0, sum(shares) / len(shares))))
 
 
 def _value_after(args: list[str], flag: str) -> str | None:

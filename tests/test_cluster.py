@@ -97,6 +97,18 @@ async def test_the_protocols_gauges_per_model_follow_the_queue_the_slots_and_the
         assert busy["vllm:kv_cache_usage_perc"][1] == {"chat": 1.0, "code": 0.0}  # both slots busy
         # code does not fit beside chat, and chat is hot and busy: not ready
         assert busy["steward_model_ready"][1] == {"chat": 1, "code": 0}
+
+        # Once its engine says what its KV cache holds (vLLM's gauge, llama-server's /slots), that is the figure.
+        generation = next(e.generation for e in harness.client.snapshot().engines if e.name == "chat")
+        harness.client.report_load("chat", generation, None, None, 0.375)
+        harness.client.report_load("chat", generation - 1, None, None, 0.9)  # a load gone by: ignored
+        await trio.testing.wait_all_tasks_blocked()
+        said = scrape(metrics)
+        assert said["vllm:kv_cache_usage_perc"][1] == {"chat": 0.375, "code": 0.0}
+        assert said["vllm:num_requests_running"][1] == {"chat": 2, "code": 0}  # it said nothing of its queue
+        harness.client.report_load("chat", generation, None, None, None)  # it stops saying: busy slots again
+        await trio.testing.wait_all_tasks_blocked()
+        assert scrape(metrics)["vllm:kv_cache_usage_perc"][1] == {"chat": 1.0, "code": 0.0}
         nursery.cancel_scope.cancel()
 
 
@@ -172,6 +184,10 @@ async def test_the_readiness_route_answers_200_503_404_without_a_key_as_healthz_
         async with harness.client.open_grant("chat", RequestClass.INTERACTIVE):
             resident = await client.get("/healthz/models/assistant")  # an alias is as ready as its model
             blocked = await client.get("/healthz/models/code")
+            generation = next(e.generation for e in harness.client.snapshot().engines if e.name == "chat")
+            harness.client.report_load("chat", generation, None, None, 0.25)
+            await trio.testing.wait_all_tasks_blocked()
+            health = await client.get("/healthz")
         unknown = await client.get("/healthz/models/nobody")
         dotted = await client.get("/healthz/models/..%2F..%2Fadmin%2Fstate")  # ../../admin/state once decoded
         metrics = await client.get("/metrics")
@@ -180,6 +196,9 @@ async def test_the_readiness_route_answers_200_503_404_without_a_key_as_healthz_
     assert resident.json() == {"model": "assistant", "alias_of": "chat", "ready": True, "state": "resident",
                                "why": "chat is loaded (1 of 1 slot(s) busy)"}
     assert blocked.status_code == 503 and blocked.headers["content-type"] == "application/json"
+    engines = health.json()["engines"]
+    assert engines["chat"]["engine_load"] == {"running": None, "waiting": None, "kv_usage": 0.25}
+    assert engines["code"]["engine_load"] is None  # it says nothing: not loaded
     assert blocked.json()["state"] == "blocked" and "chat (hot)" in blocked.json()["why"]
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert dotted.status_code == 404 and "../../admin/state" in dotted.json()["error"]["message"]  # a name, no way out
@@ -197,39 +216,48 @@ def gauges(url: str) -> dict[str, dict[str, float]]:
             if family.name in PROTOCOL or family.name == "steward_model_ready"}
 
 
+# A prompt of this many token ids is this many tokens to any llama-server (the fake counts them so too).
+PROMPT_TOKENS = 512
+
+
 @pytest.mark.slow
 def test_a_running_steward_exports_the_gauges_and_sheds_a_model_that_would_evict_a_busy_one(
         start_steward: StewardFactory) -> None:
-    """A real steward with two fake llama-servers that do not fit side by side: while a chat
-    streams on one, it is resident with one of its two slots busy, and the other says 503."""
-    steward = start_steward({"chat": fake_model("4GiB", parallel=2, tps=20),
+    """A real steward with two fake llama-servers that do not fit side by side: while a completion
+    of a known prompt computes on one, it is resident with one of its two slots busy, its KV use is
+    its engine's own (the prompt's tokens over its two 2048-token slots, read from its /slots), and
+    the other says 503. Once the answer is done its slot's cache is idle: free again."""
+    steward = start_steward({"chat": fake_model("4GiB", parallel=2, tps=0.1, extra=["-c", "4096"]),
                              "code": fake_model("4GiB", parallel=2)},
                             gpu={"probe": "none", "budget": "6GiB"})
     url = steward.url
     assert httpx.get(f"{url}/healthz/models/code", timeout=5).json()["state"] == "loadable"
     answers: list[int] = []
 
-    def chat() -> None:
-        with httpx.stream("POST", f"{steward.base_url}/chat/completions", timeout=60, json={
-                "model": "chat", "stream": True, "max_tokens": 200,
-                "messages": [{"role": "user", "content": "a long answer, please"}]}) as answer:
-            for _ in answer.iter_bytes():
-                pass
-            answers.append(answer.status_code)
+    def complete() -> None:  # one token at 0.1 tokens/s: it computes for 10 s, its first token decoding
+        answer = httpx.post(f"{steward.base_url}/completions", timeout=60, json={
+            "model": "chat", "max_tokens": 1, "prompt": [1] * PROMPT_TOKENS})
+        answers.append(answer.status_code)
 
-    streaming = threading.Thread(target=chat)
-    streaming.start()
+    computing = threading.Thread(target=complete)
+    computing.start()
     try:
-        busy = wait_until(lambda: (g := gauges(url))["vllm:num_requests_running"].get("chat") == 1 and g,
-                          "the chat computes")
-        assert busy["vllm:kv_cache_usage_perc"] == {"chat": 0.5, "code": 0.0}  # one of two slots
+        busy = wait_until(lambda: (g := gauges(url))["vllm:kv_cache_usage_perc"].get("chat") == PROMPT_TOKENS / 4096
+                          and g, "the engine's own KV figure shows the prompt's tokens")
+        assert busy["vllm:num_requests_running"] == {"chat": 1, "code": 0}
+        assert busy["vllm:kv_cache_usage_perc"] == {"chat": 0.125, "code": 0.0}  # not the busy slots' 0.5
         assert busy["vllm:num_requests_waiting"] == {"chat": 0, "code": 0}
         assert busy["steward_model_ready"] == {"chat": 1, "code": 0}
+        load = httpx.get(f"{url}/healthz", timeout=5).json()["engines"]["chat"]["engine_load"]
+        assert load == {"running": None, "waiting": None, "kv_usage": 0.125}
         resident = httpx.get(f"{url}/healthz/models/chat", timeout=5)
         blocked = httpx.get(f"{url}/healthz/models/code", timeout=5)
         assert resident.status_code == 200 and resident.json()["state"] == "resident"
         assert blocked.status_code == 503 and blocked.json()["state"] == "blocked"
         assert httpx.get(f"{url}/healthz/models/nobody", timeout=5).status_code == 404
     finally:
-        streaming.join(60)
+        computing.join(60)
     assert answers == [200]
+    # Its slot keeps the prompt cached, idle: free to the next request, so not counted.
+    wait_until(lambda: gauges(url)["vllm:kv_cache_usage_perc"] == {"chat": 0.0, "code": 0.0},
+               "the idle slot's cache counts as free")

@@ -223,6 +223,20 @@ def test_max_num_seqs_limits_running_the_rest_wait(start_fake: Callable[..., Fak
     assert fake.metric("vllm:num_requests_running") == 0 and fake.metric("vllm:num_requests_waiting") == 0
 
 
+def test_kv_cache_usage_is_the_running_requests_blocks_over_the_caches(start_fake: Callable[..., Fake]) -> None:
+    """As vLLM's: a request holds a block per --block-size tokens begun; done, its blocks are free."""
+    fake = start_fake("--num-gpu-blocks-override", "10", "--block-size", "16", "--tokens-per-second", "0.2")
+    assert fake.metric("vllm:kv_cache_usage_perc", model_name=MODEL) == 0.0
+    # 5 s for its one token: the 40-token prompt holds 3 blocks of 10 all along, however busy the machine
+    body = {"model": MODEL, "prompt": [7] * 40, "max_tokens": 1}
+    thread, out = in_thread(lambda: fake.post("/v1/completions", body))
+    wait_until(lambda: fake.metric("vllm:num_requests_running", model_name=MODEL) == 1, timeout=20)
+    assert fake.metric("vllm:kv_cache_usage_perc", model_name=MODEL) == pytest.approx(0.3)
+    thread.join(timeout=30)
+    assert out[0].status_code == 200
+    assert fake.metric("vllm:kv_cache_usage_perc", model_name=MODEL) == 0.0
+
+
 @pytest.mark.usefixtures("dev_mode")
 def test_sleep_holds_a_request_until_wake_up(start_fake: Callable[..., Fake]) -> None:
     fake = start_fake()

@@ -130,8 +130,16 @@ def test_steward_attaches_to_a_server_it_does_not_run_and_shows_its_own_queue(
         # Steward sends 3 (its parallel); the server runs 1 and queues 2: that overload shows in steward.
         wait_until(lambda: (steward.health()["engines"]["shared"]["engine_load"] or {}).get("waiting", 0) >= 1,
                    "the engine's own queue in /healthz")
+        # Its own KV-cache use (vllm:kv_cache_usage_perc: the running request's tokens) is the cluster's gauge.
+        said = wait_until(lambda: (steward.health()["engines"]["shared"]["engine_load"] or {}).get("kv_usage"),
+                          "the engine's own KV-cache use in /healthz")
+        assert 0 < said < 1
         for thread in threads:
             thread.join(60)
+        free = 'vllm:kv_cache_usage_perc{model_name="shared"} 0.0'
+        wait_until(lambda: free in httpx.get(f"{steward.url}/metrics").text
+                   and steward.health()["engines"]["shared"]["engine_load"]["kv_usage"] == 0.0,
+                   "its KV cache free again once its requests are done")
         assert 'steward_engine_reported_running{engine="shared"}' in httpx.get(f"{steward.url}/metrics").text
         assert not steward.events("spawn")  # someone else's server: steward ran nothing
     finally:

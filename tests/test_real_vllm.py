@@ -188,7 +188,8 @@ def test_the_engines_own_queue_shows_in_healthz_and_metrics(steward: RunningStew
     while (load := steward.health()["engines"][NAME]["engine_load"]) is None:
         assert time.monotonic() < deadline, "vLLM's own load never reached /healthz"
         time.sleep(0.1)
-    assert set(load) == {"running", "waiting"}
+    assert set(load) == {"running", "waiting", "kv_usage"}
+    assert load["kv_usage"] is not None and 0.0 <= load["kv_usage"] <= 1.0  # vLLM's own vllm:kv_cache_usage_perc
     metrics = httpx.get(f"{steward.url}/metrics", timeout=10).text
     assert f'steward_engine_reported_waiting{{engine="{NAME}"}}' in metrics
 

@@ -23,7 +23,7 @@ class Slot:
     # Its "KV cache": the prompt of its last task (or a restored one) and its token count.
     cached_text: str = ""
     n_cached: int = 0
-    ran: bool = False  # it ran a task: /slots then says its last prompt's token count, as llama-server does
+    ran: bool = False  # it ran a task: /slots then says its sequence's token count, as llama-server does
 
     @property
     def is_processing(self) -> bool:
@@ -36,8 +36,15 @@ class Slot:
             "params": {**default_params(), "n_predict": self.n_predict, "max_tokens": self.n_predict},
             "next_token": {"has_next_token": self.is_processing, "has_new_line": False,
                            "n_remain": self.n_remain, "n_decoded": self.n_decoded},
-            **({"n_prompt_tokens": self.n_cached} if self.ran else {}),
+            **({"n_prompt_tokens": self.n_tokens} if self.ran else {}),
         }
+
+    @property
+    def n_tokens(self) -> int:
+        """The tokens of its sequence in the KV cache, what llama-server's /slots calls ``n_prompt_tokens``
+        (``prompt.tokens.size()``): while it computes, the prompt and the tokens decoded so far but the
+        last (llama.cpp feeds a sampled token to the cache with the next batch); idle, its cached prompt."""
+        return self.n_cached + max(0, self.n_decoded - 1) if self.is_processing else self.n_cached
 
     def cached_for(self, prompt: str) -> int:
         """The tokens of *prompt* this slot holds computed: its cached prompt's, if *prompt* continues it."""

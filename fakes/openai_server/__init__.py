@@ -19,6 +19,9 @@ what a supervisor in front of vLLM has to cope with (``shared/research/real_runt
 * at most ``--max-num-seqs`` requests generate at once, the rest wait inside the engine;
 * ``/metrics`` with vLLM's families (labels ``model_name`` and ``engine="0"``) plus the
   fake's peak gauges ``fake:max_num_requests_running`` / ``fake:max_num_requests_waiting``;
+  ``vllm:kv_cache_usage_perc`` is the running requests' KV blocks (one per ``--block-size``
+  tokens begun) over the cache's (``--num-gpu-blocks-override``, else room for
+  ``--max-num-seqs`` sequences of ``--max-model-len``);
 * with ``VLLM_SERVER_DEV_MODE=1``: ``POST /sleep?level=N``, ``POST /wake_up[?tags=...]``,
   ``GET /is_sleeping`` (404 without it). Asleep, ``/health`` stays 200 and requests are held
   until wake-up; unlike the CPU build, sleep really frees the simulated GPU memory;

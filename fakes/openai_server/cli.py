@@ -28,6 +28,8 @@ class Config:
     served_model_names: tuple[str, ...]  # the first is the one answers and metrics carry
     max_num_seqs: int
     max_model_len: int
+    block_size: int                      # tokens per KV block (vLLM's --block-size)
+    num_gpu_blocks: int                  # the KV cache's blocks: --num-gpu-blocks-override, else max_num_seqs sequences
     api_key: str | None
     ssl_certfile: str | None             # uvicorn's: serve HTTPS with this certificate (and ssl_keyfile)
     ssl_keyfile: str | None
@@ -87,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--served-model-name", nargs="+", default=None)
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-model-len", type=human_int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="the KV cache's size in blocks (default: room for --max-num-seqs sequences of --max-model-len)")
     g.add_argument("--api-key", default=None)
     g.add_argument("--ssl-certfile", default=None)
     g.add_argument("--ssl-keyfile", default=None)
@@ -138,10 +143,14 @@ def parse_config(argv: Sequence[str] | None = None, environ: dict[str, str] | No
     memory = args.memory
     sleep_memory = min(memory, int(memory * SLEEP_MEMORY_SHARE) if args.sleep_memory is None else args.sleep_memory)
     kv = (memory - sleep_memory) // 2 if args.kv_cache_memory_bytes is None else args.kv_cache_memory_bytes
+    max_num_seqs, max_model_len = max(1, args.max_num_seqs), max(1, args.max_model_len)
+    block_size = max(1, args.block_size)
     return Config(
         host=args.host, port=args.port, model=model,
         served_model_names=tuple(args.served_model_name or [model]),
-        max_num_seqs=max(1, args.max_num_seqs), max_model_len=max(1, args.max_model_len), api_key=args.api_key,
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+        num_gpu_blocks=max(1, args.num_gpu_blocks_override or -(-max_num_seqs * max_model_len // block_size)),
+        api_key=args.api_key,
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, anthropic_key=args.anthropic_key,
         dev_mode=environ.get(DEV_MODE_ENV, "0") not in ("", "0", "false", "False"),
         access_log=not args.disable_uvicorn_access_log, tokens_per_second=args.tokens_per_second,

@@ -30,7 +30,7 @@ class Stats:
     waiting: int = 0
     max_running: int = 0          # the fake's peak gauge: the most ever running at once
     max_waiting: int = 0
-    kv_tokens: int = 0            # prompt + generated tokens of the running requests
+    kv_blocks: int = 0            # the KV blocks the running requests hold (their prompt and generated tokens)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: collections.Counter[str] = attrs.field(factory=collections.Counter)
@@ -65,8 +65,12 @@ class Engine:
 
     @property
     def kv_cache_usage(self) -> float:
-        capacity = self.cfg.max_num_seqs * self.cfg.max_model_len
-        return min(1.0, self.stats.kv_tokens / capacity)
+        """vLLM's vllm:kv_cache_usage_perc: the blocks held over the cache's (a request holds a block per
+        --block-size tokens begun; a finished one's blocks are free, as vLLM's prefix-cached ones are)."""
+        return min(1.0, self.stats.kv_blocks / self.cfg.num_gpu_blocks)
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.cfg.block_size)
 
     async def sleep(self, level: int) -> None:
         if self.sleeping:
@@ -131,7 +135,7 @@ class Engine:
             stats.waiting -= 1
         stats.running += 1
         stats.max_running = max(stats.max_running, stats.running)
-        stats.kv_tokens += job.n_prompt
+        stats.kv_blocks += self._blocks(job.n_prompt)
         stats.prompt_tokens += job.n_prompt
         pieces: list[str] = []
         finished = False
@@ -144,7 +148,7 @@ class Engine:
                     await self.wait_usable()
                     next_at = trio.current_time()
                 pieces.append(token_piece(i))
-                stats.kv_tokens += 1
+                stats.kv_blocks += self._blocks(job.n_prompt + i + 1) - self._blocks(job.n_prompt + i)
                 stats.generation_tokens += 1
                 await emit(pieces[-1], i + 1, i + 1 == job.max_tokens)
             finished = True
@@ -152,6 +156,6 @@ class Engine:
             # Not finished: the client left, or we are shutting down.
             stats.finished["length" if finished else "abort"] += 1  # the fake only stops at max_tokens
             stats.running -= 1
-            stats.kv_tokens -= job.n_prompt + len(pieces)
+            stats.kv_blocks -= self._blocks(job.n_prompt + len(pieces))
             self._limiter.release()
         return "".join(pieces), len(pieces)

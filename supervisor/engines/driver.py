@@ -459,14 +459,15 @@ class _HealthWatch:
 
 
 async def _watch_usage(engine: _Engine, address: Address, generation: int, ready: trio.Event) -> None:
-    """Tell the scheduler what the runtime says it holds (Ollama) and how loaded it is (vLLM)."""
+    """Tell the scheduler what the runtime says it holds (Ollama) and how loaded it is (vLLM's queue and
+    KV cache, llama-server's KV cache): asked every ``usage_poll`` once it is ready, each ask bounded."""
     await ready.wait()
     while True:
         usage = await engine.spec.runtime.read_usage(engine.http, address.url)
         if usage is not None and usage.memory is not None:
             engine.scheduler.report_service_memory(engine.name, generation, usage.memory)
-        if usage is not None and (usage.running is not None or usage.waiting is not None):
-            engine.scheduler.report_load(engine.name, generation, usage.running, usage.waiting)
+        if usage is not None and usage.says_load:
+            engine.scheduler.report_load(engine.name, generation, usage.running, usage.waiting, usage.kv_usage)
         await trio.sleep(engine.spec.usage_poll)
 
 

@@ -14,18 +14,20 @@ model; a picker is pointed at one model with a label selector in its metric spec
   engine where it says so (vLLM's own gauge);
 - running: the steps steward granted the model's engine (its slots in use), or the engine's own
   count where it gives one;
-- KV-cache use, a fraction 0..1 (the picker's flag says "from 0 to 1"): the share of the
-  engine's slots in use. llama-server built here (llama.cpp from llama-cpp-python 0.3.36)
-  has no KV-cache gauge in ``/metrics``; its ``/slots`` says a computing slot's tokens, but
-  not whether the cache is unified, and reading it is a poll of each engine, which this does
-  not add (docs/cluster.md); Ollama says nothing of its cache. Busy slots are what a
-  slot-bounded engine fills next: at 1.0 the next request waits.
+- KV-cache use, a fraction 0..1 (the picker's flag says "from 0 to 1"): the engine's own
+  figure where it gives one, as its adapter last read it (vLLM's ``vllm:kv_cache_usage_perc``;
+  llama-server's computing slots' tokens over its cache, from ``/slots``: the llama-server
+  built here, llama.cpp from llama-cpp-python 0.3.36, has no KV-cache gauge in ``/metrics``).
+  Where none exists (Ollama says nothing of its cache; an engine that has not answered yet,
+  or answers without it) the share of its slots in use: what a slot-bounded engine fills
+  next, at 1.0 the next request waits. docs/cluster.md lists which engine gives which.
 
 There is no ``vllm:lora_requests_info``: steward serves no LoRA adapters, and the picker's
 LoRA affinity is off for an engine whose spec leaves it empty.
 
 ``steward_model_ready`` says, per model, what ``/healthz/models/NAME`` answers (readiness.py).
-Everything is read from the scheduler at scrape time: nothing here polls an engine.
+Everything is read from the scheduler at scrape time: nothing here polls an engine (the
+engines' figures come from the driver's usage poll, supervisor/engines/driver.py).
 """
 
 from __future__ import annotations
@@ -59,8 +61,13 @@ def running(engine: EngineSnapshot) -> int:
 
 
 def kv_cache_use(engine: EngineSnapshot) -> float:
-    """The share of the engine's slots in use, 0..1 (0 while it is not loaded)."""
-    if engine.status is not EngineStatus.READY or engine.slots <= 0:
+    """The engine's KV-cache use, 0..1, as it last said; else the share of its slots in use
+    (0 while it is not loaded)."""
+    if engine.status is not EngineStatus.READY:
+        return 0.0
+    if engine.engine_kv_usage is not None:
+        return engine.engine_kv_usage
+    if engine.slots <= 0:
         return 0.0
     return min(1.0, engine.in_flight / engine.slots)
 
@@ -79,8 +86,9 @@ class ModelServerCollector(Collector):
                                       labels=[MODEL_LABEL]),
             RUNNING: GaugeMetricFamily(RUNNING, "Requests for the model computing on its engine (GIE model-server "
                                        "protocol: TotalRunningRequests)", labels=[MODEL_LABEL]),
-            KV_CACHE: GaugeMetricFamily(KV_CACHE, "The model's KV-cache use, 0..1: the share of its engine's slots in "
-                                        "use (GIE model-server protocol: KVCacheUtilization)", labels=[MODEL_LABEL]),
+            KV_CACHE: GaugeMetricFamily(KV_CACHE, "The model's KV-cache use, 0..1: as its engine says, else the share "
+                                        "of its slots in use (GIE model-server protocol: KVCacheUtilization)",
+                                        labels=[MODEL_LABEL]),
             READY: GaugeMetricFamily(READY, "1 while the model may be sent work: resident, loading, or loadable "
                                      "without evicting hot or busy work (/healthz/models/NAME)", labels=[MODEL_LABEL]),
         }

@@ -148,6 +148,7 @@ class EngineLoad:
     generation: int
     running: int | None
     waiting: int | None
+    kv_usage: float | None = None
 
 
 @attrs.frozen
@@ -329,9 +330,11 @@ class SchedulerClient:
     def report_asleep(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineAsleep(engine, generation, detail))
 
-    def report_load(self, engine: str, generation: int, running: int | None, waiting: int | None) -> None:
-        """What the engine says of its own queue (vLLM's metrics); shown, not decided on."""
-        self._post(EngineLoad(engine, generation, running, waiting))
+    def report_load(self, engine: str, generation: int, running: int | None, waiting: int | None,
+                    kv_usage: float | None = None) -> None:
+        """What the engine says of its own queue and KV cache (vLLM's metrics, llama-server's
+        /slots); shown, not decided on."""
+        self._post(EngineLoad(engine, generation, running, waiting, kv_usage))
 
     def report_exited(self, engine: str, generation: int, detail: str) -> None:
         self._post(EngineExited(engine, generation, detail))
@@ -471,8 +474,8 @@ async def serve_scheduler(core: Scheduler, mailbox: trio.MemoryReceiveChannel[Me
                 return core.engine_exited(engine, generation, now, detail)
             case EngineAsleep(engine, generation, detail):
                 return core.engine_asleep(engine, generation, now, detail)
-            case EngineLoad(engine, generation, running, waiting):
-                return core.engine_load(engine, generation, running, waiting)
+            case EngineLoad(engine, generation, running, waiting, kv_usage):
+                return core.engine_load(engine, generation, running, waiting, kv_usage)
             case EngineChecked(engine, generation, problem):
                 return core.engine_checked(engine, generation, now, problem)
             case EngineStalled(engine, generation, detail):

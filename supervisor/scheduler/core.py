@@ -245,9 +245,10 @@ class Scheduler(CoreState):
         """An engine told to stop was put to sleep instead: its process stays, holding less."""
         return self._decide_if(lifecycle.engine_asleep(self, name, generation, now, detail), now)
 
-    def engine_load(self, name: str, generation: int, running: int | None, waiting: int | None) -> list[Effect]:
-        """The engine's own account of its queue: kept for the snapshot, decides nothing."""
-        lifecycle.engine_load(self, name, generation, running, waiting)
+    def engine_load(self, name: str, generation: int, running: int | None, waiting: int | None,
+                    kv_usage: float | None = None) -> list[Effect]:
+        """The engine's own account of its queue and KV cache: kept for the snapshot, decides nothing."""
+        lifecycle.engine_load(self, name, generation, running, waiting, kv_usage)
         return self.flush()
 
     def cache_saved(self, name: str, generation: int, seconds: float) -> list[Effect]:
@@ -401,7 +402,7 @@ class Scheduler(CoreState):
             draining=e.draining, pinned=e.profile.pinned, hot=hot,
             queued=sum(q.count(e.name) for q in self.queues.values()), failures=e.failures,
             healthy=not e.unhealthy, measured=e.measured, engine_running=e.reported_running,
-            engine_waiting=e.reported_waiting, devices=self.devices_of(e),
+            engine_waiting=e.reported_waiting, engine_kv_usage=e.reported_kv_usage, devices=self.devices_of(e),
             held=dict(self.ledger.shares.get(e.name, {})), generation=e.generation, last_used=e.last_used,
             hot_until=e.last_interactive + self.policy.hot_window if hot else None)
 

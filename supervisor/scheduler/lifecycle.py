@@ -124,11 +124,13 @@ def engine_cache_saved(s: CoreState, name: str, generation: int, seconds: float)
         engine.save_s = seconds
 
 
-def engine_load(s: CoreState, name: str, generation: int, running: int | None, waiting: int | None) -> None:
-    """The engine's own account of its queue: kept for the snapshot, decides nothing."""
+def engine_load(s: CoreState, name: str, generation: int, running: int | None, waiting: int | None,
+                kv_usage: float | None = None) -> None:
+    """The engine's own account of its queue and KV cache: kept for the snapshot, decides nothing."""
     engine = s.engines[name]
     if generation == engine.generation and engine.serving:
         engine.reported_running, engine.reported_waiting = running, waiting
+        engine.reported_kv_usage = kv_usage
 
 
 def engine_checked(s: CoreState, name: str, generation: int, now: float, problem: str | None) -> bool:

@@ -182,9 +182,11 @@ class EngineState:
     check_failures: int = 0
     unhealthy_since: float | None = None
     restarting_unhealthy: bool = False  # the stop under way is a restart: its exit is a failure
-    # What the engine says of its own queue (vLLM's metrics), for /healthz and /metrics.
+    # What the engine says of its own queue (vLLM's metrics) and KV cache (vLLM's, llama-server's
+    # /slots), for /healthz and /metrics.
     reported_running: int | None = None
     reported_waiting: int | None = None
+    reported_kv_usage: float | None = None
     # Where its current (or last) load was placed: a wake stays there, a new load prefers it.
     placement: Placement | None = None
     # An admin asked for it to be loaded (POST /admin/engines/NAME/load): loaded once the idle
@@ -234,7 +236,7 @@ class EngineState:
         self.check_failures = 0
         self.unhealthy_since = None
         self.restarting_unhealthy = False
-        self.reported_running = self.reported_waiting = None
+        self.reported_running = self.reported_waiting = self.reported_kv_usage = None
 
     @property
     def warming(self) -> bool:
@@ -547,6 +549,7 @@ class EngineSnapshot:
     measured: int = 0  # the most its process tree was seen to hold, this load
     engine_running: int | None = None  # as the engine itself reports (vLLM's metrics)
     engine_waiting: int | None = None
+    engine_kv_usage: float | None = None  # its KV cache's use, 0..1, as it says (vLLM's metrics, llama-server's /slots)
     devices: tuple[int, ...] = ()  # where its memory is reserved (or was, last time it loaded)
     held: dict[int, int] = attrs.field(factory=dict)  # device -> bytes reserved for it now
     generation: int = 0  # its loads so far

@@ -201,9 +201,11 @@ def create_app(config: Config, services: Services) -> QuartTrio:
                                      "pinned": e.pinned, "hot": e.hot, "draining": e.draining,
                                      "failures": e.failures, "healthy": e.healthy, "measured": e.measured,
                                      "devices": [device_label(device, index) for index in e.devices],
-                                     # The engine's own account of its queue, where it gives one (vLLM).
+                                     # The engine's own account of its queue (vLLM) and KV cache (vLLM,
+                                     # llama-server), where it gives one.
                                      "engine_load": None if e.engine_running is None and e.engine_waiting is None
-                                     else {"running": e.engine_running, "waiting": e.engine_waiting}}
+                                     and e.engine_kv_usage is None else {"running": e.engine_running,
+                                     "waiting": e.engine_waiting, "kv_usage": e.engine_kv_usage}}
                             for e in snapshot.engines}}
 
     @app.get(STATE_PATH)
