@@ -94,13 +94,13 @@ def test_a_wav_with_more_chunks_before_its_data_and_stereo() -> None:
     assert fed(AudioMeter(AudioFormat.WAV), data, 7) == 0.5  # the bytes count, not the length announced
 
 
-def test_pcm_flac_and_the_formats_not_measured() -> None:
+def test_pcm_flac_and_what_is_not_audio() -> None:
     assert fed(AudioMeter(AudioFormat.PCM), tone(36_000), 999) == 1.5  # 36,000 samples at 24 kHz
     info = (44_100 << 44) | (1 << 41) | (15 << 36) | 88_200  # rate, mono, 16-bit, 2 s of samples
     flac = b"fLaC" + bytes([0x80, 0, 0, 34]) + b"\0" * 10 + info.to_bytes(8, "big") + b"\0" * 16 + b"\xff\xf8"
     assert fed(AudioMeter(AudioFormat.FLAC), flac, 5) == 2.0
-    for unmeasured in (AudioFormat.MP3, AudioFormat.OPUS, AudioFormat.AAC):
-        assert fed(AudioMeter(unmeasured), b"\xff\xfb" * 5000, 100) is None  # opus: no Ogg page
+    for framed in (AudioFormat.MP3, AudioFormat.OPUS, AudioFormat.AAC):
+        assert fed(AudioMeter(framed), b"\xff\xfa" * 5000, 100) is None  # no frame, no Ogg page: not guessed
     assert fed(AudioMeter(AudioFormat.WAV), b"OggS" + b"\0" * 100, 10) is None  # not what it says it is
     assert fed(AudioMeter(AudioFormat.WAV), b"RIFF\0\0\0\0WAVE" + b"junk" + b"\xff" * 70_000, 1000) is None
 
@@ -167,13 +167,51 @@ def test_opus_seconds_from_its_pages_whatever_pieces_they_come_in(piece: int) ->
     assert 0 < fed(AudioMeter(AudioFormat.OPUS), cut, piece) < 2.6
 
 
+def ffmpeg_encoded(codec: str, container: str, rate: int, layout: str, seconds: float, **options: str) -> bytes:
+    """*seconds* of silence encoded by ffmpeg (PyAV) as *codec* in *container*, in one piece."""
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container, options=options) as output:
+        stream = output.add_stream(codec, rate=rate, layout=layout)
+        frame = av.AudioFrame(format="s16", layout=layout, samples=round(seconds * rate))
+        frame.planes[0].update(bytes(frame.planes[0].buffer_size))
+        frame.sample_rate, frame.pts = rate, 0
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            output.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("codec", "container", "rate", "layout"), [
+    ("mp3", "mp3", 44_100, "stereo"),  # MPEG-1 layer III
+    ("mp3", "mp3", 22_050, "mono"),  # MPEG-2
+    ("mp3", "mp3", 8_000, "mono"),  # MPEG-2.5
+    ("mp2", "mp2", 48_000, "stereo"),  # layer II
+    ("aac", "adts", 48_000, "stereo"),
+    ("aac", "adts", 16_000, "mono"),
+])
+@pytest.mark.parametrize("piece", [1, 5, 4096])
+def test_mp3_and_aac_seconds_from_their_frames_are_what_a_decoder_gives(
+        codec: str, container: str, rate: int, layout: str, piece: int) -> None:
+    data = ffmpeg_encoded(codec, container, rate, layout, 1.3, write_xing="0")  # ID3v2 first, as Kokoro's
+    audio_format = AudioFormat.AAC if codec == "aac" else AudioFormat.MP3
+    assert fed(AudioMeter(audio_format), data, piece) == pytest.approx(decode(data).seconds, abs=1e-6)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000])
+def test_what_a_frame_count_cannot_tell_is_unknown(piece: int) -> None:
+    tagged = ffmpeg_encoded("mp3", "mp3", 24_000, "mono", 1.0)  # a Xing/Info frame: a decoder trims by it
+    assert fed(AudioMeter(AudioFormat.MP3), tagged, piece) is None
+    kokoros = b"".join(encoded("mp3", 1.0))
+    assert fed(AudioMeter(AudioFormat.MP3), kokoros + b"TAG" + b"\0" * 125, piece) is None  # an ID3v1 tag after
+    assert fed(AudioMeter(AudioFormat.AAC), b"".join(encoded("aac", 1.0))[:-1], piece) == pytest.approx(
+        decode(b"".join(encoded("aac", 1.0))).seconds - 1024 / SAMPLE_RATE)  # the last frame not whole: not sent
+    assert fed(AudioMeter(AudioFormat.AAC), kokoros, piece) is None  # an mp3 said to be aac
+
+
 def test_a_streamed_flac_says_no_length_so_its_seconds_are_unknown() -> None:
     data = b"".join(encoded("flac", 1.0))
     assert int.from_bytes(data[18:26], "big") & (2**36 - 1) == 0  # STREAMINFO's total samples: 0, unknown
     assert decode(data).seconds == 1.0
     assert fed(AudioMeter(AudioFormat.FLAC), data, 1000) is None  # not 0
-    for response_format in ("mp3", "aac"):
-        assert fed(AudioMeter(AudioFormat(response_format)), b"".join(encoded(response_format, 1.0)), 1000) is None
     two_streams = b"".join(encoded("opus", 0.5)) * 2  # chained: not one length
     assert fed(AudioMeter(AudioFormat.OPUS), two_streams, 4096) is None
 

@@ -464,7 +464,7 @@ async def test_speech_requests_add_their_characters_and_audio_where_there_are_an
                                 "completion_tokens": None}
     async with open_usage_log(path) as (usage, _):
         usage.record(usage_row(1, ts=now - 900, key="alice", **speech, input_chars=39, audio_s=2.6))  # wav
-        usage.record(usage_row(2, ts=now - 800, key="alice", **speech, input_chars=1000, audio_s=None))  # mp3
+        usage.record(usage_row(2, ts=now - 800, key="alice", **speech, input_chars=1000, audio_s=None))  # flac
         usage.record(usage_row(3, ts=now - 700, key="bob", **speech, input_chars=50, audio_s=1.0, status=499))
         usage.record(usage_row(4, ts=now - 10, key="bob", prompt_tokens=3, completion_tokens=4))  # a chat
     assert run_usage(usage_args("--db", str(path), "--by", "model")) == 0
@@ -472,8 +472,7 @@ async def test_speech_requests_add_their_characters_and_audio_where_there_are_an
     assert lines[1].split()[-4:] == ["chars", "in", "audio", "out"]
     assert [line.split()[-2:] for line in lines[2:5]] == [["1089", "3.60s*"], ["-", "-"], ["1089", "3.60s*"]]
     assert [line.split()[0] for line in lines[2:5]] == ["tts", "gemma", "total"]
-    assert lines[5] == ("* audio out: without the audio of 1 answer(s) in a format steward does not measure "
-                        "(mp3, aac, a FLAC that says no length)")
+    assert lines[5] == "* audio out: without 1 answer(s) whose audio steward could not measure (a FLAC that says no length)"
     groups = {group["group"]: group for group in run_json(capsys, "--db", str(path))["groups"]}
     assert {k: groups["bob"][k] for k in ("speech", "input_chars", "audio_s", "audio_unmeasured")} == {
         "speech": 1, "input_chars": 50, "audio_s": 1.0, "audio_unmeasured": 0}  # what a client that left was sent

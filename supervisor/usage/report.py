@@ -67,7 +67,7 @@ class GroupUsage:
     speech: int = 0  # speech requests (their rows carry input_chars)
     input_chars: int = 0  # the characters of their input, added up
     audio_s: float = 0.0  # the seconds of audio they were sent, where measured, added up
-    audio_unmeasured: int = 0  # answered 200 in a format steward does not measure (mp3, aac; a FLAC with no length)
+    audio_unmeasured: int = 0  # answered 200 with audio steward could not measure (a FLAC that says no length)
 
     @property
     def rejected_share(self) -> float:
@@ -247,8 +247,8 @@ def format_report(report: UsageReport) -> str:
         text.append("  ".join(cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column])
                               for column, cell in enumerate(line)).rstrip())
     if report.total.audio_unmeasured:
-        text.append(f"* audio out: without the audio of {report.total.audio_unmeasured} answer(s) in a format "
-                    "steward does not measure (mp3, aac, a FLAC that says no length)")
+        text.append(f"* audio out: without {report.total.audio_unmeasured} answer(s) whose audio steward could not "
+                    "measure (a FLAC that says no length)")
     return "\n".join(text)
 
 

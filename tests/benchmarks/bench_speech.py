@@ -15,7 +15,7 @@ read by this script as it comes. Its resident memory (VmRSS) is sampled every 0.
 the stream, its peak during it, and after. Printed: the stream's wall time, its first byte,
 the largest gap between chunks, steward's CPU seconds over the stream and over as long idle,
 the memory, and the seconds of audio steward's usage row says it sent (its ``request`` event's
-``audio_s``: None for mp3 and aac). Whether the audio was all there: pcm and wav by their bytes,
+``audio_s``: None for flac, whose header says no length). Whether the audio was all there: pcm and wav by their bytes,
 the encoded formats (mp3, opus, aac, flac: PyAV, the test extra) decoded back.
 Steward and the fake are always stopped (bench_streaming.py's ``running``).
 Exit status: 0, 1 if the run failed or the audio was not all there.

@@ -17,6 +17,8 @@ import struct
 
 import attrs
 
+from supervisor.gateway.relay.audio_frames import HeaderWalker
+
 OPUS_RATE = 48_000  # an Opus granule's unit, whatever rate the audio was made at
 _HEADER = 27  # an Ogg page's fixed header; then its segment table, one byte a segment
 _NO_GRANULE = -1  # a page on which no packet ends
@@ -24,36 +26,20 @@ _BEGINS = 0x02  # header_type: the first page of a logical stream
 
 
 @attrs.define
-class OggOpusMeter:
+class OggOpusMeter(HeaderWalker):
     """Feed it the stream's bytes in pieces; ``seconds`` is the audio in the pages whole so far."""
 
-    pending: bytearray = attrs.Factory(bytearray)  # a page header (or the first page) not yet whole
-    body_left: int = 0  # bytes of the current page's body still to go by
     page_granule: int = _NO_GRANULE  # the granule of the page whose body is going by
     serial: int | None = None
     pre_skip: int | None = None  # from the OpusHead, once read
     granule: int = _NO_GRANULE  # the last whole page's
-    unreadable: bool = False
-
-    def feed(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view and not self.unreadable:
-            if self.body_left:
-                passed = min(self.body_left, len(view))
-                view, self.body_left = view[passed:], self.body_left - passed
-                if not self.body_left:
-                    self._page_ended()
-                continue
-            self.pending += view
-            view = memoryview(b"")
-            self._read_pages()
 
     def seconds(self) -> float | None:
         if self.unreadable or self.pre_skip is None:
             return None
         return round(max(0, self.granule - self.pre_skip) / OPUS_RATE, 6) if self.granule >= 0 else 0.0
 
-    def _read_pages(self) -> None:
+    def _read_units(self) -> None:
         while len(self.pending) >= _HEADER and not self.unreadable:
             head = self.pending
             if head[:4] != b"OggS" or head[4] != 0:
@@ -73,13 +59,7 @@ class OggOpusMeter:
                 self.unreadable = True  # a second stream (chained, or muxed): not one length
                 return
             self.page_granule = granule
-            whole = _HEADER + segments + body
-            if len(head) >= whole:
-                del head[:whole]
-                self._page_ended()
-            else:
-                self.body_left = whole - len(head)
-                head.clear()
+            self._pass(_HEADER + segments + body)
 
     def _read_opus_head(self, body: bytes) -> None:
         if len(body) < 19 or body[:8] != b"OpusHead":
@@ -87,6 +67,6 @@ class OggOpusMeter:
             return
         self.pre_skip = struct.unpack_from("<H", body, 10)[0]
 
-    def _page_ended(self) -> None:
+    def _unit_ended(self) -> None:
         if self.page_granule != _NO_GRANULE:
             self.granule = self.page_granule
