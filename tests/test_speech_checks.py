@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import av
 
@@ -205,6 +207,21 @@ def test_what_a_frame_count_cannot_tell_is_unknown(piece: int) -> None:
     assert fed(AudioMeter(AudioFormat.AAC), b"".join(encoded("aac", 1.0))[:-1], piece) == pytest.approx(
         decode(b"".join(encoded("aac", 1.0))).seconds - 1024 / SAMPLE_RATE)  # the last frame not whole: not sent
     assert fed(AudioMeter(AudioFormat.AAC), kokoros, piece) is None  # an mp3 said to be aac
+
+
+_STREAMS = {audio_format: b"".join(encoded(audio_format.value, 0.3)) for audio_format in
+            (AudioFormat.MP3, AudioFormat.OPUS, AudioFormat.AAC, AudioFormat.FLAC, AudioFormat.WAV)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(audio_format=st.sampled_from(sorted(_STREAMS, key=str)), keep=st.integers(0, 20_000),
+       noise=st.binary(max_size=300), at=st.integers(0, 20_000), piece=st.integers(1, 700))
+def test_whatever_an_engine_sends_the_meter_says_seconds_or_none(audio_format: AudioFormat, keep: int, noise: bytes,
+                                                                  at: int, piece: int) -> None:
+    """An engine's bytes are unsafe: cut, with noise anywhere, the meter says a length or None, never fails."""
+    data = _STREAMS[audio_format][:keep]
+    seconds = fed(AudioMeter(audio_format), data[:at] + noise + data[at:], piece)
+    assert seconds is None or seconds >= 0
 
 
 def test_a_streamed_flac_says_no_length_so_its_seconds_are_unknown() -> None:
