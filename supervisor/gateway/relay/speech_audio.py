@@ -8,8 +8,8 @@ pages' granule positions (``ogg_opus``), ``mp3`` and ``aac`` (ADTS) by their fra
 (``audio_frames``: the seconds a decoder gives, the encoder's delay and padding included),
 ``flac`` by its STREAMINFO's total samples where the encoder wrote them: a streamed FLAC's says
 0, unknown (Kokoro-FastAPI's always does), and its seconds stay unknown. Unknown is None,
-never guessed. With ``stream_format:
-sse`` the audio is the base64 of each ``speech.audio.delta`` event, measured the same way.
+never guessed. With ``stream_format: sse`` the audio is the base64 of each
+``speech.audio.delta`` event, measured the same way.
 A client that leaves mid-answer is counted for the audio it was sent.
 """
 
@@ -53,7 +53,7 @@ class AudioMeter:
         self.framed = framed() if framed is not None else None
 
     def feed(self, data: bytes) -> None:
-        if self.unreadable or self.audio_format not in _MEASURED:
+        if self.unreadable:
             return
         if self.framed is not None:
             self.framed.feed(data)
@@ -128,7 +128,6 @@ class AudioMeter:
 
 _FRAMED: dict[AudioFormat, Callable[[], OggOpusMeter | FrameMeter]] = {
     AudioFormat.OPUS: OggOpusMeter, AudioFormat.MP3: mp3_meter, AudioFormat.AAC: adts_meter}
-_MEASURED = frozenset({AudioFormat.PCM, AudioFormat.WAV, AudioFormat.FLAC, *_FRAMED})
 
 
 @attrs.define(eq=False)
