@@ -374,11 +374,12 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 def numbers(requests: int, rejected: int, waited: int, wait_p50_s: float | None, wait_p95_s: float | None,
             ttft_p50_s: float | None, prompt_tokens: int, completion_tokens: int, slowdown_p50: float | None = None,
-            slowdown_p95: float | None = None, gpu_s: float = 0.0) -> dict[str, Any]:
+            slowdown_p95: float | None = None, gpu_s: float = 0.0, **speech: Any) -> dict[str, Any]:
     return {"requests": requests, "rejected": rejected, "rejected_share": rejected / requests, "waited": waited,
             "waited_share": waited / requests, "wait_p50_s": wait_p50_s, "wait_p95_s": wait_p95_s,
             "ttft_p50_s": ttft_p50_s, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "slowdown_p50": slowdown_p50, "slowdown_p95": slowdown_p95, "gpu_s": gpu_s}
+            "slowdown_p50": slowdown_p50, "slowdown_p95": slowdown_p95, "gpu_s": gpu_s,
+            **{"speech": 0, "input_chars": 0, "audio_s": 0.0, "audio_unmeasured": 0, **speech}}
 
 
 @pytest.fixture
@@ -454,6 +455,30 @@ async def test_usage_prints_a_table_with_a_line_per_group_and_a_total(usage_db: 
     ]
     assert run_usage(usage_args("--db", str(usage_db), "--by", "model")) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]] == ["gemma", "qwen", "(no", "total"]
+
+
+async def test_speech_requests_add_their_characters_and_audio_where_there_are_any(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "usage.db"
+    now, speech = time.time(), {"route": "/v1/audio/speech", "model": "tts", "prompt_tokens": None,
+                                "completion_tokens": None}
+    async with open_usage_log(path) as (usage, _):
+        usage.record(usage_row(1, ts=now - 900, key="alice", **speech, input_chars=39, audio_s=2.6))  # wav
+        usage.record(usage_row(2, ts=now - 800, key="alice", **speech, input_chars=1000, audio_s=None))  # flac
+        usage.record(usage_row(3, ts=now - 700, key="bob", **speech, input_chars=50, audio_s=1.0, status=499))
+        usage.record(usage_row(4, ts=now - 10, key="bob", prompt_tokens=3, completion_tokens=4))  # a chat
+    assert run_usage(usage_args("--db", str(path), "--by", "model")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[-4:] == ["chars", "in", "audio", "out"]
+    assert [line.split()[-2:] for line in lines[2:5]] == [["1089", "3.60s*"], ["-", "-"], ["1089", "3.60s*"]]
+    assert [line.split()[0] for line in lines[2:5]] == ["tts", "gemma", "total"]
+    assert lines[5] == "* audio out: without 1 answer(s) whose audio steward could not measure (a FLAC that says no length)"
+    groups = {group["group"]: group for group in run_json(capsys, "--db", str(path))["groups"]}
+    assert {k: groups["bob"][k] for k in ("speech", "input_chars", "audio_s", "audio_unmeasured")} == {
+        "speech": 1, "input_chars": 50, "audio_s": 1.0, "audio_unmeasured": 0}  # what a client that left was sent
+    assert groups["alice"]["audio_unmeasured"] == 1 and groups["alice"]["audio_s"] == 2.6
+    assert run_usage(usage_args("--db", str(path), "--since", "5m")) == 0  # only the chat: no speech columns
+    assert capsys.readouterr().out.splitlines()[1].split()[-2:] == ["compl", "tok"]
 
 
 async def test_usage_of_an_empty_log_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,11 +13,13 @@ pydantic's 422s, ``stream`` true by default (the audio chunked as it is made, pa
 ``--real-time-factor``: audio seconds per second), ``GET /health`` ``{"status": "healthy"}``,
 ``GET /v1/audio/voices``, ``GET /v1/models``, uvicorn's access log on stderr.
 
-Its audio is a 400 Hz tone, ``len(input) / --chars-per-second / speed`` seconds long, in the
-formats the standard library writes honestly: ``wav`` (its header first, with the whole
-length) and ``pcm`` (16-bit mono at 24 kHz, as OpenAI's). mp3, opus, aac and flac need an
-encoder this machine does not have: the fake answers them as Kokoro-FastAPI answers an
-encoding that fails, a 500 ``processing_error``, and says why.
+Its audio is a 400 Hz tone, ``len(input) / --chars-per-second / speed`` seconds long: ``wav``
+(its header first, with the whole length) and ``pcm`` (16-bit mono at 24 kHz, as OpenAI's)
+written by hand; ``mp3``, ``opus`` (Ogg), ``aac`` (ADTS) and ``flac`` encoded with PyAV as
+Kokoro-FastAPI encodes them, each chunk what the encoder made of the audio so far (``encode``:
+a streamed FLAC that says no length, Ogg pages about a second apart). Without PyAV (a demo
+installed without the test extra) those four are answered as Kokoro-FastAPI answers an
+encoding that fails, a 500 ``processing_error``, saying why.
 
 ``--hold-last FILE``: a stream's last chunk waits until FILE exists, so that a test sees
 chunks arrive before the stream ends. ``GET /fake/stats`` -> ``{"started", "finished",

@@ -1,6 +1,6 @@
 """The fake's audio: a tone, as OpenAI's ``pcm`` (16-bit little-endian mono at 24 kHz) or as WAV.
 
-Only what the standard library can write honestly is made: ``pcm`` and ``wav``. A WAV's header
+What needs no encoder is written here: ``pcm`` and ``wav`` (the others: ``encode``). A WAV's header
 comes first and says the length of the whole (the fake knows it before it begins), so a
 client that reads it with the standard library's ``wave`` gets the seconds and the sample rate back.
 """

@@ -6,7 +6,8 @@ missing ``input``), then the model against its OpenAI names (a 400 ``invalid_mod
 voice (a 400 ``validation_error`` listing its voices; OpenAI's voice names map to its own).
 ``stream`` is true unless the body says false: the audio goes out chunked, each chunk when it is
 made, with ``X-Accel-Buffering: no``; ``stream: false`` gets the whole file with its length.
-``stream_format`` is not one of its fields: it answers audio whatever is asked.
+``stream_format`` is not one of its fields: it answers audio whatever is asked. A piece of audio
+its encoder made nothing of yet is not sent (Kokoro skips empty chunks).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from fakes.http11 import ConnectionPolicy, Exchange, HttpServer, watch_signals
 from fakes.openai_server.cli import Log
 from fakes.openai_server.reply import Reply
 from fakes.runner import run_fake
-from fakes.speech_server.audio import SAMPLE_RATE, frames, tone, wav_header
+from fakes.speech_server.audio import SAMPLE_RATE, frames
+from fakes.speech_server.encode import ENCODED, WRITTEN, AudioWriter
 from supervisor.units import parse_size
 
 MODELS = ("tts-1", "tts-1-hd", "kokoro")  # Kokoro-FastAPI's openai_mappings.json
@@ -36,7 +38,7 @@ OPENAI_VOICES = {"alloy": "am_adam", "ash": "af_nicole", "coral": "bf_emma", "ec
                  "fable": "af_sky", "onyx": "bm_george", "nova": "af_heart", "sage": "am_michael",
                  "shimmer": "af_sky"}
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-MADE = frozenset({"wav", "pcm"})  # what the fake can encode without an encoder it does not have
+MADE = WRITTEN | ENCODED  # all six where PyAV is installed (the test extra); else wav and pcm
 CONTENT_TYPES = {"mp3": b"audio/mpeg", "opus": b"audio/opus", "aac": b"audio/aac", "flac": b"audio/flac",
                  "wav": b"audio/wav", "pcm": b"audio/pcm"}
 
@@ -133,8 +135,9 @@ def read_speech(body: bytes, cfg: Config) -> Speech:
         raise http_error(400, "validation_error",
                          f"Voice '{voice}' not found. Available voices: {', '.join(sorted(VOICES))}")
     if response_format not in MADE:
-        raise http_error(500, "processing_error", f"fake: no {response_format} encoder here (the fake encodes "
-                                                  f"{' and '.join(sorted(MADE))})", "server_error")
+        raise http_error(500, "processing_error", f"fake: no {response_format} encoder here (PyAV is not installed: "
+                                                  f"the test extra has it; the fake makes {' and '.join(sorted(MADE))})",
+                         "server_error")
     seconds = max(cfg.chunk_seconds, len(text) / cfg.chars_per_second) / speed
     return Speech(voice, response_format, payload.get("stream", True) is not False, seconds)
 
@@ -195,28 +198,31 @@ class FakeKokoro:
         ex, cfg = reply.ex, self.cfg
         total = frames(speech.seconds)
         per_chunk = frames(cfg.chunk_seconds)
-        head = wav_header(total) if speech.response_format == "wav" else b""
         ex.headers += [(b"content-disposition", f"attachment; filename=speech.{speech.response_format}".encode()),
                        (b"cache-control", b"no-cache")]
         content_type = CONTENT_TYPES[speech.response_format]
-        if not speech.stream:
-            await self._pace(total)
-            await reply.text(200, head + tone(total), content_type)
-            return
-        ex.headers.append((b"x-accel-buffering", b"no"))
-        await reply.start_stream(content_type)
-        made = 0
-        while made < total:
-            count = min(per_chunk, total - made)
-            last = made + count >= total
-            await self._pace(count)
-            if last and cfg.hold_last is not None:
-                while not cfg.hold_last.exists():
-                    await trio.sleep(0.02)
-            await reply.send((head if made == 0 else b"") + tone(count, made))
-            self.stats.last_chunks_sent += 1
-            made += count
-        await reply.end()
+        writer = AudioWriter(speech.response_format, total)
+        try:
+            if not speech.stream:
+                await self._pace(total)
+                await reply.text(200, writer.write(total) + writer.finish(), content_type)
+                return
+            ex.headers.append((b"x-accel-buffering", b"no"))
+            await reply.start_stream(content_type)
+            while writer.made < total:
+                count = min(per_chunk, total - writer.made)
+                last = writer.made + count >= total
+                await self._pace(count)
+                if last and cfg.hold_last is not None:
+                    while not cfg.hold_last.exists():
+                        await trio.sleep(0.02)
+                data = writer.write(count) + (writer.finish() if last else b"")
+                if data:  # Kokoro skips the pieces its encoder made nothing of yet
+                    await reply.send(data)
+                    self.stats.last_chunks_sent += 1
+            await reply.end()
+        finally:
+            writer.close()
 
     async def _pace(self, count: int) -> None:
         if self.cfg.real_time_factor > 0:

@@ -6,7 +6,9 @@ are computed in Python by ``summarize`` (SQLite has no percentiles), and a repor
 printed as a table (``format_report``) or as one JSON object (``report_json``).
 
 Rejected requests are rows like any other: a key turned away by its rate limit shows
-as a high rejected share, not as silence.
+as a high rejected share, not as silence. Speech requests (``/v1/audio/speech``) add the
+characters they sent and the seconds of audio they got: two more columns in the table where
+the report has any (other reports keep their columns), and in the JSON always.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class GroupUsage:
     slowdown_p50: float | None = None  # over the answers whose slowdown is known (supervisor/observe/slowdown.py)
     slowdown_p95: float | None = None
     gpu_s: float = 0.0  # seconds of engine slots and whole-GPU jobs held, added up
+    speech: int = 0  # speech requests (their rows carry input_chars)
+    input_chars: int = 0  # the characters of their input, added up
+    audio_s: float = 0.0  # the seconds of audio they were sent, where measured, added up
+    audio_unmeasured: int = 0  # answered 200 with audio steward could not measure (a FLAC that says no length)
 
     @property
     def rejected_share(self) -> float:
@@ -82,8 +88,10 @@ class UsageReport:
     total: GroupUsage
 
 
-# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens, slowdown, gpu_s).
+# One selected row: (group, status, queued_s, ttft_s, prompt_tokens, completion_tokens, slowdown, gpu_s,
+# input_chars, audio_s).
 Row = tuple[Any, ...]
+_NEWER = ("slowdown", "gpu_s", "input_chars", "audio_s")  # columns a log an older steward wrote may lack
 
 
 def parse_since(text: str) -> float:
@@ -108,7 +116,7 @@ def _select(path: str, by: Grouping, start: float) -> list[Row]:
             return []  # an empty file: a database nobody wrote yet
         # A log an older steward wrote (and no steward since opened) lacks the newer columns.
         columns = table_columns(connection)
-        newer = ", ".join(name if name in columns else "NULL" for name in ("slowdown", "gpu_s"))
+        newer = ", ".join(name if name in columns else "NULL" for name in _NEWER)
         return connection.execute(
             f'SELECT "{by.value}", status, queued_s, ttft_s, prompt_tokens, completion_tokens, {newer} '
             f"FROM {TABLE} WHERE ts >= ?", (start,)).fetchall()
@@ -168,7 +176,14 @@ def _group_usage(group: Any, rows: list[Row]) -> GroupUsage:
         prompt_tokens=int(sum(_numbers(row[4] for row in rows))),
         completion_tokens=int(sum(_numbers(row[5] for row in rows))),
         slowdown_p50=_rounded(percentile(slowdowns, 0.5)), slowdown_p95=_rounded(percentile(slowdowns, 0.95)),
-        gpu_s=round(sum(_numbers(row[7] for row in rows if len(row) > 7)), 3))
+        gpu_s=round(sum(_numbers(row[7] for row in rows if len(row) > 7)), 3), **_speech_usage(rows))
+
+
+def _speech_usage(rows: list[Row]) -> dict[str, Any]:
+    speech = [row for row in rows if len(row) > 9 and isinstance(row[8], int)]
+    return {"speech": len(speech), "input_chars": sum(row[8] for row in speech),
+            "audio_s": round(sum(_numbers(row[9] for row in speech)), 3),
+            "audio_unmeasured": sum(1 for row in speech if row[1] == 200 and row[9] is None)}
 
 
 def _rounded(factor: float | None) -> float | None:
@@ -201,7 +216,9 @@ def _usage_json(usage: GroupUsage) -> dict[str, Any]:
             "waited": usage.waited, "waited_share": usage.waited_share, "wait_p50_s": _microseconds(usage.wait_p50_s),
             "wait_p95_s": _microseconds(usage.wait_p95_s), "ttft_p50_s": _microseconds(usage.ttft_p50_s),
             "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "slowdown_p50": usage.slowdown_p50, "slowdown_p95": usage.slowdown_p95, "gpu_s": usage.gpu_s}
+            "slowdown_p50": usage.slowdown_p50, "slowdown_p95": usage.slowdown_p95, "gpu_s": usage.gpu_s,
+            "speech": usage.speech, "input_chars": usage.input_chars, "audio_s": usage.audio_s,
+            "audio_unmeasured": usage.audio_unmeasured}
 
 
 def _microseconds(seconds: float | None) -> float | None:
@@ -211,6 +228,7 @@ def _microseconds(seconds: float | None) -> float | None:
 
 _HEADERS = ("requests", "rejected", "waited", "wait p50", "wait p95", "ttft p50", "slow p50", "slow p95",
             "gpu time", "prompt tok", "compl tok")
+_SPEECH_HEADERS = ("chars in", "audio out")  # where the report has speech requests
 
 
 def format_report(report: UsageReport) -> str:
@@ -218,14 +236,19 @@ def format_report(report: UsageReport) -> str:
     window = _window(report.since_s)
     if not report.groups:
         return f"no requests in {report.path} in the last {window}"
-    lines = [[_label(usage.group, report.by), *_cells(usage)] for usage in report.groups]
-    lines.append(["total", *_cells(report.total)])
-    header = [report.by.value, *_HEADERS]
+    speech = report.total.speech > 0
+    lines = [[_label(usage.group, report.by), *_cells(usage), *(_speech_cells(usage) if speech else [])]
+             for usage in report.groups]
+    lines.append(["total", *_cells(report.total), *(_speech_cells(report.total) if speech else [])])
+    header = [report.by.value, *_HEADERS, *(_SPEECH_HEADERS if speech else [])]
     widths = [max(len(line[column]) for line in [header, *lines]) for column in range(len(header))]
     text = [f"requests in {report.path}, last {window}, by {report.by.value}"]
     for line in [header, *lines]:
         text.append("  ".join(cell.ljust(widths[0]) if column == 0 else cell.rjust(widths[column])
                               for column, cell in enumerate(line)).rstrip())
+    if report.total.audio_unmeasured:
+        text.append(f"* audio out: without {report.total.audio_unmeasured} answer(s) whose audio steward could not "
+                    "measure (a FLAC that says no length)")
     return "\n".join(text)
 
 
@@ -234,6 +257,12 @@ def _cells(usage: GroupUsage) -> list[str]:
             _seconds(usage.wait_p50_s), _seconds(usage.wait_p95_s), _seconds(usage.ttft_p50_s),
             _factor(usage.slowdown_p50), _factor(usage.slowdown_p95), _seconds(usage.gpu_s), str(usage.prompt_tokens),
             str(usage.completion_tokens)]
+
+
+def _speech_cells(usage: GroupUsage) -> list[str]:
+    if not usage.speech:
+        return ["-", "-"]
+    return [str(usage.input_chars), _seconds(usage.audio_s) + ("*" if usage.audio_unmeasured else "")]
 
 
 def _factor(value: float | None) -> str:

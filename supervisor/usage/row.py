@@ -51,8 +51,8 @@ class UsageRow:
     # currency the cloud bills in); None: a model of this machine's.
     cost: float | None = None
     # A speech request's (/v1/audio/speech): the characters of its input, and the seconds of
-    # audio its answer carried (wav, pcm, flac: from the audio itself; None: another format,
-    # not measured). None on every other route.
+    # audio its answer carried, read from the audio as it passed (gateway/relay/speech_audio.py;
+    # None: not told, as by a FLAC whose header says no length). None on every other route.
     input_chars: int | None = None
     audio_s: float | None = None
 

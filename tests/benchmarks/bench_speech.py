@@ -14,13 +14,17 @@ baseline), then over one ``POST /v1/audio/speech`` whose input makes --seconds o
 read by this script as it comes. Its resident memory (VmRSS) is sampled every 0.1 s: before
 the stream, its peak during it, and after. Printed: the stream's wall time, its first byte,
 the largest gap between chunks, steward's CPU seconds over the stream and over as long idle,
-and the memory. Steward and the fake are always stopped (bench_streaming.py's ``running``).
+the memory, and the seconds of audio steward's usage row says it sent (its ``request`` event's
+``audio_s``: None for flac, whose header says no length). Whether the audio was all there: pcm and wav by their bytes,
+the encoded formats (mp3, opus, aac, flac: PyAV, the test extra) decoded back.
+Steward and the fake are always stopped (bench_streaming.py's ``running``).
 Exit status: 0, 1 if the run failed or the audio was not all there.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import tempfile
@@ -35,6 +39,7 @@ from bench_streaming import BenchError, answers, running, wait_until
 
 CHARS_PER_SECOND = 15  # the fake's: one second of audio per 15 characters of input
 BYTES_PER_SECOND = {"pcm": 48_000, "wav": 48_000}  # 16-bit mono at 24 kHz
+FORMATS = ("pcm", "wav", "mp3", "opus", "aac", "flac")
 CONFIG_TEMPLATE = """\
 listen: 127.0.0.1:{port}
 log: {{file: {events}, terminal: warning}}
@@ -69,7 +74,7 @@ def stream(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "response_format": args.format}
     started = time.monotonic()
     first = last = None
-    gap, chunks, size = 0.0, 0, 0
+    gap, chunks, audio = 0.0, 0, bytearray()
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=args.seconds + 60) as answer:
         if answer.status_code != 200:
             raise BenchError(f"steward answered {answer.status_code}: {answer.read()[:300]!r}")
@@ -77,9 +82,28 @@ def stream(url: str, args: argparse.Namespace) -> dict[str, Any]:
             now = time.monotonic()
             first = now if first is None else first
             gap = max(gap, now - last) if last is not None else gap
-            last, chunks, size = now, chunks + 1, size + len(piece)
+            last, chunks = now, chunks + 1
+            audio += piece
     return {"wall_s": round(time.monotonic() - started, 3), "first_byte_s": round((first or started) - started, 3),
-            "largest_gap_s": round(gap, 3), "chunks": chunks, "bytes": size}
+            "largest_gap_s": round(gap, 3), "chunks": chunks, "bytes": len(audio),
+            "complete": complete(bytes(audio), args)}
+
+
+def complete(audio: bytes, args: argparse.Namespace) -> bool:
+    """Whether *audio* is all of the --seconds asked: pcm and wav by their length, the others decoded."""
+    if args.format in BYTES_PER_SECOND:
+        return len(audio) == args.seconds * BYTES_PER_SECOND[args.format] + (44 if args.format == "wav" else 0)
+    import av  # the test extra's; only the encoded formats need it
+
+    with av.open(io.BytesIO(audio)) as container:
+        decoded = sum(frame.samples / frame.sample_rate for frame in container.decode(audio=0))
+    return decoded >= args.seconds - 1e-6  # mp3 and aac: and the encoder's delay and padding
+
+
+def speech_request(events: Path) -> dict[str, Any] | None:
+    """The speech request's ``request`` event (written once its answer ended), if it is there yet."""
+    records = (json.loads(line) for line in events.read_text().splitlines())
+    return next((r for r in records if r.get("event") == "request" and r.get("route") == "/v1/audio/speech"), None)
 
 
 def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -112,8 +136,10 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             sampler.done.set()
             sampler.join()
             rss_after = rss_bytes(pid)
-    expected = args.seconds * BYTES_PER_SECOND[args.format] + (44 if args.format == "wav" else 0)
-    return {**result, "audio_s": args.seconds, "format": args.format, "complete": result["bytes"] == expected,
+            events = workdir / "events.jsonl"
+            wait_until(process, "steward", steward_log, lambda: speech_request(events), "no request event")
+            measured = (speech_request(events) or {}).get("audio_s")
+    return {**result, "audio_s": args.seconds, "format": args.format, "steward_audio_s": measured,
             "steward_cpu_s": round(cpu, 3), "steward_cpu_share": round(cpu / result["wall_s"], 4),
             "steward_idle_cpu_s": round(idle_cpu * result["wall_s"] / args.idle, 3),
             "fake_cpu_s": round(fake_cpu, 3), "steward_rss_before": rss_before,
@@ -123,7 +149,7 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=int, default=60, help="of audio (at most 273: OpenAI's 4096 characters)")
-    p.add_argument("--format", choices=sorted(BYTES_PER_SECOND), default="pcm")
+    p.add_argument("--format", choices=FORMATS, default="pcm")
     p.add_argument("--chunk-seconds", type=float, default=0.25)
     p.add_argument("--idle", type=float, default=5.0, help="seconds of steward idle, for its baseline CPU")
     p.add_argument("--json", action="store_true")
@@ -144,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         mib = 2**20
         print(f"{result['audio_s']} s of {result['format']} audio in {result['chunks']} chunks over "
               f"{result['wall_s']} s (first byte {result['first_byte_s']} s, largest gap {result['largest_gap_s']} s, "
-              f"{'complete' if result['complete'] else 'INCOMPLETE'})")
+              f"{'complete' if result['complete'] else 'INCOMPLETE'}; steward counted "
+              f"{result['steward_audio_s']} s)")
         print(f"steward CPU  {result['steward_cpu_s']} s over the stream ({result['steward_cpu_share']:.2%} of a core); "
               f"{result['steward_idle_cpu_s']} s over as long idle; the fake {result['fake_cpu_s']} s")
         print(f"steward RSS  {result['steward_rss_before'] / mib:.1f} MiB before, "

@@ -3,10 +3,13 @@
 The audio goes to the client as it comes, byte for byte; the reader only looks. Seconds are
 told exactly where the format says them: ``pcm`` (OpenAI's: 16-bit mono at 24 kHz) by its
 length, ``wav`` by its ``fmt`` chunk and the bytes after its ``data`` chunk's header (a
-streamed WAV's header may announce no length: the bytes are what counts), ``flac`` by its
-STREAMINFO's total samples (where the encoder wrote them). ``mp3``, ``opus`` and ``aac`` are not
-decoded by steward: their seconds stay unknown (None), never guessed. With ``stream_format:
-sse`` the audio is the base64 of each ``speech.audio.delta`` event, measured the same way.
+streamed WAV's header may announce no length: the bytes are what counts), ``opus`` by its Ogg
+pages' granule positions (``ogg_opus``), ``mp3`` and ``aac`` (ADTS) by their frames' headers
+(``audio_frames``: the seconds a decoder gives, the encoder's delay and padding included),
+``flac`` by its STREAMINFO's total samples where the encoder wrote them: a streamed FLAC's says
+0, unknown (Kokoro-FastAPI's always does), and its seconds stay unknown. Unknown is None,
+never guessed. With ``stream_format: sse`` the audio is the base64 of each
+``speech.audio.delta`` event, measured the same way.
 A client that leaves mid-answer is counted for the audio it was sent.
 """
 
@@ -22,6 +25,8 @@ import attrs
 
 from supervisor.gateway.openai.speech import AudioFormat, SpeechRequest, StreamFormat
 from supervisor.gateway.relay.answer import AnswerHead, Framing, Passed, NOTHING_HELD
+from supervisor.gateway.relay.audio_frames import FrameMeter, adts_meter, mp3_meter
+from supervisor.gateway.relay.ogg_opus import OggOpusMeter
 from supervisor.gateway.relay.sse import EVENT_END, event_data
 
 PCM_RATE, PCM_WIDTH = 24_000, 2  # OpenAI's pcm: 24 kHz, 16-bit, one channel
@@ -39,13 +44,19 @@ class AudioMeter:
     samples: int = 0  # bytes of samples after the header
     flac_seconds: float | None = None
     unreadable: bool = False
+    framed: OggOpusMeter | FrameMeter | None = None  # opus, mp3, aac: counted by their pages' or frames' headers
 
     def __attrs_post_init__(self) -> None:
         if self.audio_format is AudioFormat.PCM:
             self.bytes_per_second = PCM_RATE * PCM_WIDTH
+        framed = _FRAMED.get(self.audio_format)
+        self.framed = framed() if framed is not None else None
 
     def feed(self, data: bytes) -> None:
-        if self.unreadable or self.audio_format not in _MEASURED:
+        if self.unreadable:
+            return
+        if self.framed is not None:
+            self.framed.feed(data)
             return
         if self.bytes_per_second is not None:
             self.samples += len(data)
@@ -63,6 +74,8 @@ class AudioMeter:
     def seconds(self) -> float | None:
         if self.unreadable:
             return None
+        if self.framed is not None:
+            return self.framed.seconds()
         if self.flac_seconds is not None:
             return self.flac_seconds
         if self.bytes_per_second is None:
@@ -113,7 +126,8 @@ class AudioMeter:
         self.header = b""
 
 
-_MEASURED = frozenset({AudioFormat.PCM, AudioFormat.WAV, AudioFormat.FLAC})
+_FRAMED: dict[AudioFormat, Callable[[], OggOpusMeter | FrameMeter]] = {
+    AudioFormat.OPUS: OggOpusMeter, AudioFormat.MP3: mp3_meter, AudioFormat.AAC: adts_meter}
 
 
 @attrs.define(eq=False)
