@@ -54,6 +54,7 @@ from hypercorn.utils import parse_socket_addr, wrap_app
 from supervisor.address import Address
 from supervisor.observe.events import EventLog
 from supervisor.gateway.http.asgi import ASGI, HEADERS_IN, Receive, Scope, Send, refuse_websocket, send_error
+from supervisor.gateway.door import READINESS_PREFIX
 from supervisor.gateway.http.connection_budget import ConnectionBudget, Seat
 from supervisor.gateway.errors import ErrorShape, error_headers
 
@@ -63,7 +64,8 @@ SEND_TIMEOUT_S = 120.0
 # File descriptors kept out of the connection cap: engines' pipes, the event log, upstream sockets,
 # and the health seats beyond the cap (connection_budget.py).
 _FD_RESERVE = 256
-# What a connection on a health seat may ask.
+# What a connection on a health seat may ask: the probes, a model's readiness among them
+# (/healthz/models/NAME: a cluster's readiness probe must not fail because steward is busy).
 HEALTH_PATHS = frozenset({"/livez", "/healthz"})
 _CAPPED = "steward has too many open connections; try again shortly."
 # HTTP/1.1 that h11 refuses, by the status it suggests: what the client is told, and the error's code.
@@ -282,11 +284,11 @@ def _noting_headers_in(app: ASGI) -> ASGI:
 
 
 def _health_only(app: ASGI, listener: Listener, budget: ConnectionBudget, events: EventLog) -> ASGI:
-    """*app* on a connection beyond the listener's share: /livez and /healthz, each answer closing
+    """*app* on a connection beyond the listener's share: /livez, /healthz and a model's readiness, each answer closing
     its connection; any other request gets the 503 a connection refused at once would have."""
 
     async def health(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in HEALTH_PATHS:
+        if scope["type"] == "http" and (scope["path"] in HEALTH_PATHS or scope["path"].startswith(READINESS_PREFIX)):
             await app(scope, receive, _closing(send))
         else:
             events.emit("connection_refused", "debug", listener=listener.name, reason="max_connections",
