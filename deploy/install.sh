@@ -5,7 +5,7 @@
 # the venv is made without pip and pip is bootstrapped from its wheel on PyPI.
 set -eu
 cd "$(dirname "$0")/.."
-extra="[demo]"  # what `steward demo` needs beside steward (Pillow, for its fake ComfyUI's videos)
+extra="[demo]"  # what `steward demo` needs beside steward (Pillow and PyAV, for its fake ComfyUI and speech server)
 [ "${1:-}" = "test" ] && extra="[test]"
 
 if [ ! -x .venv/bin/python ]; then
