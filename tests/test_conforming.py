@@ -188,6 +188,24 @@ def test_an_engine_s_error_in_openai_s_shape_and_noted_as_the_engine_said_it() -
         assert fixed is not None
         check(fixed, "ErrorResponse")
     assert conformed_error({"error": {"message": "m", "type": "t", "param": None, "code": None}}, 400) is None
+
+
+def test_fastapi_s_details_are_read_into_openai_s_fields() -> None:
+    """Kokoro-FastAPI's HTTPException(detail={...}) and pydantic's 422 list: words, not a JSON dump."""
+    need_spec()
+    kokoro = {"detail": {"error": "validation_error", "message": "Voice 'x' not found", "type": "invalid_request_error"}}
+    assert conformed_error(kokoro, 400) == {"error": {"message": "Voice 'x' not found", "type": "invalid_request_error",
+                                                      "code": "validation_error", "param": None}}
+    one = {"detail": [{"type": "less_than_equal", "loc": ["body", "speed"], "msg": "Input should be at most 4.0"}]}
+    assert conformed_error(one, 422)["error"] | {} == {  # type: ignore[index]
+        "message": "speed: Input should be at most 4.0", "param": "speed", "type": "invalid_request_error",
+        "code": None}
+    two = {"detail": [{"loc": ["body", "input"], "msg": "Field required"}, {"loc": ["body"], "msg": "bad"}]}
+    assert conformed_error(two, 422)["error"]["message"] == "input: Field required; bad"  # type: ignore[index]
+    for odd in ({"detail": [1, 2]}, {"detail": {"no": "message"}}, {"detail": None}):
+        fixed = conformed_error(odd, 500)
+        assert fixed is not None and isinstance(fixed["error"]["message"], str)
+        check(fixed, "ErrorResponse")
     ok = b'{"text": "hi"}'  # a 200 of a route with nothing to put right: not even held
     assert through(AnswerConformed(None), 200, [(b"content-type", b"application/json")], ok)[1] == ok
 

@@ -187,7 +187,8 @@ def test_bad_input_is_refused_by_steward_naming_the_parameter(
 def test_the_engines_own_refusals_come_back_in_openais_shape(client: openai.OpenAI, steward: RunningSteward) -> None:
     with pytest.raises(openai.BadRequestError) as unknown:  # no voices configured: the engine says which it has
         client.audio.speech.create(model="tts-open", voice="nobody", input=TEXT)
-    assert "Voice 'nobody' not found" in unknown.value.message
+    assert unknown.value.body["message"].startswith("Voice 'nobody' not found")  # type: ignore[index]
+    assert unknown.value.body["code"] == "validation_error"  # Kokoro's own word for it  # type: ignore[index]
 
 
 @pytest.mark.parametrize("response_format", FORMATS)

@@ -89,9 +89,8 @@ def conformed_error(value: dict[str, Any], status: int) -> dict[str, Any] | None
         fixed, rest = {"message": error}, {k: v for k, v in value.items() if k != "error"}
     elif value.get("object") == "error" and "message" in value:  # older vLLM's, without the envelope
         fixed, rest = {k: v for k, v in value.items() if k != "object"}, {}
-    elif "detail" in value:  # FastAPI's (a route vLLM does not have)
-        detail = value["detail"]
-        fixed, rest = {"message": detail if isinstance(detail, str) else json.dumps(detail)}, {}
+    elif "detail" in value:  # FastAPI's (a route vLLM does not have; Kokoro-FastAPI's, Speaches')
+        fixed, rest = _fastapi_error(value["detail"]), {}
     else:
         return None
     if not isinstance(fixed.get("message"), str):
@@ -104,6 +103,22 @@ def conformed_error(value: dict[str, Any], status: int) -> dict[str, Any] | None
     if fixed == error:
         return None
     return {**rest, "error": fixed}
+
+
+def _fastapi_error(detail: Any) -> dict[str, Any]:
+    """FastAPI's ``{"detail": ...}`` as OpenAI's error fields: a string (``HTTPException``), an
+    object with a ``message`` (Kokoro-FastAPI's ``{"error", "message", "type"}``: its ``error`` is
+    the code), or a 422's list of ``{"loc", "msg"}`` (pydantic's: its field is the ``param``)."""
+    if isinstance(detail, str):
+        return {"message": detail}
+    if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+        return {"message": detail["message"], **{field: detail[key] for field, key in (("type", "type"), ("code", "error"))
+                                                 if isinstance(detail.get(key), str)}}
+    if isinstance(detail, list) and detail and all(isinstance(d, dict) and isinstance(d.get("msg"), str) for d in detail):
+        places = [".".join(str(part) for part in d["loc"][1:]) if isinstance(d.get("loc"), list) else "" for d in detail]
+        message = "; ".join(f"{place}: {d['msg']}" if place else d["msg"] for place, d in zip(places, detail, strict=True))
+        return {"message": message, **({"param": places[0]} if len(detail) == 1 and places[0] else {})}
+    return {"message": json.dumps(detail)}
 
 
 # Keys whose null the spec types otherwise (a string, an array, an object): leaving one out says what its null said.
