@@ -377,13 +377,30 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
+@pytest.fixture(scope="session")
+def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real ComfyUI (tests/test_real_comfyui.py's ``Comfy``), one for the session's tests that
+    need it: defined here, not in a test module, so that the modules sharing it share one process."""
+    from tests.test_real_comfyui import comfy_process
+    yield from comfy_process(tmp_path_factory)
+
+
+@pytest.fixture
+def comfy(comfy_server: Any) -> Iterator[Any]:
+    """The real ComfyUI, idle at the start and at the end of each test (the fake ComfyUI's modules
+    have a `comfy` of their own, which wins there)."""
+    comfy_server.settle()
+    yield comfy_server
+    comfy_server.settle()
+
+
 # Under pytest-xdist (`--dist loadfile`): these modules run one after the other on one worker,
 # first. Each has a long fixed cost that loads both cores (a real ComfyUI or vLLM started for the
 # module) or measures speeds that a neighbour loading both cores would change (the load tests);
 # beside each other they would slow and skew one another. Started last, any of them would keep
 # a worker busy long after the other ran out of work.
 ONE_WORKER_FIRST = ("test_loadtest.py", "test_loadtest_real.py", "test_real_vllm_supervised.py", "test_real_vllm.py",
-                    "test_real_comfyui.py")
+                    "test_real_comfyui.py", "test_real_videos.py")  # the last two share one ComfyUI
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,6 +1,6 @@
 """Steward's ComfyUI listener in front of the real ComfyUI (0.3.64 on CPU; fakes/comfyui_env.py).
 
-One ComfyUI serves the module: started once from the install cache with `--base-directory`
+One ComfyUI serves the module (and tests/test_real_videos.py after it; conftest's `comfy_server`): started once from the install cache with `--base-directory`
 in a temporary folder, so its outputs, uploads, database and custom nodes are the module's
 own and the cache stays as installed. A custom node written here, `StewardSteps`, gives
 jobs of any length with `progress` messages (one per step), holds a job until a file
@@ -217,8 +217,11 @@ def wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
     pytest.fail(f"ComfyUI did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}", pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comfy]:
+def comfy_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comfy]:
+    """The real ComfyUI for the tests, started and, after the last, stopped: conftest's session
+    fixture ``comfy_server``, which this module and tests/test_real_videos.py share (they run on one
+    worker, one after the other: conftest's ONE_WORKER_FIRST), so its start (~15 s of both cores)
+    is paid once."""
     install = require_comfyui()
     base = tmp_path_factory.mktemp("comfyui")
     process, port, log = start_comfyui(install, base)
@@ -234,14 +237,6 @@ def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comfy]:
     finally:
         stop_process(process, grace=20)
         MODULE_SCOPED.discard(process.pid)
-
-
-@pytest.fixture
-def comfy(comfy_server: Comfy) -> Iterator[Comfy]:
-    """The module's ComfyUI, idle at the start and at the end of each test."""
-    comfy_server.settle()
-    yield comfy_server
-    comfy_server.settle()
 
 
 def steward_for(start_steward: StewardFactory, comfy: Comfy, models: dict[str, Any] | None = None,

@@ -7,7 +7,8 @@ reads from ComfyUI's websocket), then completed; the frames are counted by decod
 the WEBP, PyAV in ComfyUI's own Python for the MP4); the chat engine is evicted for the job and
 answers after it; a DELETE of a held job interrupts its prompt and frees the GPU.
 
-ComfyUI is the module's own (test_real_comfyui's fixtures: one process for the module)."""
+ComfyUI is conftest's ``comfy_server``: one process for this module and test_real_comfyui.py, run one
+after the other on one worker."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from fakes.comfyui_env import comfyui_install
 from tests.conftest import RunningSteward, StewardFactory, fake_model
 from tests.fake_processes import wait_until
 from tests.spec_check import check
-from tests.test_real_comfyui import Comfy, comfy, comfy_server, names  # noqa: F401 (fixtures)
+from tests.test_real_comfyui import Comfy, names
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 
