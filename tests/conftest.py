@@ -377,12 +377,31 @@ def sim_gpu(tmp_path: Path) -> Callable[[str], Path]:
     return make
 
 
-@pytest.fixture(scope="session")
-def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real ComfyUI (tests/test_real_comfyui.py's ``Comfy``), one for the session's tests that
-    need it: defined here, not in a test module, so that the modules sharing it share one process."""
-    from tests.test_real_comfyui import comfy_process
-    yield from comfy_process(tmp_path_factory)
+# The real ComfyUI while the modules that share it run, one after the other (ONE_WORKER_FIRST,
+# below): started by the first test that asks, stopped once the next test is none of theirs, so no
+# other test sees it (a test's "every process gone" would count it).
+REAL_COMFYUI_MODULES = ("test_real_comfyui.py", "test_real_videos.py")
+_real_comfyui: dict[str, Any] = {}
+
+
+@pytest.fixture
+def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real ComfyUI (tests/test_real_comfyui.py's ``Comfy``), shared by REAL_COMFYUI_MODULES, so
+    its start (~15 s of both cores) is paid once where they run together."""
+    if "comfy" not in _real_comfyui:
+        from tests.test_real_comfyui import comfy_process
+        running = comfy_process(tmp_path_factory)
+        _real_comfyui["comfy"] = next(running)
+        _real_comfyui["running"] = running
+    return _real_comfyui["comfy"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if "running" in _real_comfyui and (nextitem is None or nextitem.path.name not in REAL_COMFYUI_MODULES):
+        running = _real_comfyui.pop("running")
+        _real_comfyui.clear()
+        running.close()  # its `finally`: ComfyUI stopped
 
 
 @pytest.fixture

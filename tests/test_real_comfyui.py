@@ -218,10 +218,10 @@ def wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
 
 
 def comfy_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comfy]:
-    """The real ComfyUI for the tests, started and, after the last, stopped: conftest's session
-    fixture ``comfy_server``, which this module and tests/test_real_videos.py share (they run on one
-    worker, one after the other: conftest's ONE_WORKER_FIRST), so its start (~15 s of both cores)
-    is paid once."""
+    """The real ComfyUI for the tests, started, and stopped when the generator is closed:
+    conftest's ``comfy_server``, which this module and tests/test_real_videos.py share (they run
+    on one worker, one after the other: conftest's ONE_WORKER_FIRST), so its start (~15 s of both
+    cores) is paid once."""
     install = require_comfyui()
     base = tmp_path_factory.mktemp("comfyui")
     process, port, log = start_comfyui(install, base)
