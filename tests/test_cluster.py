@@ -226,18 +226,20 @@ def test_a_running_steward_exports_the_gauges_and_sheds_a_model_that_would_evict
     """A real steward with two fake llama-servers that do not fit side by side: while a completion
     of a known prompt computes on one, it is resident with one of its two slots busy, its KV use is
     its engine's own (the prompt's tokens over its two 2048-token slots, read from its /slots), and
-    the other says 503. Once the answer is done its slot's cache is idle: free again."""
+    the other says 503. Once the client has left its slot's cache is idle: free again."""
     steward = start_steward({"chat": fake_model("4GiB", parallel=2, tps=0.1, extra=["-c", "4096"]),
                              "code": fake_model("4GiB", parallel=2)},
                             gpu={"probe": "none", "budget": "6GiB"})
     url = steward.url
     assert httpx.get(f"{url}/healthz/models/code", timeout=5).json()["state"] == "loadable"
     answers: list[int] = []
+    seen = threading.Event()
 
-    def complete() -> None:  # one token at 0.1 tokens/s: it computes for 10 s, its first token decoding
-        answer = httpx.post(f"{steward.base_url}/completions", timeout=60, json={
-            "model": "chat", "max_tokens": 1, "prompt": [1] * PROMPT_TOKENS})
-        answers.append(answer.status_code)
+    def complete() -> None:  # one token at 0.1 tokens/s: it computes for 10 s, unless the client leaves first
+        with httpx.stream("POST", f"{steward.base_url}/completions", timeout=60, json={
+                "model": "chat", "max_tokens": 1, "prompt": [1] * PROMPT_TOKENS, "stream": True}) as answer:
+            answers.append(answer.status_code)
+            seen.wait(60)  # then it leaves: its slot is freed
 
     computing = threading.Thread(target=complete)
     computing.start()
@@ -256,6 +258,7 @@ def test_a_running_steward_exports_the_gauges_and_sheds_a_model_that_would_evict
         assert blocked.status_code == 503 and blocked.json()["state"] == "blocked"
         assert httpx.get(f"{url}/healthz/models/nobody", timeout=5).status_code == 404
     finally:
+        seen.set()
         computing.join(60)
     assert answers == [200]
     # Its slot keeps the prompt cached, idle: free to the next request, so not counted.
