@@ -285,7 +285,8 @@ async def _run_tree(config: Config, stop: StopSignals, events: EventLog, usage: 
         videos = None
         if images is not None:
             store = VideoStore(Path(config.videos.dir), config.videos.max_bytes, config.videos.keep)
-            service = await root.start(serve_videos, VideoService(store, images, events, usage=door.usage))
+            service = await root.start(supervise, supervision, "video jobs", functools.partial(
+                serve_videos, VideoService(store, images, events, usage=door.usage)))
             videos = VideoHandler(service, catalog, door, limits)
         services = Services(scheduler=client, events=events, gate=gate, metrics=metrics, door=door, health=health,
                             body_limits=limits, device=memory_device(probe), nodes=nodes, catalog=catalog,

@@ -88,10 +88,15 @@ def test_a_reload_fails_what_was_running_and_skips_what_is_not_a_video(tmp_path:
     evil = video(103)
     evil.files = {"video": "../../etc/passwd"}
     (tmp_path / f"{evil.id}.json").write_text(json.dumps(evil.to_json()))
+    for number, (field, value) in enumerate([("created_at", "yesterday"), ("size_bytes", -1), ("progress", True),
+                                             ("completed_at", 1e300), ("owner", 7), ("error", {"code": 1}),
+                                             ("prompt_ids", "p1"), ("seed", 2**70)], start=104):
+        edited = video(number).to_json() | {field: value}  # by hand: the load (and its sort) must not fail
+        (tmp_path / f"{edited['id']}.json").write_text(json.dumps(edited))
     again = VideoStore(tmp_path, max_bytes=10**9, keep=DAY)
     interrupted, gone = again.load(200)
     assert sorted(v.id for v in interrupted) == sorted([queued.id, running.id]) and gone == []
-    assert list(again.videos) == [kept.id, queued.id, running.id]  # oldest first; the evil one left out
+    assert list(again.videos) == [kept.id, queued.id, running.id]  # oldest first; the evil and edited left out
     assert again.videos[running.id].error == {"code": "interrupted", "message": INTERRUPTED}
     assert again.videos[kept.id].status is VideoStatus.COMPLETED and not left.exists()
     assert VideoStore(tmp_path, 10**9, DAY).load(300)[0] == []  # written back: failed once, not again

@@ -157,6 +157,18 @@ def test_bad_input_is_a_400_naming_the_parameter(  # type: ignore[no-untyped-def
     assert names(steward, "image_queued") == []  # nothing reached the GPU
 
 
+def test_a_videos_dir_steward_cannot_write_is_a_507_and_steward_serves_on(  # type: ignore[no-untyped-def]
+        start_steward: StewardFactory, comfy, tmp_path: Path) -> None:
+    port, gpu = comfy()
+    (tmp_path / "a-file").write_text("not a folder")
+    steward, client = with_videos(start_steward, port, gpu, tmp_path, videos={"dir": str(tmp_path / "a-file" / "v")})
+    refused = httpx.post(f"{steward.base_url}/videos", timeout=10, json={"model": "clip", "prompt": "x"})
+    assert refused.status_code == 507 and refused.json()["error"]["code"] == "storage_error"
+    assert "videos.dir" in refused.json()["error"]["message"]
+    assert client.videos.list().data == [] and names(steward, "image_queued") == []  # nothing queued
+    assert client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}]).choices
+
+
 def test_a_key_sees_only_its_own_videos(  # type: ignore[no-untyped-def]
         start_steward: StewardFactory, comfy, tmp_path: Path) -> None:
     port, gpu = comfy()

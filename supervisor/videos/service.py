@@ -321,8 +321,10 @@ def _suffix(image: SavedImage) -> str:
 
 async def serve_videos(service: VideoService, *, task_status: trio.TaskStatus[VideoService] = trio.TASK_STATUS_IGNORED
                        ) -> None:
-    """Own the video store: reload it, run the jobs, expire what is past keep."""
+    """Own the video store: reload it, run the jobs, expire what is past keep. Supervised: after a
+    failure it starts again from the folder, where the jobs it was running are `interrupted`."""
     store = service.store
+    service.running.clear()  # a failed run's jobs ended with its nursery
     interrupted, gone = store.load(service.now())
     for video in interrupted:
         service.events.emit("video_failed", "warning", video_id=video.id, model=video.model,

@@ -15,6 +15,7 @@ are synchronous, so each change is whole before another task runs. Times are the
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -107,16 +108,28 @@ class Video:
         except (TypeError, KeyError, ValueError):
             return None
         strings = (video.id, video.model, video.prompt, video.seconds, video.size)
+        numbers = (video.created_at, video.progress, video.size_bytes, video.seed)
         if not is_video_id(video.id) or not all(isinstance(s, str) for s in strings) \
+                or not all(_count(n) for n in numbers) \
+                or not (video.completed_at is None or _count(video.completed_at)) \
+                or not (video.owner is None or isinstance(video.owner, str)) \
+                or not (video.error is None or (isinstance(video.error, dict)
+                                                and all(isinstance(v, str) for v in video.error.values()))) \
+                or not (isinstance(video.prompt_ids, list) and all(isinstance(p, str) for p in video.prompt_ids)) \
                 or not isinstance(video.files, dict) \
                 or not all(isinstance(name, str) and name.startswith(video.id + ".") and "/" not in name
                            for name in video.files.values()):
-            return None
+            return None  # a file changed by hand (or by anything else): not one of steward's
         return video
 
     def fail(self, code: str, message: str) -> None:
         """Failed: no assets; kept (and expired by keep) from its creation."""
         self.status, self.error = VideoStatus.FAILED, {"code": code, "message": message}
+
+
+def _count(value: Any) -> bool:
+    """A whole number from a file steward wrote: not a bool, a float or a string; 0 or more, below 2**63."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 @attrs.define(eq=False)
@@ -148,8 +161,8 @@ class VideoStore:
         return interrupted, self.prune(now)
 
     def add(self, video: Video) -> None:
+        self.save(video)  # first: a video that cannot be kept is not one (OSError to the caller)
         self.videos[video.id] = video
-        self.save(video)
 
     def save(self, video: Video) -> None:
         _write(self.folder / (video.id + META_SUFFIX), json.dumps(video.to_json()).encode())
@@ -176,8 +189,11 @@ class VideoStore:
         return self.prune(now, spare=video.id)
 
     def delete(self, video: Video) -> None:
+        """Forget *video* and delete its files; a file that cannot be deleted (a folder made
+        read-only by hand) stays behind, never in the way of the rest."""
         for name in [*video.files.values(), video.id + META_SUFFIX]:
-            (self.folder / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.folder / name).unlink(missing_ok=True)
         self.videos.pop(video.id, None)
 
     def prune(self, now: float, spare: str | None = None) -> list[Video]:

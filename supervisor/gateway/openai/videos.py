@@ -119,6 +119,11 @@ class VideoHandler:
             exchange.error = exchange.error or exc.code
             await send_refusal(send, exc, error_body)
             return
+        except OSError as exc:  # videos.dir full or not writable: said in OpenAI's shape, steward serves on
+            exchange.error = "storage_error"
+            await send_refusal(send, RequestError(507, f"Steward cannot keep a video in videos.dir: "
+                                                       f"{exc.strerror or exc}.", code="storage_error"), error_body)
+            return
         await send_whole(send, 200, [(b"content-type", b"application/json")],
                          dump_json(video.resource(self.service.store.keep)))
 
