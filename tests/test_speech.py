@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import sys
-import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from fakes.speech_server.audio import frames
 from tests.conftest import RunningSteward, launch_steward
 from tests.test_api_routes import request_after, requests_so_far
+from tests.test_deploy import wait_until
 from tests.test_speech_checks import assert_decodes_as_made
 
 pytestmark = pytest.mark.slow
@@ -87,14 +87,6 @@ def decoded(data: bytes) -> tuple[float, int]:
         frames = audio.readframes(audio.getnframes())
         assert len(frames) == audio.getnframes() * audio.getsampwidth() * audio.getnchannels()
         return audio.getnframes() / audio.getframerate(), audio.getframerate()
-
-
-def wait_until(check: Any, what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"{what} within {timeout:g}s"
-        time.sleep(0.02)
-    return value
 
 
 def test_the_sdk_gets_audio_a_decoder_reads_and_the_usage_row_counts_it(

@@ -22,7 +22,7 @@ from supervisor.gateway.classes import choose_class
 from supervisor.gateway.comfy.workflow import ImageParams
 from supervisor.gateway.http.asgi import RequestError, Scope, header_value
 from supervisor.gateway.openai.forms import parse_form
-from supervisor.gateway.openai.images import MAX_PROMPT, pick_model, read_number
+from supervisor.gateway.openai.images import pick_model, prompt_text, read_number
 from supervisor.request_class import RequestClass
 
 VIDEOS_PATH = "/v1/videos"
@@ -52,12 +52,7 @@ def read_video_request(scope: Scope, body: bytes, videos: Mapping[str, ImageMode
                        default_class: RequestClass, random_seed: Callable[[], int]) -> VideoRequest:
     """The request in *body*, or RequestError naming the parameter that is wrong."""
     fields, reference = _fields(scope, body)
-    prompt = fields.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise RequestError(400, "You must provide a prompt.", param="prompt")
-    if len(prompt) > MAX_PROMPT:
-        raise RequestError(400, f"The prompt is {len(prompt)} characters long; the most is {MAX_PROMPT}.",
-                           param="prompt", code="string_above_max_length")
+    prompt = prompt_text(fields)
     named = "model" in fields
     choice = choose_class(scope, fields, default_class)
     model = pick_model(fields.get("model"), named, videos, aliases, route=VIDEOS_PATH, kind="video")

@@ -89,12 +89,7 @@ def read_image_request(scope: Scope, payload: Any, images: Mapping[str, ImageMod
     models' names (asked for here, they get a clear 400). *random_seed*: () -> int."""
     if not isinstance(payload, dict):
         raise RequestError(400, "The request body must be a JSON object.")
-    prompt = payload.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise RequestError(400, "You must provide a prompt.", param="prompt")
-    if len(prompt) > MAX_PROMPT:
-        raise RequestError(400, f"The prompt is {len(prompt)} characters long; the most is {MAX_PROMPT}.",
-                           param="prompt", code="string_above_max_length")
+    prompt = prompt_text(payload)
     named = "model" in payload
     choice = choose_class(scope, payload, default_class)
     model = pick_model(payload.get("model"), named, images, aliases)
@@ -122,6 +117,17 @@ def read_image_request(scope: Scope, payload: Any, images: Mapping[str, ImageMod
     seeds = [seed + i for i in range(n)] if seed is not None else [random_seed() for _ in range(n)]
     runs = tuple(ImageParams(prompt, width, height, s, steps, negative) for s in seeds)
     return ImageRequest(model.name, choice.klass, runs, response_format, f"{width}x{height}")
+
+
+def prompt_text(fields: Mapping[str, Any]) -> str:
+    """The request's ``prompt``: text with something in it, at most MAX_PROMPT characters (OpenAI's)."""
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RequestError(400, "You must provide a prompt.", param="prompt")
+    if len(prompt) > MAX_PROMPT:
+        raise RequestError(400, f"The prompt is {len(prompt)} characters long; the most is {MAX_PROMPT}.",
+                           param="prompt", code="string_above_max_length")
+    return prompt
 
 
 def pick_model(name: Any, named: bool, models: Mapping[str, ImageModel], aliases: Mapping[str, str], *,
